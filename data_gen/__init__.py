@@ -1,0 +1,1 @@
+"""GPU benchmarking: the Triton GEMM config sweep and the pad sweep, writing dataset shards."""

@@ -1,0 +1,116 @@
+"""`perfmodel gen gemm|pad` and `perfmodel data info` (argument parsing; work is imported lazily)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--shard: expected i/n, got {text!r}") from None
+    if not (n >= 1 and 0 <= i < n):
+        raise argparse.ArgumentTypeError(f"--shard: need 0 <= i < n, got {text!r}")
+    return i, n
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    gen = sub.add_parser("gen", help="benchmark on the GPU and write dataset shards")
+    gsub = gen.add_subparsers(dest="gen_kind", required=True)
+    for name in ("gemm", "pad"):
+        g = gsub.add_parser(name, help=f"the {name} sweep")
+        g.add_argument("--out", type=Path, default=Path("data/h100"), help="dataset folder (resumes if it has parts)")
+        g.add_argument("--shard", type=parse_shard, default=(0, 1), help="i/n: this machine's share of the sweep")
+        g.add_argument("--seed", type=int, default=0)
+        g.add_argument("--device-spec", default=None, help="datasheet spec name (default: matched from the GPU)")
+        g.add_argument("--max-problems", type=int, default=None, help="stop after this many new problems")
+        g.add_argument("--budget-ms", type=float, default=2.0, help="GPU ms of timed runs per config")
+        g.add_argument("--stats", type=Path, default=None, help="write the run's statistics (JSON) here")
+        g.add_argument("--no-progress", action="store_true")
+        if name == "gemm":
+            g.add_argument("--n-random", type=int, default=600, help="random problems beside the real-model shapes")
+            g.add_argument("--configs", type=int, default=128, help="configs sampled per (dtype mode, layout)")
+            g.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1), help="compile processes")
+        else:
+            g.add_argument("--n", type=int, default=3200, help="pad problems")
+    data = sub.add_parser("data", help="dataset tools")
+    dsub = data.add_subparsers(dest="data_cmd", required=True)
+    info = dsub.add_parser("info", help="counts of a dataset folder")
+    info.add_argument("path", nargs="?", type=Path, default=None, help="dataset folder (default: the shipped data/h100)")
+    info.add_argument("--json", action="store_true")
+    comp = dsub.add_parser("compress", help="gzip finished .jsonl parts")
+    comp.add_argument("path", type=Path)
+
+
+def default_data_dir() -> Path:
+    return Path(__file__).resolve().parent.parent / "data" / "h100"
+
+
+def _multi_gpu(args: argparse.Namespace) -> int | None:
+    """On a host with several GPUs, run one child per GPU, each a shard of this shard."""
+    import torch
+
+    g = torch.cuda.device_count()
+    if g <= 1 or os.environ.get("PERFMODEL_GPU_CHILD"):
+        return None
+    i, n = args.shard
+    procs = []
+    for d in range(g):
+        argv = [a for a in sys.argv[1:]]
+        if "--shard" in argv:
+            j = argv.index("--shard")
+            del argv[j:j + 2]
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(d), PERFMODEL_GPU_CHILD="1")
+        procs.append(subprocess.Popen([sys.executable, "-m", "serve.cli", *argv, "--shard", f"{i * g + d}/{n * g}"], env=env))
+    return max(p.wait() for p in procs)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.command == "data":
+        from .info import dataset_info
+        from .shards import compress_parts
+
+        if args.data_cmd == "compress":
+            for p in compress_parts(args.path):
+                print(p)
+            return 0
+        path = args.path or default_data_dir()
+        if not path.is_dir():
+            raise FileNotFoundError(f"path: no dataset folder at {path}")
+        info = dataset_info(path)
+        if args.json:
+            print(json.dumps(info, indent=2))
+        else:
+            for k, v in info.items():
+                print(f"{k:28s} {v}")
+        return 0
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("gen: needs a CUDA GPU (none is visible)")
+    rc = _multi_gpu(args)
+    if rc is not None:
+        return rc
+    from .measure import TimingSettings
+
+    timing = TimingSettings(budget_ms=args.budget_ms)
+    if args.gen_kind == "gemm":
+        from .gemm_sweep import GemmSweepSettings, run as run_gemm
+
+        settings = GemmSweepSettings(n_random=args.n_random, configs_per_group=args.configs, seed=args.seed,
+                                     compile_workers=args.workers, max_problems=args.max_problems, timing=timing)
+        stats = run_gemm(args.out, args.device_spec, settings, args.shard, progress=not args.no_progress)
+    else:
+        from .pad_sweep import run as run_pad
+
+        stats = run_pad(args.out, args.n, args.seed, args.device_spec, args.shard, timing,
+                        progress=not args.no_progress, max_problems=args.max_problems)
+    print(json.dumps(stats, indent=2))
+    if args.stats:
+        args.stats.write_text(json.dumps(stats, indent=2))
+    return 0

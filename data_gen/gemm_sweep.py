@@ -1,0 +1,215 @@
+"""The GEMM config sweep: every problem x a stratified sample of the pruned config space, plus cuBLAS.
+
+Kernels are compiled by worker processes (kernel.warmup into Triton's on-disk cache) group by group
+-- a group is one (dtype, tf32, layout, specialisation key) -- while the main process times the
+problems of groups already compiled. One problem is one crash-safe unit of the shard.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import multiprocessing as mp
+import os
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from perfmodel.configs import pruned_space, stratified_sample
+from perfmodel.devices import DeviceSpec
+from perfmodel.schema import SCHEMA_VERSION, GemmConfig, GemmProblem
+
+from . import kernel
+from .measure import TOLERANCE, Bench, TimingSettings, fraction_of_peak, relative_error, validate
+from .problems import Budget, gemm_problems, problem_id
+from .runtime import device_header, make_operands, resolve_spec, torch_dtype
+
+KIND = "gemm"
+
+
+@dataclass
+class GemmSweepSettings:
+    n_random: int = 600           # random problems on top of the real-model shapes
+    configs_per_group: int = 128  # stratified sample of the pruned space per (dtype mode, layout)
+    seed: int = 0
+    compile_workers: int = max(1, (os.cpu_count() or 2) - 1)
+    max_problems: int | None = None
+    budget: Budget = Budget()
+    timing: TimingSettings = TimingSettings()
+
+
+def config_sample(dtype: str, allow_tf32: bool, layout: tuple[bool, bool], spec: DeviceSpec, n: int) -> list[GemmConfig]:
+    """A fixed sample per (dtype mode, layout): different layouts see different configs of the space."""
+    seed = zlib.crc32(f"{dtype}:{allow_tf32}:{layout}".encode())
+    return stratified_sample(pruned_space(dtype, spec), n, seed)
+
+
+def strides(p: GemmProblem) -> tuple[int, ...]:
+    """(stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn) of the problem's layout."""
+    sa = (1, p.m) if p.transpose_left else (p.k, 1)
+    sb = (1, p.k) if p.transpose_right else (p.n, 1)
+    return (*sa, *sb, p.n, 1)
+
+
+def spec_key(p: GemmProblem) -> tuple:
+    """What Triton specialises on besides the config: K and the strides (1 / divisible by 16 / other)."""
+    def cls(v: int) -> str:
+        return "1" if v == 1 else ("D" if v % 16 == 0 else "N")
+
+    return (p.dtype, p.allow_tf32, p.transpose_left, p.transpose_right, cls(p.k), *map(cls, strides(p)))
+
+
+def _compile_chunk(dtype: str, allow_tf32: bool, strides_: tuple[int, ...], K: int,
+                   cfgs: list[dict[str, int]]) -> list[tuple[dict[str, int], str]]:
+    """Worker: compile each config for one specialisation; returns (config, "" or error)."""
+    out = []
+    for c in cfgs:
+        cfg = GemmConfig(**c)
+        try:
+            kernel.warmup(torch_dtype(dtype), strides_, K, cfg, allow_tf32)
+            out.append((c, ""))
+        except Exception as exc:  # a compile failure is data: recorded as a failure row
+            out.append((c, f"compile:{type(exc).__name__}:{str(exc)[:200]}"))
+    return out
+
+
+def run(out_dir: Path, spec_name: str | None = None, settings: GemmSweepSettings = GemmSweepSettings(),
+        shard: tuple[int, int] = (0, 1), progress: bool = True) -> dict[str, Any]:
+    from tqdm import tqdm
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    spec, live = resolve_spec(spec_name)
+    header = device_header(live, spec) | {"schema_version": SCHEMA_VERSION, "kernel_hash": kernel.kernel_source_hash(),
+                                          "sweep": {"seed": settings.seed, "n_random": settings.n_random,
+                                                    "configs_per_group": settings.configs_per_group,
+                                                    "timing": vars(settings.timing)}}
+    problems = gemm_problems(settings.n_random, spec, settings.seed, settings.budget)
+    i, n = shard
+    problems = [p for j, p in enumerate(problems) if j % n == i]
+    from .shards import ShardWriter
+
+    writer = ShardWriter(out_dir, KIND, header, shard=f"{i:02d}of{n:02d}")
+    todo = [p for p in problems if problem_id(p) not in writer.done]
+    if settings.max_problems is not None:
+        todo = todo[: settings.max_problems]
+    groups: dict[tuple, list[GemmProblem]] = {}
+    for p in todo:
+        groups.setdefault(spec_key(p), []).append(p)
+    # Largest groups first: their compile is amortised over the most problems.
+    order = sorted(groups, key=lambda k: -len(groups[k]))
+
+    stats = {"problems": 0, "rows": 0, "ok_rows": 0, "failed_rows": 0, "rejected_rows": 0,
+             "kernels_compiled": 0, "compile_s": 0.0, "timing_s": 0.0, "timed_configs": 0,
+             "resumed_existing_rows": writer.n_existing_rows}
+    if not todo:
+        writer.close()
+        return stats
+    bench = Bench(device, live.get("l2_bytes") or spec.l2_bytes, settings.timing)
+    from perfmodel.devices import ClockReader
+
+    clock = ClockReader(torch.cuda.current_device())
+    pool = cf.ProcessPoolExecutor(settings.compile_workers, mp_context=mp.get_context("spawn"))
+    t_compile0 = time.perf_counter()
+    futures: dict[tuple, list[cf.Future]] = {}
+    for key in order:
+        p0 = groups[key][0]
+        cfgs = config_sample(p0.dtype, p0.allow_tf32, (p0.transpose_left, p0.transpose_right), spec,
+                             settings.configs_per_group)
+        chunks = [cfgs[j:j + 4] for j in range(0, len(cfgs), 4)]
+        futures[key] = [pool.submit(_compile_chunk, p0.dtype, p0.allow_tf32, strides(p0), p0.k,
+                                    [c.as_dict() for c in ch]) for ch in chunks]
+    bar = tqdm(total=len(todo), desc=f"gemm sweep {i}/{n}", unit="problem", disable=not progress, smoothing=0.05)
+    try:
+        for key in order:
+            compile_errors: dict[GemmConfig, str] = {}
+            for fut in futures[key]:
+                for c, err in fut.result():
+                    compile_errors[GemmConfig(**c)] = err
+            stats["kernels_compiled"] += len(compile_errors)
+            stats["compile_s"] = time.perf_counter() - t_compile0  # until the last group needed is ready
+            for p in groups[key]:
+                t0 = time.perf_counter()
+                rows = measure_problem(p, list(compile_errors.items()), bench, spec, clock)
+                stats["timing_s"] += time.perf_counter() - t0
+                writer.write_unit(problem_id(p), rows)
+                stats["problems"] += 1
+                stats["rows"] += len(rows)
+                for r in rows:
+                    if r["kind"] != "triton":
+                        continue
+                    stats["timed_configs"] += r["status"] in ("ok", "rejected_peak")
+                    stats["ok_rows"] += r["status"] == "ok"
+                    stats["failed_rows"] += r["status"].startswith("fail")
+                    stats["rejected_rows"] += r["status"] == "rejected_peak"
+                bar.update(1)
+                bar.set_postfix(rows_s=f"{stats['timed_configs'] / max(stats['timing_s'], 1e-9):.0f}",
+                                rows=stats["rows"])
+    finally:
+        bar.close()
+        writer.close()
+        pool.shutdown(cancel_futures=True)
+    stats["timed_configs_per_s"] = stats["timed_configs"] / max(stats["timing_s"], 1e-9)
+    stats["wall_s"] = time.perf_counter() - t_compile0
+    return stats
+
+
+def measure_problem(p: GemmProblem, cfgs: list[tuple[GemmConfig, str]], bench: Bench, spec: DeviceSpec,
+                    clock) -> list[dict[str, Any]]:
+    """Rows for one problem: one cuBLAS row and one row per config (ok, failed or rejected)."""
+    a, b = make_operands(p, bench.device)
+    ref = torch.mm(a.double(), b.double()).float() if p.m * p.n * p.k <= 2**30 else _ref_fp32(a, b)
+    ref_norm = torch.linalg.vector_norm(ref)
+    c = torch.empty((p.m, p.n), device=bench.device, dtype=a.dtype)
+    tol = TOLERANCE[(p.dtype, p.allow_tf32)]
+    base = p.as_dict()
+
+    prev_tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = p.allow_tf32
+    try:
+        cublas = lambda: torch.mm(a, b)  # noqa: E731
+        err_cublas = relative_error(cublas(), ref, ref_norm)
+        runnable, rows, errs = [], [], []
+        for cfg, cerr in cfgs:
+            row = {**base, "kind": "triton", **cfg.as_dict()}
+            if cerr:
+                rows.append({**row, "status": "fail:" + cerr[:120], "ms": None})
+                continue
+            c.fill_(float("nan"))  # poison: every element must be written
+            try:
+                kernel.launch(a, b, c, cfg, p.allow_tf32)
+            except Exception as exc:  # out of resources at launch: a failure row
+                rows.append({**row, "status": f"fail:launch:{type(exc).__name__}", "ms": None})
+                continue
+            errs.append(relative_error(c, ref, ref_norm))
+            runnable.append((cfg, row))
+        fns = [(lambda cfg=cfg: kernel.launch(a, b, c, cfg, p.allow_tf32)) for cfg, _ in runnable]
+        clocks: list[float | None] = []
+        timed = bench.time_many([cublas, *fns], on_busy=lambda: clocks.append(clock.sm_clock_mhz()))
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev_tf32
+    sm_clock = clocks[0] if clocks else None
+    err_values = torch.stack([err_cublas, *errs]).tolist() if errs else [err_cublas.item()]
+
+    def finish(row: dict[str, Any], ms: float, reps: int, err: float) -> dict[str, Any]:
+        frac = fraction_of_peak(p.flops, p.min_bytes, ms, p.dtype, p.allow_tf32, spec, sm_clock)
+        status, flag = validate(frac)
+        if not err <= tol:
+            status = "fail:wrong_result"
+        return {**row, "status": status, "flag": flag, "ms": round(ms, 6), "reps": reps,
+                "rel_err": float(f"{err:.3g}"), "frac_peak": round(frac, 5), "sm_clock_mhz": sm_clock}
+
+    out = [finish({**base, "kind": "cublas"}, *timed[0], err_values[0])]
+    for (cfg, row), (ms, reps), err in zip(runnable, timed[1:], err_values[1:]):
+        out.append(finish(row, ms, reps, err))
+    return out + rows
+
+
+def _ref_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    prev = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        return torch.mm(a.float(), b.float())
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev

@@ -1,0 +1,43 @@
+"""Summary of a dataset folder (`perfmodel data info`)."""
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from .shards import read_dataset
+
+
+def dataset_info(folder: Path) -> dict[str, Any]:
+    gemm, gemm_headers = read_dataset(folder, "gemm")
+    pad, pad_headers = read_dataset(folder, "pad")
+    headers = gemm_headers or pad_headers
+    ok = [r for r in gemm if r["kind"] == "triton" and r["status"] == "ok"]
+    problems: dict[str, dict[str, Any]] = {}
+    for r in gemm:
+        problems.setdefault(r["unit"], r)
+    with_cublas = {r["unit"] for r in gemm if r["kind"] == "cublas" and r["status"] == "ok"}
+    by_dtype = Counter(r["dtype"] for r in problems.values())
+    fracs = [r["frac_peak"] for r in gemm if r.get("frac_peak") is not None and r["status"] == "ok"]
+    fracs += [r["frac_peak"] for r in pad if r.get("frac_peak") is not None and r["status"] == "ok"]
+    unaligned = sum(any(r[d] % 16 for d in ("m", "n", "k")) for r in problems.values())
+    return {
+        "device": headers[0]["device_name"] if headers else None,
+        "device_spec": headers[0].get("device_spec") if headers else None,
+        "gemm_rows": len(ok),
+        "gemm_rows_all": sum(r["kind"] == "triton" for r in gemm),
+        "gemm_failed_rows": sum(r["kind"] == "triton" and r["status"].startswith("fail") for r in gemm),
+        "gemm_rejected_rows": sum(r["status"] == "rejected_peak" for r in gemm),
+        "gemm_problems": len(problems),
+        "gemm_problems_with_cublas": len(with_cublas),
+        "gemm_problems_by_dtype": dict(sorted(by_dtype.items())),
+        "gemm_problems_tf32": sum(r["allow_tf32"] for r in problems.values()),
+        "gemm_problems_unaligned16": unaligned,
+        "gemm_problems_by_layout": dict(Counter(f"{'T' if r['transpose_left'] else 'N'}{'T' if r['transpose_right'] else 'N'}"
+                                                for r in problems.values())),
+        "pad_rows": sum(r["status"] == "ok" for r in pad),
+        "pad_rows_by_dtype": dict(Counter(r["dtype"] for r in pad if r["status"] == "ok")),
+        "max_fraction_of_peak": max(fracs) if fracs else None,
+        "flagged_rows": sum(bool(r.get("flag")) for r in gemm + pad),
+        "parts": len(gemm_headers) + len(pad_headers),
+    }

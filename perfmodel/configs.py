@@ -1,0 +1,69 @@
+"""Inductor's EXHAUSTIVE GEMM config space and its per-device pruning."""
+from __future__ import annotations
+
+import itertools
+import random
+
+from .devices import DeviceSpec
+from .schema import BLOCK_SIZES, DTYPE_BYTES, NUM_STAGES, NUM_WARPS, GemmConfig
+
+
+def shared_memory_bytes(cfg: GemmConfig, dtype: str) -> int:
+    """(BM*BK + BN*BK) * dtype_bytes * num_stages: the operand tiles of every pipeline stage."""
+    return (cfg.block_m * cfg.block_k + cfg.block_n * cfg.block_k) * DTYPE_BYTES[dtype] * cfg.num_stages
+
+
+def accumulator_registers(cfg: GemmConfig) -> float:
+    """fp32 accumulator registers per thread: BM*BN / (num_warps*32)."""
+    return cfg.block_m * cfg.block_n / (cfg.num_warps * 32)
+
+
+def fits(cfg: GemmConfig, dtype: str, spec: DeviceSpec) -> bool:
+    return (shared_memory_bytes(cfg, dtype) <= spec.shared_memory_per_block_optin
+            and accumulator_registers(cfg) <= spec.registers_per_thread_max)
+
+
+def exhaustive_space(group_m: int = 8) -> list[GemmConfig]:
+    """BLOCK_M/N/K in {16..256}, num_stages 1-5, num_warps {2,4,8}, GROUP_M 8 (1875 configs)."""
+    return [
+        GemmConfig(bm, bn, bk, group_m, s, w)
+        for bm, bn, bk, s, w in itertools.product(BLOCK_SIZES, BLOCK_SIZES, BLOCK_SIZES, NUM_STAGES, NUM_WARPS)
+    ]
+
+
+def pruned_space(dtype: str, spec: DeviceSpec) -> list[GemmConfig]:
+    return [c for c in exhaustive_space() if fits(c, dtype, spec)]
+
+
+def stratified_sample(configs: list[GemmConfig], n: int, seed: int) -> list[GemmConfig]:
+    """n configs spread over the (BM, BN, BK) tile shapes, then over stages and warps."""
+    if n >= len(configs):
+        return list(configs)
+    rng = random.Random(seed)
+    by_tile: dict[tuple[int, int, int], list[GemmConfig]] = {}
+    for c in configs:
+        by_tile.setdefault((c.block_m, c.block_n, c.block_k), []).append(c)
+    for group in by_tile.values():
+        rng.shuffle(group)
+    tiles = sorted(by_tile)
+    rng.shuffle(tiles)
+    out: list[GemmConfig] = []
+    # Round-robin over tiles so every tile shape appears before any appears twice.
+    while len(out) < n:
+        for t in tiles:
+            if by_tile[t] and len(out) < n:
+                out.append(by_tile[t].pop())
+    return sorted(out, key=lambda c: (c.block_m, c.block_n, c.block_k, c.num_stages, c.num_warps))
+
+
+def inductor_default_configs() -> list[GemmConfig]:
+    """Inductor's default (non-exhaustive) mm configs for CUDA, as in torch/_inductor/template_heuristics
+    (mm_configs with max-autotune, before per-problem scaling): (BM, BN, BK, stages, warps)."""
+    raw = [
+        (32, 32, 16, 1, 2), (32, 32, 128, 2, 4), (32, 64, 32, 5, 8), (64, 32, 32, 5, 8),
+        (64, 32, 128, 5, 4), (64, 64, 16, 2, 4), (64, 64, 32, 2, 4), (64, 64, 64, 3, 8),
+        (64, 64, 128, 5, 4), (64, 128, 32, 3, 4), (64, 128, 32, 4, 8), (64, 128, 64, 3, 4),
+        (64, 128, 128, 4, 4), (128, 64, 32, 3, 4), (128, 64, 32, 4, 8), (128, 128, 32, 2, 8),
+        (128, 128, 32, 3, 4), (128, 128, 64, 3, 4), (128, 128, 64, 5, 8),
+    ]
+    return [GemmConfig(bm, bn, bk, 8, s, w) for bm, bn, bk, s, w in raw]
