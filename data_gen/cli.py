@@ -29,12 +29,16 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         g.add_argument("--seed", type=int, default=0)
         g.add_argument("--device-spec", default=None, help="datasheet spec name (default: matched from the GPU)")
         g.add_argument("--max-problems", type=int, default=None, help="stop after this many new problems")
-        g.add_argument("--budget-ms", type=float, default=2.0, help="GPU ms of timed runs per config")
+        g.add_argument("--budget-ms", type=float, default=0.6, help="GPU ms of timed runs per config")
         g.add_argument("--stats", type=Path, default=None, help="write the run's statistics (JSON) here")
         g.add_argument("--no-progress", action="store_true")
         if name == "gemm":
             g.add_argument("--n-random", type=int, default=600, help="random problems beside the real-model shapes")
-            g.add_argument("--configs", type=int, default=128, help="configs sampled per (dtype mode, layout)")
+            g.add_argument("--configs", type=int, default=128, help="configs sampled per aligned compile group")
+            g.add_argument("--configs-unaligned", type=int, default=40,
+                           help="configs sampled per group whose K or a stride is not a multiple of 16")
+            g.add_argument("--max-per-group", type=int, default=None, help="cap new problems per compile group")
+            g.add_argument("--time-limit", type=float, default=None, help="stop cleanly after this many seconds")
             g.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1), help="compile processes")
         else:
             g.add_argument("--n", type=int, default=3200, help="pad problems")
@@ -103,7 +107,8 @@ def run(args: argparse.Namespace) -> int:
         from .gemm_sweep import GemmSweepSettings, run as run_gemm
 
         settings = GemmSweepSettings(n_random=args.n_random, configs_per_group=args.configs, seed=args.seed,
-                                     compile_workers=args.workers, max_problems=args.max_problems, timing=timing)
+                                     compile_workers=args.workers, max_problems=args.max_problems, timing=timing,
+                                     configs_unaligned=args.configs_unaligned, max_per_group=args.max_per_group, time_limit_s=args.time_limit)
         stats = run_gemm(args.out, args.device_spec, settings, args.shard, progress=not args.no_progress)
     else:
         from .pad_sweep import run as run_pad

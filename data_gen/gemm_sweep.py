@@ -7,11 +7,12 @@ problems of groups already compiled. One problem is one crash-safe unit of the s
 from __future__ import annotations
 
 import concurrent.futures as cf
+import itertools
 import multiprocessing as mp
 import os
 import time
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +33,15 @@ KIND = "gemm"
 @dataclass
 class GemmSweepSettings:
     n_random: int = 600           # random problems on top of the real-model shapes
-    configs_per_group: int = 128  # stratified sample of the pruned space per (dtype mode, layout)
+    configs_per_group: int = 128  # stratified sample of the pruned space per aligned compile group
+    configs_unaligned: int = 40   # ... per group with K or a stride not divisible by 16 (fewer problems)
+    max_per_group: int | None = None   # cap problems per compile group (spreads a short run over groups)
+    time_limit_s: float | None = None  # stop cleanly (between problems) after this long
     seed: int = 0
     compile_workers: int = max(1, (os.cpu_count() or 2) - 1)
     max_problems: int | None = None
-    budget: Budget = Budget()
-    timing: TimingSettings = TimingSettings()
+    budget: Budget = field(default_factory=Budget)
+    timing: TimingSettings = field(default_factory=TimingSettings)
 
 
 def config_sample(dtype: str, allow_tf32: bool, layout: tuple[bool, bool], spec: DeviceSpec, n: int) -> list[GemmConfig]:
@@ -59,6 +63,10 @@ def spec_key(p: GemmProblem) -> tuple:
         return "1" if v == 1 else ("D" if v % 16 == 0 else "N")
 
     return (p.dtype, p.allow_tf32, p.transpose_left, p.transpose_right, cls(p.k), *map(cls, strides(p)))
+
+
+def is_aligned(key: tuple) -> bool:
+    return "N" not in key[4:]
 
 
 def _compile_chunk(dtype: str, allow_tf32: bool, strides_: tuple[int, ...], K: int,
@@ -95,10 +103,16 @@ def run(out_dir: Path, spec_name: str | None = None, settings: GemmSweepSettings
     if settings.max_problems is not None:
         todo = todo[: settings.max_problems]
     groups: dict[tuple, list[GemmProblem]] = {}
-    for p in todo:
+    for p in sorted(todo, key=problem_id):  # a fixed pseudo-random mix of real-model and random shapes
         groups.setdefault(spec_key(p), []).append(p)
-    # Largest groups first: their compile is amortised over the most problems.
-    order = sorted(groups, key=lambda k: -len(groups[k]))
+    if settings.max_per_group is not None:
+        groups = {k: v[: settings.max_per_group] for k, v in groups.items()}
+        todo = [p for v in groups.values() for p in v]
+    # Largest groups first (their compile is amortised over the most problems), interleaved with the
+    # unaligned groups so that a time-limited run covers both.
+    aligned = sorted((k for k in groups if is_aligned(k)), key=lambda k: -len(groups[k]))
+    unaligned = sorted((k for k in groups if not is_aligned(k)), key=lambda k: -len(groups[k]))
+    order = [k for pair in itertools.zip_longest(aligned, unaligned, unaligned, unaligned) for k in pair if k]
 
     stats = {"problems": 0, "rows": 0, "ok_rows": 0, "failed_rows": 0, "rejected_rows": 0,
              "kernels_compiled": 0, "compile_s": 0.0, "timing_s": 0.0, "timed_configs": 0,
@@ -116,13 +130,15 @@ def run(out_dir: Path, spec_name: str | None = None, settings: GemmSweepSettings
     for key in order:
         p0 = groups[key][0]
         cfgs = config_sample(p0.dtype, p0.allow_tf32, (p0.transpose_left, p0.transpose_right), spec,
-                             settings.configs_per_group)
+                             settings.configs_per_group if is_aligned(key) else settings.configs_unaligned)
         chunks = [cfgs[j:j + 4] for j in range(0, len(cfgs), 4)]
         futures[key] = [pool.submit(_compile_chunk, p0.dtype, p0.allow_tf32, strides(p0), p0.k,
                                     [c.as_dict() for c in ch]) for ch in chunks]
     bar = tqdm(total=len(todo), desc=f"gemm sweep {i}/{n}", unit="problem", disable=not progress, smoothing=0.05)
     try:
         for key in order:
+            if stats.get("stopped_at_time_limit"):
+                break
             compile_errors: dict[GemmConfig, str] = {}
             for fut in futures[key]:
                 for c, err in fut.result():
@@ -130,6 +146,9 @@ def run(out_dir: Path, spec_name: str | None = None, settings: GemmSweepSettings
             stats["kernels_compiled"] += len(compile_errors)
             stats["compile_s"] = time.perf_counter() - t_compile0  # until the last group needed is ready
             for p in groups[key]:
+                if settings.time_limit_s is not None and time.perf_counter() - t_compile0 > settings.time_limit_s:
+                    stats["stopped_at_time_limit"] = True
+                    break
                 t0 = time.perf_counter()
                 rows = measure_problem(p, list(compile_errors.items()), bench, spec, clock)
                 stats["timing_s"] += time.perf_counter() - t0

@@ -25,7 +25,7 @@ FLAG_BELOW = 0.01
 
 @dataclass
 class TimingSettings:
-    budget_ms: float = 2.0   # GPU time per callable in the second pass
+    budget_ms: float = 0.6   # GPU time per callable in the second pass
     min_reps: int = 3
     max_reps: int = 40
 

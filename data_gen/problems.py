@@ -46,7 +46,7 @@ def estimated_ms(p: GemmProblem, spec: DeviceSpec) -> float:
 
 @dataclass(frozen=True)
 class Budget:
-    max_est_ms: float = 0.8        # roofline estimate of the best kernel's time
+    max_est_ms: float = 0.4        # roofline estimate of the best kernel's time
     max_bytes: float = 2e9         # operands + output (the checker needs ~3x the output more)
     max_output_elems: int = 2**27  # keeps the full-output correctness check cheap
 
@@ -96,7 +96,10 @@ def gemm_problems(n_random: int, spec: DeviceSpec, seed: int = 0, budget: Budget
     while len(problems) < target:
         dtype, tf32, _ = rng.choices(MODES, weights)[0]
         tl, tr = rng.choice(layouts)
-        add(GemmProblem(m=random_dim(rng, 1), n=random_dim(rng, 16), k=random_dim(rng, 16),
+        # M is not a specialised argument (it only enters masks): unaligned M is cheap to cover;
+        # unaligned K/N change the compiled kernel, so they are rarer (they cost a compile group).
+        add(GemmProblem(m=random_dim(rng, 1, p_unaligned=0.5), n=random_dim(rng, 16, p_unaligned=0.2),
+                        k=random_dim(rng, 16, p_unaligned=0.2),
                         dtype=dtype, allow_tf32=tf32, transpose_left=tl, transpose_right=tr))
     return problems
 
