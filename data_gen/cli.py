@@ -37,6 +37,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
             g.add_argument("--configs", type=int, default=128, help="configs sampled per aligned compile group")
             g.add_argument("--configs-unaligned", type=int, default=40,
                            help="configs sampled per group whose K or a stride is not a multiple of 16")
+            g.add_argument("--modes", default=None,
+                           help="comma-separated dtype modes to sweep: float16,bfloat16,tf32,float32 (default all)")
             g.add_argument("--max-per-group", type=int, default=None, help="cap new problems per compile group")
             g.add_argument("--time-limit", type=float, default=None, help="stop cleanly after this many seconds")
             g.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1), help="compile processes")
@@ -108,7 +110,8 @@ def run(args: argparse.Namespace) -> int:
 
         settings = GemmSweepSettings(n_random=args.n_random, configs_per_group=args.configs, seed=args.seed,
                                      compile_workers=args.workers, max_problems=args.max_problems, timing=timing,
-                                     configs_unaligned=args.configs_unaligned, max_per_group=args.max_per_group, time_limit_s=args.time_limit)
+                                     configs_unaligned=args.configs_unaligned, max_per_group=args.max_per_group,
+                                     modes=tuple(args.modes.split(',')) if args.modes else None, time_limit_s=args.time_limit)
         stats = run_gemm(args.out, args.device_spec, settings, args.shard, progress=not args.no_progress)
     else:
         from .pad_sweep import run as run_pad

@@ -35,6 +35,7 @@ class GemmSweepSettings:
     n_random: int = 600           # random problems on top of the real-model shapes
     configs_per_group: int = 128  # stratified sample of the pruned space per aligned compile group
     configs_unaligned: int = 40   # ... per group with K or a stride not divisible by 16 (fewer problems)
+    modes: tuple[str, ...] | None = None  # restrict to these dtype modes (float16, bfloat16, tf32, float32)
     max_per_group: int | None = None   # cap problems per compile group (spreads a short run over groups)
     time_limit_s: float | None = None  # stop cleanly (between problems) after this long
     seed: int = 0
@@ -63,6 +64,10 @@ def spec_key(p: GemmProblem) -> tuple:
         return "1" if v == 1 else ("D" if v % 16 == 0 else "N")
 
     return (p.dtype, p.allow_tf32, p.transpose_left, p.transpose_right, cls(p.k), *map(cls, strides(p)))
+
+
+def mode_name(p: GemmProblem) -> str:
+    return "tf32" if p.allow_tf32 else p.dtype
 
 
 def is_aligned(key: tuple) -> bool:
@@ -99,7 +104,8 @@ def run(out_dir: Path, spec_name: str | None = None, settings: GemmSweepSettings
     from .shards import ShardWriter
 
     writer = ShardWriter(out_dir, KIND, header, shard=f"{i:02d}of{n:02d}")
-    todo = [p for p in problems if problem_id(p) not in writer.done]
+    todo = [p for p in problems if problem_id(p) not in writer.done
+            and (settings.modes is None or mode_name(p) in settings.modes)]
     if settings.max_problems is not None:
         todo = todo[: settings.max_problems]
     groups: dict[tuple, list[GemmProblem]] = {}
