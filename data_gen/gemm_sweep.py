@@ -118,7 +118,9 @@ def run(out_dir: Path, spec_name: str | None = None, settings: GemmSweepSettings
     # unaligned groups so that a time-limited run covers both.
     aligned = sorted((k for k in groups if is_aligned(k)), key=lambda k: -len(groups[k]))
     unaligned = sorted((k for k in groups if not is_aligned(k)), key=lambda k: -len(groups[k]))
-    order = [k for pair in itertools.zip_longest(aligned, unaligned, unaligned, unaligned) for k in pair if k]
+    rest = iter(unaligned)
+    order = [k for chunk in itertools.zip_longest(aligned, rest, rest, rest) for k in chunk if k]
+    assert len(order) == len(set(order)) == len(groups)
 
     stats = {"problems": 0, "rows": 0, "ok_rows": 0, "failed_rows": 0, "rejected_rows": 0,
              "kernels_compiled": 0, "compile_s": 0.0, "timing_s": 0.0, "timed_configs": 0,
