@@ -1,0 +1,148 @@
+"""The model folder: weights (safetensors), metadata.json, model.onnx and a model card.
+
+Everything a loader needs -- head configs, feature names, normalisation (inside the weights), device
+spec, schema and encoder versions -- is read from the folder, never from constants in code. A folder
+whose schema, encoder version or feature names differ from this code's is refused.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .devices import DeviceSpec
+from .features import ENCODER_VERSION, FeatureEncoder
+from .model import MLPConfig, PerfMLP
+from .schema import SCHEMA_VERSION
+
+FORMAT = "perfmodel-artifact"
+WEIGHTS = "model.safetensors"
+METADATA = "metadata.json"
+ONNX = "model.onnx"
+HEADS = ("gemm", "cublas", "pad")  # pad is optional
+
+
+class ArtifactError(ValueError):
+    """A model folder that is corrupt or does not match this code."""
+
+
+@dataclass
+class ModelBundle:
+    spec: DeviceSpec
+    heads: dict[str, PerfMLP]
+    encoders: dict[str, FeatureEncoder]
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def pad_threshold(self) -> float:
+        return float(self.metadata.get("pad_threshold", 1.0))
+
+
+def spec_from_dict(d: dict[str, Any]) -> DeviceSpec:
+    try:
+        return DeviceSpec(**d)
+    except TypeError as exc:
+        raise ArtifactError(f"metadata.device_spec: {exc}") from None
+
+
+def save(bundle: ModelBundle, folder: Path, extra_metadata: dict[str, Any] | None = None) -> Path:
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = {}
+    heads_meta = {}
+    for name, head in bundle.heads.items():
+        for k, v in head.state_dict().items():
+            tensors[f"{name}.{k}"] = v.detach().contiguous().cpu()
+        heads_meta[name] = {"mlp": head.cfg.as_dict(), "features": bundle.encoders[name].names,
+                            "encoder_kind": bundle.encoders[name].kind}
+    save_file(tensors, str(folder / WEIGHTS))
+    meta = {**bundle.metadata, **(extra_metadata or {}), "format": FORMAT, "schema_version": SCHEMA_VERSION,
+            "encoder_version": ENCODER_VERSION, "device_spec": bundle.spec.as_dict(), "heads": heads_meta,
+            "weights_sha256": sha256_file(folder / WEIGHTS)}
+    (folder / METADATA).write_text(json.dumps(meta, indent=2, sort_keys=True))
+    bundle.metadata = meta
+    return folder
+
+
+def load(folder: Path) -> ModelBundle:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"path_or_uri: no model folder at {folder}")
+    meta_path, weights_path = folder / METADATA, folder / WEIGHTS
+    for p in (meta_path, weights_path):
+        if not p.is_file():
+            raise FileNotFoundError(f"path_or_uri: {folder} has no {p.name}")
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ArtifactError(f"{meta_path}: not valid JSON ({exc})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise ArtifactError(f"{meta_path}: not a {FORMAT} metadata file")
+    for key, want in (("schema_version", SCHEMA_VERSION), ("encoder_version", ENCODER_VERSION)):
+        if meta.get(key) != want:
+            raise ArtifactError(f"{folder}: {key} is {meta.get(key)!r}, this code needs {want}; retrain or upgrade")
+    if meta.get("weights_sha256") and meta["weights_sha256"] != sha256_file(weights_path):
+        raise ArtifactError(f"{weights_path}: checksum differs from metadata.weights_sha256 (corrupt or edited)")
+    spec = spec_from_dict(meta.get("device_spec", {}))
+    try:
+        tensors = load_file(str(weights_path))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise ArtifactError(f"{weights_path}: unreadable weights ({exc})") from None
+    heads, encoders = {}, {}
+    for name, hm in meta.get("heads", {}).items():
+        enc = FeatureEncoder(spec, hm.get("encoder_kind", name))
+        if list(hm.get("features", [])) != enc.names:
+            raise ArtifactError(f"{folder}: head {name!r} was trained on features {hm.get('features')} "
+                                f"but this encoder gives {enc.names}")
+        cfg = MLPConfig.from_dict(hm["mlp"])
+        head = PerfMLP(cfg)
+        sd = {k[len(name) + 1:]: v for k, v in tensors.items() if k.startswith(name + ".")}
+        try:
+            head.load_state_dict(sd, strict=True)
+        except RuntimeError as exc:
+            raise ArtifactError(f"{weights_path}: head {name!r} does not match its config ({exc})") from None
+        heads[name], encoders[name] = head.eval(), enc
+    if "gemm" not in heads:
+        raise ArtifactError(f"{folder}: no gemm head")
+    return ModelBundle(spec, heads, encoders, meta)
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class _OnnxHeads(torch.nn.Module):
+    """All heads in one graph: one input and one output (log ms) per head."""
+
+    def __init__(self, heads: dict[str, PerfMLP]) -> None:
+        super().__init__()
+        self.names = list(heads)
+        self.heads = torch.nn.ModuleList(heads[n].folded() for n in self.names)
+
+    def forward(self, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(h(x) for h, x in zip(self.heads, xs))
+
+
+def export_onnx(bundle: ModelBundle, path: Path) -> Path:
+    """A single-file ONNX graph (no external data) with inputs <head>_x and outputs <head>_log_ms."""
+    mod = _OnnxHeads(bundle.heads).eval()
+    xs = tuple(torch.randn(4, len(bundle.encoders[n])) for n in mod.names)
+    names_in = [f"{n}_x" for n in mod.names]
+    names_out = [f"{n}_log_ms" for n in mod.names]
+    torch.onnx.export(mod, xs, str(path), input_names=names_in, output_names=names_out,
+                      dynamic_axes={k: {0: "batch"} for k in names_in + names_out}, opset_version=17,
+                      dynamo=False)
+    return Path(path)

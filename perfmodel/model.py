@@ -1,0 +1,114 @@
+"""The network: a plain nn.Module MLP whose output is logsumexp(f(x), log overhead).
+
+It predicts log(runtime in ms). The overhead -- the least time any launch takes -- is a learned
+parameter (PR 156851 fixed it at 0.00541 ms), so a prediction never falls below it. Standardisation
+is inside the module (buffers), so the artifact and the ONNX graph carry it.
+"""
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import asdict, dataclass, field
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class MLPConfig:
+    n_inputs: int
+    hidden: tuple[int, ...] = (256, 256, 256, 256)  # widths of the hidden layers
+    norm: str = "batch"          # "batch" (foldable into Linear), "layer" or "none"
+    dropout: float = 0.0
+    learn_overhead: bool = True  # False reproduces PR 156851's fixed overhead
+    init_overhead_ms: float = 0.00541  # PR 156851's constant: the lowest H100 Triton runtime it saw
+    n_outputs: int = 1
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["hidden"] = list(self.hidden)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "MLPConfig":
+        d = dict(d)
+        d["hidden"] = tuple(d["hidden"])
+        return cls(**d)
+
+
+class PerfMLP(nn.Module):
+    def __init__(self, cfg: MLPConfig) -> None:
+        super().__init__()
+        if cfg.norm not in ("batch", "layer", "none"):
+            raise ValueError(f"norm: expected batch, layer or none, got {cfg.norm!r}")
+        self.cfg = cfg
+        self.register_buffer("x_mean", torch.zeros(cfg.n_inputs))
+        self.register_buffer("x_std", torch.ones(cfg.n_inputs))
+        layers: list[nn.Module] = []
+        width = cfg.n_inputs
+        for h in cfg.hidden:
+            layers.append(nn.Linear(width, h))
+            if cfg.norm == "batch":
+                layers.append(nn.BatchNorm1d(h))
+            elif cfg.norm == "layer":
+                layers.append(nn.LayerNorm(h))
+            layers.append(nn.ReLU())
+            if cfg.dropout > 0:
+                layers.append(nn.Dropout(cfg.dropout))
+            width = h
+        layers.append(nn.Linear(width, cfg.n_outputs))
+        self.net = nn.Sequential(*layers)
+        log_oh = torch.full((cfg.n_outputs,), math.log(cfg.init_overhead_ms))
+        if cfg.learn_overhead:
+            self.log_overhead = nn.Parameter(log_oh)
+        else:
+            self.register_buffer("log_overhead", log_oh)
+
+    def set_normalisation(self, mean: torch.Tensor, std: torch.Tensor) -> None:
+        self.x_mean.copy_(mean)
+        # A constant feature (e.g. the SM count in a one-device dataset) gets std 1, not 0.
+        self.x_std.copy_(torch.where(std > 1e-6, std, torch.ones_like(std)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(N, n_inputs) raw features -> (N,) log ms (or (N, n_outputs))."""
+        z = self.net((x - self.x_mean) / self.x_std)  # (N, n_outputs)
+        out = torch.logaddexp(z, self.log_overhead.expand_as(z))
+        return out.squeeze(-1) if self.cfg.n_outputs == 1 else out
+
+    def folded(self) -> "PerfMLP":
+        """An eval-mode copy with every BatchNorm folded into the Linear before it, and the input
+        standardisation folded into the first Linear: plain Linear+ReLU layers for serving."""
+        m = copy.deepcopy(self).eval()
+        mods = list(m.net)
+        out: list[nn.Module] = []
+        i = 0
+        while i < len(mods):
+            mod = mods[i]
+            if isinstance(mod, nn.Linear) and i + 1 < len(mods) and isinstance(mods[i + 1], nn.BatchNorm1d):
+                bn = mods[i + 1]
+                scale = bn.weight / torch.sqrt(bn.running_var + bn.eps)
+                lin = nn.Linear(mod.in_features, mod.out_features)
+                with torch.no_grad():
+                    lin.weight.copy_(mod.weight * scale[:, None])
+                    lin.bias.copy_((mod.bias - bn.running_mean) * scale + bn.bias)
+                out.append(lin)
+                i += 2
+                continue
+            if isinstance(mod, nn.Dropout):
+                i += 1
+                continue
+            out.append(mod)
+            i += 1
+        first = out[0]
+        with torch.no_grad():
+            w = first.weight / m.x_std[None, :]
+            first.bias.copy_(first.bias - (w * m.x_mean[None, :]).sum(1))
+            first.weight.copy_(w)
+            m.x_mean.zero_()
+            m.x_std.fill_(1.0)
+        m.net = nn.Sequential(*out)
+        return m
+
+    @property
+    def overhead_ms(self) -> torch.Tensor:
+        return self.log_overhead.detach().exp()
