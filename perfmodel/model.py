@@ -72,7 +72,9 @@ class PerfMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(N, n_inputs) raw features -> (N,) log ms (or (N, n_outputs))."""
         z = self.net((x - self.x_mean) / self.x_std)  # (N, n_outputs)
-        out = torch.logaddexp(z, self.log_overhead.expand_as(z))
+        oh = self.log_overhead.expand_as(z)
+        # logaddexp(z, oh), written out so that the ONNX exporter takes it (aten::logaddexp has no symbolic)
+        out = torch.maximum(z, oh) + torch.log1p(torch.exp(-torch.abs(z - oh)))
         return out.squeeze(-1) if self.cfg.n_outputs == 1 else out
 
     def folded(self) -> "PerfMLP":

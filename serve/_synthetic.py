@@ -1,0 +1,88 @@
+"""A model folder with RANDOM weights, in the real artifact format -- for tests and for timing the
+serving path before a trained model exists. Its predictions mean nothing.
+
+The normalisation statistics are those of a realistic sample of problems and configs, and every
+BatchNorm carries non-trivial running statistics, so that folding and standardisation are exercised.
+"""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import torch
+
+from perfmodel.artifact import ModelBundle, export_onnx, save
+from perfmodel.configs import pruned_space
+from perfmodel.devices import DEFAULT_DEVICE, get_spec
+from perfmodel.features import FeatureEncoder, configs_tensor, pad_tensor, problems_tensor
+from perfmodel.model import MLPConfig, PerfMLP
+from perfmodel.schema import DTYPES, GemmProblem, PadProblem
+
+
+def _sample_problems(rng: random.Random, n: int) -> list[GemmProblem]:
+    def dim() -> int:
+        return max(1, int(2 ** rng.uniform(0, 14)))
+
+    out = []
+    for _ in range(n):
+        dtype = rng.choice(DTYPES)
+        out.append(GemmProblem(dim(), dim(), dim(), dtype, allow_tf32=dtype == "float32" and rng.random() < 0.5,
+                               transpose_left=rng.random() < 0.3, transpose_right=rng.random() < 0.3))
+    return out
+
+
+def _sample_pads(rng: random.Random, n: int) -> list[PadProblem]:
+    def dim() -> int:
+        return max(1, int(2 ** rng.uniform(0, 14)))
+
+    return [PadProblem(dim(), dim(), dim(), rng.choice(DTYPES), rng.random() < 0.3, rng.random() < 0.3,
+                       rng.random() < 0.2, rng.random() < 0.2) for _ in range(n)]
+
+
+def _randomise_batchnorm(head: PerfMLP, gen: torch.Generator) -> None:
+    with torch.no_grad():
+        for mod in head.modules():
+            if isinstance(mod, torch.nn.BatchNorm1d):
+                mod.running_mean.copy_(torch.randn(mod.num_features, generator=gen) * 0.1)
+                mod.running_var.copy_(torch.rand(mod.num_features, generator=gen) * 1.5 + 0.5)
+                mod.weight.copy_(torch.rand(mod.num_features, generator=gen) * 0.5 + 0.75)
+                mod.bias.copy_(torch.randn(mod.num_features, generator=gen) * 0.05)
+
+
+def make_synthetic_bundle(seed: int = 0, hidden: tuple[int, ...] = (256, 256, 256, 256),
+                          with_pad: bool = True, with_cublas: bool = True) -> ModelBundle:
+    """An H100 bundle whose heads have random weights (seeded) and realistic normalisation."""
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+    rng = random.Random(seed)
+    spec = get_spec(DEFAULT_DEVICE)
+    problems = _sample_problems(rng, 64)
+    configs = pruned_space("float16", spec)
+    kinds = ["gemm"] + (["cublas"] if with_cublas else []) + (["pad"] if with_pad else [])
+    heads, encoders = {}, {}
+    for kind in kinds:
+        enc = FeatureEncoder(spec, kind)
+        if kind == "gemm":
+            x = enc.encode_cross(problems_tensor(problems), configs_tensor(configs))
+        elif kind == "cublas":
+            x = enc.encode(problems_tensor(problems))
+        else:
+            x = enc.encode_pad(pad_tensor(_sample_pads(rng, 256)))
+        head = PerfMLP(MLPConfig(n_inputs=len(enc), hidden=hidden, n_outputs=2 if kind == "pad" else 1))
+        head.set_normalisation(x.mean(0), x.std(0))
+        _randomise_batchnorm(head, gen)
+        heads[kind], encoders[kind] = head.eval(), enc
+    return ModelBundle(spec, heads, encoders, {"pad_threshold": 1.1, "synthetic": True, "seed": seed})
+
+
+def write_synthetic_model(folder: Path, seed: int = 0, onnx: bool = True, **kwargs) -> Path:
+    """Writes a complete model folder (weights, metadata, model.onnx, card) with random weights."""
+    folder = Path(folder)
+    bundle = make_synthetic_bundle(seed, **kwargs)
+    save(bundle, folder)
+    if onnx:
+        export_onnx(bundle, folder / "model.onnx")
+    (folder / "MODEL_CARD.md").write_text(
+        "# SYNTHETIC model (random weights)\n\nWritten by serve._synthetic.write_synthetic_model for tests and "
+        f"latency benchmarks (seed {seed}). Its predictions mean nothing.\n")
+    return folder

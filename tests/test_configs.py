@@ -1,0 +1,169 @@
+"""The config space and its per-device pruning, against hand-computed cases."""
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+
+import pytest
+
+from perfmodel import GemmConfig
+from perfmodel.configs import (accumulator_registers, exhaustive_space, fits, inductor_default_configs,
+                               pruned_space, shared_memory_bytes, stratified_sample)
+from perfmodel.devices import get_spec
+
+H100 = get_spec("h100-sxm")
+A100 = get_spec("a100-sxm")
+
+
+def tile(c: GemmConfig) -> tuple[int, int, int]:
+    return c.block_m, c.block_n, c.block_k
+
+
+def test_h100_limits():
+    assert H100.shared_memory_per_block_optin == 232448
+    assert H100.registers_per_thread_max == 255
+
+
+# (BM, BN, BK, stages, warps, dtype, hand-computed shared memory bytes, hand-computed registers, fits on H100)
+CASES = [
+    (256, 128, 128, 3, 8, "float16", (256 * 128 + 128 * 128) * 2 * 3, 256 * 128 / 256, False),  # 294912 smem
+    (128, 128, 64, 3, 4, "float16", 98304, 128.0, True),
+    (128, 128, 64, 3, 4, "bfloat16", 98304, 128.0, True),
+    (128, 128, 64, 3, 4, "float32", 196608, 128.0, True),      # fp32 doubles the bytes, still fits
+    (128, 128, 64, 4, 4, "float16", 131072, 128.0, True),
+    (128, 128, 64, 4, 4, "float32", 262144, 128.0, False),     # ... and here it no longer fits
+    (256, 256, 16, 1, 8, "float16", 16384, 256.0, False),      # 256 accumulator registers > 255
+    (256, 256, 32, 2, 8, "float16", 65536, 256.0, False),
+    (128, 256, 32, 3, 4, "float16", 73728, 256.0, False),      # 32768 / 128 threads = 256
+    (128, 256, 32, 3, 8, "float16", 73728, 128.0, True),
+    (256, 128, 64, 2, 4, "float16", 98304, 256.0, False),
+    (128, 128, 16, 1, 2, "float16", 8192, 256.0, False),       # 16384 / 64 threads
+    (64, 128, 16, 1, 2, "float16", 6144, 128.0, True),
+    (16, 16, 256, 5, 2, "float32", 163840, 4.0, True),
+    (256, 64, 128, 5, 8, "float16", 409600, 64.0, False),
+    (64, 64, 256, 4, 4, "float32", 524288, 32.0, False),
+    (128, 64, 128, 3, 4, "float16", 147456, 64.0, True),
+    (128, 64, 128, 3, 4, "float32", 294912, 64.0, False),
+]
+
+
+@pytest.mark.parametrize("bm,bn,bk,stages,warps,dtype,smem,regs,ok", CASES)
+def test_pruning_hand_computed(bm, bn, bk, stages, warps, dtype, smem, regs, ok):
+    cfg = GemmConfig(bm, bn, bk, 8, stages, warps)
+    assert shared_memory_bytes(cfg, dtype) == smem
+    assert accumulator_registers(cfg) == regs
+    assert fits(cfg, dtype, H100) is ok
+    assert (cfg in pruned_space(dtype, H100)) is ok
+
+
+def test_pruning_boundaries_inclusive():
+    cfg = GemmConfig(128, 128, 64, 8, 3, 4)  # 98304 bytes of fp16 shared memory
+    at_limit = dataclasses.replace(H100, shared_memory_per_block_optin=98304)
+    below = dataclasses.replace(H100, shared_memory_per_block_optin=98303)
+    assert fits(cfg, "float16", at_limit)
+    assert not fits(cfg, "float16", below)
+    # 128 registers exactly at the limit fits, one over does not
+    assert fits(cfg, "float16", dataclasses.replace(H100, registers_per_thread_max=128))
+    assert not fits(cfg, "float16", dataclasses.replace(H100, registers_per_thread_max=127))
+
+
+def test_a100_prunes_more():
+    cfg = GemmConfig(128, 128, 128, 8, 3, 4)  # 196608 fp16 bytes: fits 232448 (H100), not 166912 (A100)
+    assert fits(cfg, "float16", H100)
+    assert not fits(cfg, "float16", A100)
+    a100 = set(pruned_space("float16", A100))
+    h100 = set(pruned_space("float16", H100))
+    assert a100 < h100
+
+
+def test_exhaustive_space():
+    space = exhaustive_space()
+    assert len(space) == 1875 == 5 * 5 * 5 * 5 * 3
+    assert len(set(space)) == 1875
+    assert {c.group_m for c in space} == {8}
+    assert {c.block_m for c in space} == {c.block_n for c in space} == {c.block_k for c in space} \
+        == {16, 32, 64, 128, 256}
+    assert {c.num_stages for c in space} == {1, 2, 3, 4, 5}
+    assert {c.num_warps for c in space} == {2, 4, 8}
+    assert {c.group_m for c in exhaustive_space(group_m=4)} == {4}
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_pruned_space_is_the_fitting_subset(dtype):
+    space = exhaustive_space()
+    pruned = pruned_space(dtype, H100)
+    assert set(pruned) <= set(space)
+    assert 0 < len(pruned) < len(space)
+    # exactly the configs that satisfy both hand-written limits
+    expected = [c for c in space
+                if (c.block_m * c.block_k + c.block_n * c.block_k) * (4 if dtype == "float32" else 2)
+                * c.num_stages <= 232448 and c.block_m * c.block_n <= 255 * c.num_warps * 32]
+    assert pruned == expected
+    # no 256x256 tile can hold its accumulator in 255 registers, even with 8 warps
+    assert not any(tile(c)[:2] == (256, 256) for c in pruned)
+
+
+def test_pruned_space_fp32_smaller():
+    assert set(pruned_space("float32", H100)) < set(pruned_space("float16", H100))
+    assert pruned_space("float16", H100) == pruned_space("bfloat16", H100)
+
+
+def test_stratified_sample_deterministic_and_subset():
+    space = pruned_space("float16", H100)
+    for n in (1, 10, 64, 128, 300):
+        a = stratified_sample(space, n, seed=7)
+        b = stratified_sample(space, n, seed=7)
+        assert a == b
+        assert len(a) == n
+        assert len(set(a)) == n
+        assert set(a) <= set(space)
+    assert stratified_sample(space, 128, seed=1) != stratified_sample(space, 128, seed=2)
+
+
+def test_stratified_sample_does_not_mutate_input():
+    space = pruned_space("float16", H100)
+    copy = list(space)
+    stratified_sample(space, 50, seed=3)
+    assert space == copy
+
+
+def test_stratified_sample_covers_tiles_before_repeating():
+    space = pruned_space("float16", H100)
+    tiles = {tile(c) for c in space}
+    n_tiles = len(tiles)
+    assert n_tiles > 20
+    # fewer than the tile shapes: all distinct
+    small = stratified_sample(space, n_tiles - 5, seed=0)
+    assert len({tile(c) for c in small}) == n_tiles - 5
+    # exactly the tile shapes: each once
+    exact = stratified_sample(space, n_tiles, seed=0)
+    assert {tile(c) for c in exact} == tiles
+    # more: every tile present, and none three times before every tile with >= 2 configs has two
+    more = stratified_sample(space, n_tiles + 10, seed=0)
+    counts = Counter(tile(c) for c in more)
+    assert set(counts) == tiles
+    assert max(counts.values()) == 2
+    assert sum(v == 2 for v in counts.values()) == 10
+
+
+def test_stratified_sample_round_robin_respects_small_tiles():
+    # a tile with a single config is exhausted first; the others keep filling round-robin
+    space = [GemmConfig(16, 16, 16, 8, 1, 2)] + [GemmConfig(32, 32, 32, 8, s, w) for s in (1, 2, 3) for w in (2, 4)]
+    out = stratified_sample(space, 5, seed=0)
+    assert GemmConfig(16, 16, 16, 8, 1, 2) in out
+    assert len(out) == 5 and len(set(out)) == 5
+
+
+def test_stratified_sample_n_at_least_len():
+    space = pruned_space("float32", H100)
+    assert stratified_sample(space, len(space), seed=0) == space
+    assert stratified_sample(space, len(space) + 100, seed=0) == space
+
+
+def test_inductor_default_configs_fit_h100():
+    cfgs = inductor_default_configs()
+    assert len(cfgs) == 19
+    assert len(set(cfgs)) == 19
+    for c in cfgs:
+        assert fits(c, "float16", H100), c
+        assert c in set(exhaustive_space())

@@ -1,0 +1,147 @@
+"""The physical-limit validator (data_gen/measure.py) and the device specs' peak rates."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from data_gen.measure import FLAG_ABOVE, FLAG_BELOW, REJECT_ABOVE, fraction_of_peak, validate
+from perfmodel import GemmProblem
+from perfmodel.devices import DEFAULT_DEVICE, KNOWN_DEVICES, get_spec, match_spec
+
+H100 = get_spec("h100-sxm")
+FP16_PEAK_1980 = 132 * 4096 * 1.98e9  # FLOP/s: 132 SMs x 4096 dense fp16 FLOP/clk/SM x 1.98 GHz
+
+
+def frac(p: GemmProblem, ms: float, clock: float | None = 1980.0) -> float:
+    return fraction_of_peak(p.flops, p.min_bytes, ms, p.dtype, p.allow_tf32, H100, clock)
+
+
+def ms_at_fraction(p: GemmProblem, f: float, clock: float = 1980.0) -> float:
+    """The time at which a compute-bound problem runs at fraction f of the peak at `clock`."""
+    return p.flops / (f * H100.peak_flops(p.dtype, p.allow_tf32, clock)) * 1e3
+
+
+# ---- device specs ----
+
+def test_h100_peaks():
+    assert H100.sm_count == 132
+    assert H100.max_sm_clock_mhz == 1980.0
+    assert H100.peak_flops("float16", sm_clock_mhz=1980) == pytest.approx(FP16_PEAK_1980, rel=1e-12)
+    assert H100.peak_flops("float16") == pytest.approx(FP16_PEAK_1980, rel=1e-12)  # default: max boost
+    assert H100.peak_flops("bfloat16", sm_clock_mhz=1980) == pytest.approx(FP16_PEAK_1980, rel=1e-12)
+    assert H100.peak_flops("float32", allow_tf32=True, sm_clock_mhz=1980) == pytest.approx(132 * 2048 * 1.98e9)
+    assert H100.peak_flops("float32", sm_clock_mhz=1980) == pytest.approx(132 * 256 * 1.98e9)
+    # allow_tf32 only matters for fp32
+    assert H100.peak_flops("float16", allow_tf32=True) == H100.peak_flops("float16")
+    # the datasheet's 989.4 dense fp16 TFLOP/s is quoted at a 1830 MHz boost
+    assert H100.peak_flops("float16", sm_clock_mhz=1830) == pytest.approx(989.4e12, rel=1e-3)
+    assert H100.peak_bytes_per_s() == pytest.approx(3.35e12)
+
+
+def test_peak_scales_with_clock():
+    assert H100.peak_flops("float16", sm_clock_mhz=990) == pytest.approx(FP16_PEAK_1980 / 2)
+    assert H100.peak_flops("float16", sm_clock_mhz=1000) == pytest.approx(132 * 4096 * 1e9)
+
+
+def test_get_spec_and_match():
+    assert DEFAULT_DEVICE in KNOWN_DEVICES
+    with pytest.raises(ValueError, match="device"):
+        get_spec("h100")
+    assert match_spec("NVIDIA H100 80GB HBM3", 132) is H100
+    assert match_spec("NVIDIA H100 80GB HBM3") is H100
+    assert match_spec("NVIDIA H100 PCIe", 114).name == "h100-pcie"
+    assert match_spec("NVIDIA H200", 132).name == "h200"
+    assert match_spec("NVIDIA A100-SXM4-80GB", 108).name == "a100-sxm"
+    assert match_spec("NVIDIA GeForce RTX 4090", 128) is None
+    # a known marketing name with an unexpected SM count is not that spec
+    assert match_spec("NVIDIA A100-SXM4-80GB", 100) is None
+
+
+# ---- fraction_of_peak ----
+
+def test_fraction_of_peak_compute_bound():
+    p = GemmProblem(m=8192, n=8192, k=8192, dtype="float16")
+    # DESIGN's sanity figure: best Triton config 1.45 ms -> 760 TFLOP/s, ~71 % of the 1980 MHz peak
+    f = frac(p, 1.45)
+    assert f == pytest.approx(p.flops / 1.45e-3 / FP16_PEAK_1980, rel=1e-12)
+    assert 0.70 < f < 0.72
+    assert validate(f) == ("ok", "")
+
+
+def test_fraction_of_peak_memory_bound():
+    # a GEMV-like problem: the byte term dominates, and it does not depend on the clock
+    p = GemmProblem(m=1, n=8192, k=8192, dtype="float16")
+    ms = 0.05
+    expected = p.min_bytes / (ms * 1e-3) / 3.35e12
+    assert frac(p, ms) == pytest.approx(expected, rel=1e-12)
+    assert frac(p, ms, clock=500.0) == pytest.approx(expected, rel=1e-12)
+    # faster than DRAM allows: rejected at any clock
+    too_fast = p.min_bytes / 3.35e12 * 1e3 / 1.05
+    assert validate(frac(p, too_fast))[0] == "rejected_peak"
+
+
+def test_above_peak_rejected():
+    p = GemmProblem(m=8192, n=8192, k=8192, dtype="float16")
+    ms = ms_at_fraction(p, 1.02)
+    assert frac(p, ms) == pytest.approx(1.02)
+    assert validate(frac(p, ms)) == ("rejected_peak", "above_peak")
+
+
+def test_near_peak_flagged():
+    p = GemmProblem(m=8192, n=8192, k=8192, dtype="bfloat16")
+    assert validate(frac(p, ms_at_fraction(p, 0.95))) == ("ok", "near_peak")
+    assert validate(frac(p, ms_at_fraction(p, 0.85))) == ("ok", "")
+
+
+def test_below_one_percent_flagged():
+    p = GemmProblem(m=4096, n=4096, k=4096, dtype="float16")
+    assert validate(frac(p, ms_at_fraction(p, 0.005))) == ("ok", "below_1pct")
+    assert validate(frac(p, ms_at_fraction(p, 0.02))) == ("ok", "")
+
+
+def test_same_time_ok_at_full_clock_rejected_at_low_clock():
+    p = GemmProblem(m=8192, n=8192, k=8192, dtype="float16")
+    ms = 1.30  # ~79 % of the 1980 MHz peak; ~157 % of the 1000 MHz one
+    f_hi, f_lo = frac(p, ms, clock=1980.0), frac(p, ms, clock=1000.0)
+    assert f_lo == pytest.approx(f_hi * 1980 / 1000)
+    assert validate(f_hi) == ("ok", "")
+    assert validate(f_lo) == ("rejected_peak", "above_peak")
+    # clock unknown (no NVML): the max boost clock is used
+    assert frac(p, ms, clock=None) == pytest.approx(f_hi)
+
+
+def test_tf32_peak_used_for_fp32_with_tf32():
+    p32 = GemmProblem(m=4096, n=4096, k=4096, dtype="float32")
+    p_tf = GemmProblem(m=4096, n=4096, k=4096, dtype="float32", allow_tf32=True)
+    ms = 2.0
+    # 137 GFLOP in 2 ms = 68.7 TFLOP/s: above the fp32 CUDA-core peak (66.9), fine for tf32 (535)
+    assert validate(frac(p32, ms))[0] == "rejected_peak"
+    assert validate(frac(p_tf, ms)) == ("ok", "")
+    assert frac(p32, ms) == pytest.approx(8 * frac(p_tf, ms))
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_nan_and_inf_rejected(value):
+    assert validate(value)[0] == "rejected_peak"
+
+
+def test_nan_time_rejected():
+    p = GemmProblem(m=64, n=64, k=64)
+    f = frac(p, float("nan"))
+    assert math.isnan(f)
+    assert validate(f)[0] == "rejected_peak"
+
+
+@pytest.mark.parametrize("value,expected", [
+    (REJECT_ABOVE, ("ok", "near_peak")),            # exactly 100 % is not above the peak
+    (REJECT_ABOVE + 1e-9, ("rejected_peak", "above_peak")),
+    (FLAG_ABOVE, ("ok", "")),                        # "above 90 %" is strict
+    (FLAG_ABOVE + 1e-9, ("ok", "near_peak")),
+    (FLAG_BELOW, ("ok", "")),                        # "below 1 %" is strict
+    (FLAG_BELOW - 1e-9, ("ok", "below_1pct")),
+    (0.5, ("ok", "")),
+])
+def test_validate_thresholds(value, expected):
+    assert (REJECT_ABOVE, FLAG_ABOVE, FLAG_BELOW) == (1.0, 0.9, 0.01)
+    assert validate(value) == expected

@@ -1,0 +1,72 @@
+"""`perfmodel eval`: the held-out evaluation table of a model folder, with baselines."""
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+import torch
+
+from perfmodel import artifact
+from perfmodel.analytic import estimate_ms
+
+from . import evaluate as ev
+from .data import PadTable, load_gemm, load_pad, split_problems
+
+KEYS = ["float16/top1_eff", "float16/top5_eff", "bfloat16/top1_eff", "bfloat16/top5_eff", "fp32_all/top1_eff",
+        "fp32_all/top5_eff", "all/spearman_median", "all/mape", "all/worst_top1"]
+
+
+def evaluate_bundle(bundle: artifact.ModelBundle, data) -> dict:
+    seed = int(bundle.metadata.get("settings", {}).get("seed", 0))
+    gemm = load_gemm(data)
+    split = split_problems(gemm.modes, seed)
+    test = gemm.subset(split == 2)
+    P, C = torch.from_numpy(test.problems[test.problem_idx]), torch.from_numpy(test.configs)
+    with torch.inference_mode():
+        pred = bundle.heads["gemm"](bundle.encoders["gemm"].encode(P, C)).double().numpy()
+        results = {"perfmodel": ev.summarize(test, pred)}
+        if "PR 156851 model" in bundle.metadata.get("baselines", {}):
+            results["PR 156851 model (training run)"] = bundle.metadata["baselines"]["PR 156851 model"]
+        results["analytic (Triton-style)"] = ev.summarize(test, np.log(estimate_ms(P, C, bundle.spec).numpy()))
+        results["random choice"] = ev.random_choice(test)
+        d = ev.inductor_defaults(test)
+        results["Inductor defaults, best measured"] = {k.replace("best_of_defaults_eff", "top1_eff"): v for k, v in d.items()}
+        best_pred = np.full(len(test.problems), np.inf)
+        np.minimum.at(best_pred, test.problem_idx, pred)
+        cx = bundle.encoders["cublas"].encode(torch.from_numpy(test.problems))
+        cmet = ev.cublas_metrics(test, bundle.heads["cublas"](cx).double().numpy(), best_pred)
+        pmet = {}
+        if "pad" in bundle.heads:
+            pads = load_pad(data)
+            ps = split_problems(pads.modes, seed) == 2
+            pt = PadTable(pads.pads[ps], pads.orig_ms[ps], pads.padded_ms[ps], pads.modes[ps])
+            px = bundle.encoders["pad"].encode_pad(torch.from_numpy(pt.pads))
+            pmet = ev.pad_metrics(pt, bundle.heads["pad"](px).double().numpy(), bundle.pad_threshold)
+    return {"results": results, "cublas": cmet, "pad": pmet, "test_problems": int(len(test.problems))}
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    bundle = artifact.load(args.model)
+    out = evaluate_bundle(bundle, args.data)
+    if args.log_mlflow:
+        import mlflow
+
+        from .pipeline import DEFAULT_TRACKING_URI, _mlflow_key
+        import os
+
+        mlflow.set_tracking_uri(args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI)
+        mlflow.set_experiment("perfmodel-eval")
+        with mlflow.start_run(run_name="eval"):
+            flat = {f"{m}/{k}": v for m, mm in out["results"].items() for k, v in mm.items()}
+            mlflow.log_metrics({_mlflow_key(k): float(v) for k, v in {**flat, **out["cublas"], **out["pad"]}.items()
+                                if v is not None and np.isfinite(v)})
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    print(f"Held-out problems: {out['test_problems']} (split seed from the model's metadata)\n")
+    print(ev.format_table(out["results"], KEYS))
+    print()
+    for k, v in {**out["cublas"], **out["pad"]}.items():
+        print(f"{k:32s} {v:.4f}")
+    return 0

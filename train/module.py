@@ -1,0 +1,55 @@
+"""The LightningModule: wraps a plain perfmodel PerfMLP (Lightning stays in train/)."""
+from __future__ import annotations
+
+import lightning as L
+import torch
+
+from perfmodel.model import PerfMLP
+
+
+def within_problem_loss(pred: torch.Tensor, y: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
+    """MSE of log-times centred per problem: what ranking configs of one problem depends on."""
+    _, inv = torch.unique(group, return_inverse=True)
+    n = torch.zeros(int(inv.max()) + 1, device=pred.device).index_add_(0, inv, torch.ones_like(pred))
+    d = pred - y
+    mean_d = torch.zeros_like(n).index_add_(0, inv, d) / n
+    return ((d - mean_d[inv]) ** 2).mean()
+
+
+class PerfModule(L.LightningModule):
+    def __init__(self, model: PerfMLP, lr: float = 2e-3, weight_decay: float = 1e-5, rank_weight: float = 1.0,
+                 max_epochs: int = 40, prefix: str = "") -> None:
+        super().__init__()
+        self.model = model
+        self.save_hyperparameters(ignore=["model"])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x)
+
+    def _loss(self, batch, stage: str) -> torch.Tensor:
+        x, y, group = batch
+        pred = self.model(x)
+        if pred.dim() == 2:  # multi-output head (pad): y is (N, k)
+            mse = ((pred - y) ** 2).mean()
+            loss = mse
+            rank = torch.zeros((), device=x.device)
+        else:
+            mse = ((pred - y) ** 2).mean()
+            rank = within_problem_loss(pred, y, group) if self.hparams.rank_weight > 0 else torch.zeros_like(mse)
+            loss = mse + self.hparams.rank_weight * rank
+        pre = self.hparams.prefix
+        self.log(f"{pre}{stage}_loss", loss, prog_bar=True, on_epoch=True, on_step=False, batch_size=len(y))
+        self.log(f"{pre}{stage}_mse_log", mse, on_epoch=True, on_step=False, batch_size=len(y))
+        self.log(f"{pre}{stage}_rank_mse", rank, on_epoch=True, on_step=False, batch_size=len(y))
+        return loss
+
+    def training_step(self, batch, batch_idx):
+        return self._loss(batch, "train")
+
+    def validation_step(self, batch, batch_idx):
+        self._loss(batch, "val")
+
+    def configure_optimizers(self):
+        opt = torch.optim.AdamW(self.model.parameters(), lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(1, self.hparams.max_epochs))
+        return {"optimizer": opt, "lr_scheduler": sched}

@@ -1,0 +1,311 @@
+"""`perfmodel train`: load the shards, split by problem, fit the heads with Lightning, evaluate against
+baselines on held-out problems, track everything in MLflow, and write the model folder atomically
+(a failed run leaves the previous model in place)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from perfmodel import artifact
+from perfmodel.analytic import estimate_ms
+from perfmodel.devices import DEFAULT_DEVICE, get_spec
+from perfmodel.features import FeatureEncoder
+from perfmodel.model import MLPConfig, PerfMLP
+
+from . import evaluate as ev
+from .data import GemmTable, PadTable, dataset_hash, load_gemm, load_pad, make_loader, split_problems
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+
+
+@dataclass
+class TrainSettings:
+    data: Path = REPO / "data" / "h100"
+    out: Path = REPO / "models" / "h100"
+    device_spec: str = DEFAULT_DEVICE
+    seed: int = 0
+    epochs: int = 40
+    hidden: tuple[int, ...] = (256, 256, 256, 256)
+    norm: str = "batch"
+    lr: float = 2e-3
+    weight_decay: float = 1e-5
+    rank_weight: float = 1.0          # weight of the within-problem (ranking) loss term
+    problems_per_batch: int = 16
+    small_head_epochs: int = 150       # cuBLAS and pad heads (a few thousand rows)
+    baselines: bool = True             # also train/evaluate the PR 156851 baseline
+    accelerator: str = "cpu"
+    devices: str = "auto"
+    strategy: str = "auto"
+    tracking_uri: str | None = None    # default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db
+    experiment: str = "perfmodel"
+    register_name: str | None = "perfmodel-h100"
+    alias: str = "candidate"
+    fast_dev_run: bool = False
+    progress: bool = True
+    command: str = ""
+
+
+def tracking_uri(settings: TrainSettings) -> str:
+    return settings.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+
+
+def _trainer(settings: TrainSettings, logger, epochs: int):
+    import lightning as L
+
+    return L.Trainer(max_epochs=epochs, accelerator=settings.accelerator, devices=settings.devices,
+                     strategy=settings.strategy, logger=logger, enable_checkpointing=False,
+                     enable_progress_bar=settings.progress, enable_model_summary=False,
+                     fast_dev_run=settings.fast_dev_run, deterministic=True, log_every_n_steps=10)
+
+
+def fit_head(head: PerfMLP, x: torch.Tensor, y: torch.Tensor, split: np.ndarray, groups: np.ndarray | None,
+             settings: TrainSettings, logger, epochs: int, prefix: str, rank_weight: float) -> PerfMLP:
+    """Fit one head on rows with split==0, validating on split==1."""
+    from .module import PerfModule
+
+    tr, va = split == 0, split == 1
+    head.set_normalisation(x[tr].mean(0), x[tr].std(0))
+    gtr = groups[tr] if groups is not None else None
+    gva = groups[va] if groups is not None else None
+    if gtr is not None:  # dense problem ids for the batch sampler
+        gtr = np.unique(gtr, return_inverse=True)[1]
+        gva = np.unique(gva, return_inverse=True)[1]
+    train_dl = make_loader(x[tr], y[tr], gtr, settings.problems_per_batch, True, settings.seed, batch_rows=256)
+    val_dl = make_loader(x[va], y[va], gva, 64, False, settings.seed, batch_rows=4096)
+    module = PerfModule(head, lr=settings.lr, weight_decay=settings.weight_decay, rank_weight=rank_weight,
+                        max_epochs=epochs, prefix=prefix)
+    _trainer(settings, logger, epochs).fit(module, train_dl, val_dl)
+    return head.eval()
+
+
+@torch.inference_mode()
+def predict_rows(head: PerfMLP, x: torch.Tensor) -> np.ndarray:
+    return head.eval()(x).double().numpy()
+
+
+def _plots(table: GemmTable, pred: np.ndarray, folder: Path) -> list[Path]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    out = []
+    fig, ax = plt.subplots(figsize=(5, 5))
+    ax.scatter(table.ms, np.exp(pred), s=1, alpha=0.3)
+    lo, hi = table.ms.min(), table.ms.max()
+    ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)
+    ax.set(xscale="log", yscale="log", xlabel="measured ms", ylabel="predicted ms", title="held-out problems")
+    fig.tight_layout()
+    out.append(folder / "pred_vs_measured.png")
+    fig.savefig(out[-1], dpi=120)
+    plt.close(fig)
+    pp = ev.per_problem(table, pred)
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.hist([pp["top1"], pp["top5"]], bins=30, label=["top-1", "top-5"])
+    ax.set(xlabel="efficiency (oracle ms / chosen ms)", ylabel="problems", title="per-problem efficiency")
+    ax.legend()
+    fig.tight_layout()
+    out.append(folder / "topk_efficiency.png")
+    fig.savefig(out[-1], dpi=120)
+    plt.close(fig)
+    return out
+
+
+def model_card(meta: dict[str, Any], table_md: str, pad_md: str) -> str:
+    return f"""# perfmodel H100 model
+
+Generated by `perfmodel train`; do not edit. Regenerate with:
+
+    {meta['training_command']}
+
+- Device: {meta['device_spec']['name']} ({meta['device_spec']['marketing_name']}, {meta['device_spec']['sm_count']} SMs);
+  the model predicts for this device only (its features use the device's SM count and peaks).
+- Dataset: `{meta['dataset']['path']}`, sha256 `{meta['dataset']['sha256']}`, {meta['dataset']['gemm_rows']} GEMM rows over
+  {meta['dataset']['gemm_problems']} problems, {meta['dataset']['pad_rows']} pad rows.
+- Split: by problem (seed {meta['settings']['seed']}): train {meta['split']['train']}, val {meta['split']['val']}, test {meta['split']['test']} problems;
+  no problem is in two sets. Metrics below are on the test problems only.
+- Heads: gemm (Triton config runtime), cublas (torch.mm runtime), pad (orig and padded runtime).
+  Output layer `logsumexp(f(x), log overhead)`; learned overhead {meta['learned_overhead_ms']:.5f} ms.
+- Schema version {meta['schema_version']}, encoder version {meta['encoder_version']}; weights `model.safetensors`
+  (loaded with safetensors, no pickle) and `model.onnx` (single file, BatchNorm folded).
+- Training time on this machine's CPU: {meta['train_seconds']:.0f} s.
+
+## Ranking Triton configs (held-out problems)
+
+Efficiency = geomean over problems of (fastest measured config / the best of the method's top-k).
+
+{table_md}
+
+## Pad decisions (held-out pad problems)
+
+{pad_md}
+
+Caveats: the sweep measured a stratified sample of the pruned config space per problem (128 configs
+for aligned compile groups, 40 otherwise), so "oracle" is the best measured config; Inductor's default
+configs are only partly in that sample (coverage given in metadata.json).
+"""
+
+
+def run(settings: TrainSettings) -> dict[str, Any]:
+    import mlflow
+    from lightning.pytorch.loggers import MLFlowLogger
+
+    t_start = time.perf_counter()
+    torch.manual_seed(settings.seed)
+    spec = get_spec(settings.device_spec)
+    gemm = load_gemm(settings.data)
+    pads = load_pad(settings.data)
+    split = split_problems(gemm.modes, settings.seed)
+    row_split = split[gemm.problem_idx]
+
+    enc = FeatureEncoder(spec, "gemm")
+    x = enc.encode(torch.from_numpy(gemm.problems[gemm.problem_idx]), torch.from_numpy(gemm.configs))
+    y = torch.from_numpy(np.log(gemm.ms)).float()
+
+    uri = tracking_uri(settings)
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_experiment(settings.experiment)
+    with mlflow.start_run(run_name=f"train-{time.strftime('%Y%m%d-%H%M%S')}") as run:
+        logger = MLFlowLogger(experiment_name=settings.experiment, tracking_uri=uri, run_id=run.info.run_id)
+        params = {k: (str(v) if isinstance(v, (Path, tuple)) else v) for k, v in asdict(settings).items()}
+        mlflow.log_params({k: v for k, v in params.items() if k not in ("command",)})
+        mlflow.log_param("dataset_sha256", dataset_hash(settings.data))
+
+        gemm_head = fit_head(PerfMLP(MLPConfig(len(enc), settings.hidden, settings.norm)), x, y, row_split,
+                             gemm.problem_idx, settings, logger, settings.epochs, "gemm_", settings.rank_weight)
+
+        cenc = FeatureEncoder(spec, "cublas")
+        has_cb = np.isfinite(gemm.cublas_ms)
+        cx = cenc.encode(torch.from_numpy(gemm.problems[has_cb]))
+        cy = torch.from_numpy(np.log(gemm.cublas_ms[has_cb])).float()
+        cublas_head = fit_head(PerfMLP(MLPConfig(len(cenc), (128, 128, 128), settings.norm)), cx, cy,
+                               split[has_cb], None, settings, logger, settings.small_head_epochs, "cublas_", 0.0)
+
+        penc = FeatureEncoder(spec, "pad")
+        px = penc.encode_pad(torch.from_numpy(pads.pads))
+        py = torch.from_numpy(np.log(np.stack([pads.orig_ms, pads.padded_ms], 1))).float()
+        pad_split = split_problems(pads.modes, settings.seed)
+        pad_head = fit_head(PerfMLP(MLPConfig(len(penc), (128, 128, 128), settings.norm, n_outputs=2)), px, py,
+                            pad_split, None, settings, logger, settings.small_head_epochs, "pad_", 0.0)
+
+        # ---- evaluation on held-out problems
+        test = gemm.subset(split == 2)
+        xt = x[torch.from_numpy(row_split == 2)]
+        pred = predict_rows(gemm_head, xt)
+        results = {"perfmodel": ev.summarize(test, pred)}
+        if settings.baselines:
+            benc = FeatureEncoder(spec, "pr156851")
+            bx = benc.encode(torch.from_numpy(gemm.problems[gemm.problem_idx]), torch.from_numpy(gemm.configs))
+            base = fit_head(PerfMLP(MLPConfig(12, (256,) * 6, "batch", learn_overhead=False)), bx, y, row_split,
+                            gemm.problem_idx, settings, logger, settings.epochs, "pr156851_", 0.0)
+            results["PR 156851 model"] = ev.summarize(test, predict_rows(base, bx[torch.from_numpy(row_split == 2)]))
+        analytic = estimate_ms(torch.from_numpy(test.problems[test.problem_idx]), torch.from_numpy(test.configs), spec)
+        results["analytic (Triton-style)"] = ev.summarize(test, np.log(analytic.numpy()))
+        results["random choice"] = ev.random_choice(test)
+        defaults = ev.inductor_defaults(test)
+        results["Inductor defaults, best measured"] = {k.replace("best_of_defaults_eff", "top1_eff"): v
+                                                      for k, v in defaults.items()}
+        # cuBLAS and pad heads
+        best_pred = np.full(len(test.problems), np.inf)
+        np.minimum.at(best_pred, test.problem_idx, pred)
+        cmet = ev.cublas_metrics(test, predict_rows(cublas_head, cenc.encode(torch.from_numpy(test.problems))), best_pred)
+        ptest = pad_split == 2
+        ptable = PadTable(pads.pads[ptest], pads.orig_ms[ptest], pads.padded_ms[ptest], pads.modes[ptest])
+        pmet = ev.pad_metrics(ptable, predict_rows(pad_head, px[torch.from_numpy(ptest)]))
+
+        keys = ["float16/top1_eff", "float16/top5_eff", "bfloat16/top1_eff", "bfloat16/top5_eff",
+                "fp32_all/top1_eff", "fp32_all/top5_eff", "all/spearman_median", "all/mape", "all/worst_top1"]
+        table_md = ev.format_table(results, keys)
+        pad_md = "\n".join(f"- {k}: {v:.4f}" for k, v in pmet.items() if not k.endswith("problems")) + \
+            "\n" + "\n".join(f"- {k}: {v:.4f}" for k, v in cmet.items())
+        flat = {f"{method}/{k}": v for method, m in results.items() for k, v in m.items()}
+        mlflow.log_metrics({_mlflow_key(k): float(v) for k, v in {**flat, **cmet, **pmet}.items()
+                            if v is not None and np.isfinite(v)})
+        train_seconds = time.perf_counter() - t_start
+
+        bundle = artifact.ModelBundle(spec, {"gemm": gemm_head, "cublas": cublas_head, "pad": pad_head},
+                                      {"gemm": enc, "cublas": cenc, "pad": penc})
+        meta = {
+            "device": spec.name,
+            "dataset": {"path": os.path.relpath(settings.data, REPO), "sha256": dataset_hash(settings.data),
+                        "gemm_rows": int(len(gemm.ms)), "gemm_problems": int(len(gemm.problems)),
+                        "pad_rows": int(len(pads.orig_ms))},
+            "split": {"train": int((split == 0).sum()), "val": int((split == 1).sum()), "test": int((split == 2).sum())},
+            "metrics": results["perfmodel"], "baselines": {k: v for k, v in results.items() if k != "perfmodel"},
+            "cublas_metrics": cmet, "pad_metrics": pmet, "pad_threshold": 1.0,
+            "settings": {k: v for k, v in params.items()}, "training_command": settings.command,
+            "train_seconds": train_seconds, "learned_overhead_ms": float(gemm_head.overhead_ms[0]),
+            "mlflow_run_id": run.info.run_id, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        if settings.fast_dev_run:
+            meta["fast_dev_run"] = True
+        out = write_model_folder(bundle, meta, settings.out, table_md, pad_md)
+        with tempfile.TemporaryDirectory() as tmp:
+            for p in _plots(test, pred, Path(tmp)):
+                mlflow.log_artifact(str(p), "plots")
+        mlflow.log_artifacts(str(out), "model")
+        version = None
+        if settings.register_name:
+            version = register(run.info.run_id, settings.register_name, settings.alias)
+        print(table_md)
+        print(pad_md)
+        return {"out": str(out), "run_id": run.info.run_id, "model_version": version, "metrics": results,
+                "cublas": cmet, "pad": pmet, "train_seconds": train_seconds, "tracking_uri": uri}
+
+
+def _mlflow_key(k: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "_-./ " else "_" for ch in k).replace(" ", "_").replace(",", "")
+
+
+def write_model_folder(bundle: artifact.ModelBundle, meta: dict[str, Any], out: Path, table_md: str, pad_md: str) -> Path:
+    """Write to a temporary sibling folder, verify it loads, then swap it in: the previous model stays
+    in place if anything fails before the swap."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        bundle.metadata = meta
+        artifact.save(bundle, tmp)
+        artifact.export_onnx(bundle, tmp / artifact.ONNX)
+        (tmp / "MODEL_CARD.md").write_text(model_card(bundle.metadata, table_md, pad_md))
+        artifact.load(tmp)  # refuse to ship what does not load
+        backup = out.with_name(f".{out.name}.old")
+        if backup.exists():
+            shutil.rmtree(backup)
+        if out.exists():
+            out.rename(backup)
+        tmp.rename(out)
+        if backup.exists():
+            shutil.rmtree(backup)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def register(run_id: str, name: str, alias: str) -> str:
+    """Register the run's model folder as a new version of `name` and point `alias` at it."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient()
+    try:
+        client.get_registered_model(name)
+    except Exception:  # not registered yet (MLflow raises RestException / MlflowException)
+        client.create_registered_model(name)
+    source = f"runs:/{run_id}/model"
+    mv = client.create_model_version(name, source=source, run_id=run_id)
+    client.set_registered_model_alias(name, alias, mv.version)
+    return str(mv.version)
