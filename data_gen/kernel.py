@@ -26,6 +26,8 @@ def matmul_kernel(
     # Meta-parameters
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,  # "tf32" or "ieee" for fp32 inputs (Inductor's ALLOW_TF32)
+    A_M_CONTIGUOUS: tl.constexpr = False,  # A column-major (stride_am == 1)
+    B_N_CONTIGUOUS: tl.constexpr = False,  # B row-major (stride_bn == 1)
 ):
     pid = tl.program_id(axis=0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -38,8 +40,14 @@ def matmul_kernel(
     pid_n = (pid % num_pid_in_group) // group_size_m
 
     # Rows/cols wrap (% M, % N) so A/B loads need no mask along M/N; the store is masked.
+    # M and N are not specialised, so where M (N) is A's (B's) contiguous dim, say what Inductor's mm
+    # template says: the wrapped offsets are contiguous runs -- else those loads are not vectorised.
     offs_am = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
     offs_bn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
+    if A_M_CONTIGUOUS:
+        offs_am = tl.max_contiguous(tl.multiple_of(offs_am, BLOCK_M), BLOCK_M)
+    if B_N_CONTIGUOUS:
+        offs_bn = tl.max_contiguous(tl.multiple_of(offs_bn, BLOCK_N), BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + (offs_am[:, None] * stride_am + offs_k[None, :] * stride_ak)  # (BM, BK)
     b_ptrs = b_ptr + (offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn)  # (BK, BN)
@@ -81,6 +89,7 @@ def launch(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, cfg, allow_tf32: b
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         INPUT_PRECISION=input_precision(a.dtype, allow_tf32),
+        A_M_CONTIGUOUS=a.stride(0) == 1, B_N_CONTIGUOUS=b.stride(1) == 1,
         num_stages=cfg.num_stages, num_warps=cfg.num_warps,
     )
 
@@ -99,5 +108,6 @@ def warmup(dtype: torch.dtype, strides: tuple[int, ...], K: int, cfg, allow_tf32
         dtype, dtype, dtype, 1024, 1024, K, *strides,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         INPUT_PRECISION=input_precision(dtype, allow_tf32),
+        A_M_CONTIGUOUS=strides[0] == 1, B_N_CONTIGUOUS=strides[3] == 1,
         num_stages=cfg.num_stages, num_warps=cfg.num_warps, grid=(1,),
     )

@@ -24,6 +24,7 @@ class ShardMismatchError(RuntimeError):
 
 
 def _open_text(path: Path) -> io.TextIOBase:
+    path = Path(path)
     if path.suffix == ".gz":
         return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8")
     return open(path, encoding="utf-8")
@@ -113,8 +114,16 @@ class ShardWriter:
         while self.path.exists() or self.path.with_suffix(".jsonl.gz").exists():
             n += 1
             self.path = self.folder / f"{kind}-s{shard}-p{n:03d}.jsonl"
+        # The part appears with its header already in it (write a temporary file, then rename): a writer
+        # that dies here must not leave a headerless part that every later run refuses to read.
+        line = json.dumps(header, separators=(",", ":")) + "\n"
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
         self._f = open(self.path, "a", encoding="utf-8")
-        self._write([header])
 
     def _write(self, records: Iterable[dict[str, Any]]) -> None:
         self._f.write("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records))
@@ -124,6 +133,9 @@ class ShardWriter:
     def write_unit(self, unit: str, rows: list[dict[str, Any]]) -> None:
         if unit in self.done:
             raise ValueError(f"unit {unit!r} is already in the dataset")
+        if not rows:
+            # A resumed writer learns finished units from their rows: an empty unit would be redone.
+            raise ValueError(f"unit {unit!r}: a unit needs at least one row")
         rows = [{**r, "unit": unit} for r in rows]
         self._write([*rows, {"_done": unit, "rows": len(rows)}])
         self.done.add(unit)
