@@ -1,0 +1,149 @@
+"""The shipped dataset (data/h100): size, coverage and physical validity, and `perfmodel data info`."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import defaultdict
+
+import pytest
+
+from data_gen.info import dataset_info
+from data_gen.shards import IDENTITY_FIELDS, read_dataset
+from perfmodel import GemmConfig, GemmProblem, PadProblem
+from perfmodel.configs import fits
+from perfmodel.devices import get_spec
+
+
+@pytest.fixture(scope="module")
+def data_dir(repo_root):
+    return repo_root / "data" / "h100"
+
+
+@pytest.fixture(scope="module")
+def info(data_dir):
+    return dataset_info(data_dir)
+
+
+@pytest.fixture(scope="module")
+def gemm(data_dir):
+    return read_dataset(data_dir, "gemm")
+
+
+@pytest.fixture(scope="module")
+def pad(data_dir):
+    return read_dataset(data_dir, "pad")
+
+
+def test_size(info):
+    assert info["gemm_rows"] >= 100_000
+    assert info["gemm_problems"] >= 800
+    for dtype in ("float16", "bfloat16", "float32"):
+        assert info["gemm_problems_by_dtype"].get(dtype, 0) >= 200, dtype
+    assert info["gemm_problems_unaligned16"] >= 0.25 * info["gemm_problems"]
+    assert info["pad_rows"] >= 3000
+    assert set(info["pad_rows_by_dtype"]) == {"float16", "bfloat16", "float32"}
+    assert info["gemm_problems_tf32"] > 0
+
+
+def test_layouts(info, gemm):
+    assert {"NN", "NT"} <= set(info["gemm_problems_by_layout"])
+    rows, _ = gemm
+    assert {r["transpose_right"] for r in rows} == {False, True}
+
+
+def test_every_problem_has_cublas(info, gemm):
+    rows, _ = gemm
+    cublas_ms = defaultdict(list)
+    for r in rows:
+        if r["kind"] == "cublas" and r["status"] == "ok":
+            cublas_ms[r["unit"]].append(r["ms"])
+    units = {r["unit"] for r in rows}
+    assert set(cublas_ms) == units
+    assert all(len(v) == 1 and v[0] > 0 for v in cublas_ms.values())
+    assert info["gemm_problems_with_cublas"] == info["gemm_problems"] == len(units)
+
+
+def test_physically_valid(info, gemm, pad):
+    assert info["max_fraction_of_peak"] is not None and 0 < info["max_fraction_of_peak"] <= 1.0
+    for rows in (gemm[0], pad[0]):
+        ok = [r for r in rows if r["status"] == "ok"]
+        assert ok
+        bad = [r for r in ok if not 0 <= r["frac_peak"] <= 1.0]  # rounded to 5 decimals: 0.0 for tiny ones
+        assert not bad, bad[:3]
+    for r in gemm[0]:
+        if r["status"] == "ok":
+            assert r["ms"] > 0
+    for r in pad[0]:
+        if r["status"] == "ok":
+            assert r["orig_ms"] > 0 and r["padded_ms"] > 0
+
+
+def test_rows_are_valid_schema(gemm, pad):
+    """Every row rebuilds its GemmProblem/GemmConfig/PadProblem, and ok Triton configs fit the device."""
+    spec = get_spec("h100-sxm")
+    rows, headers = gemm
+    for h in headers:
+        assert h["device_spec"] == "h100-sxm" and h["sm_count"] == spec.sm_count
+    problems = {}
+    for r in rows:
+        p = GemmProblem(m=r["m"], n=r["n"], k=r["k"], dtype=r["dtype"], allow_tf32=r["allow_tf32"],
+                        transpose_left=r["transpose_left"], transpose_right=r["transpose_right"])
+        assert problems.setdefault(r["unit"], p) == p, "a unit holds rows of two problems"
+        if r["kind"] == "triton":
+            cfg = GemmConfig(r["block_m"], r["block_n"], r["block_k"], r["group_m"], r["num_stages"], r["num_warps"])
+            assert fits(cfg, p.dtype, spec)
+    assert len(set(problems.values())) == len(problems), "a problem is measured in two units"
+    for r in pad[0]:
+        pp = PadProblem(m=r["m"], k=r["k"], n=r["n"], dtype=r["dtype"], transpose_left=r["transpose_left"],
+                        transpose_right=r["transpose_right"], prepadded_left=r["prepadded_left"],
+                        prepadded_right=r["prepadded_right"], allow_tf32=r["allow_tf32"])
+        assert pp.padded_dims() == (r["padded_m"], r["padded_k"], r["padded_n"])
+
+
+def test_no_duplicate_rows(gemm):
+    rows, _ = gemm
+    keys = [(r["unit"], r["kind"], r.get("block_m"), r.get("block_n"), r.get("block_k"), r.get("group_m"),
+             r.get("num_stages"), r.get("num_warps")) for r in rows]
+    assert len(keys) == len(set(keys))
+
+
+def test_one_identity(gemm, pad):
+    headers = gemm[1] + pad[1]
+    assert headers
+    for field in IDENTITY_FIELDS:
+        if field == "kind":
+            continue
+        assert len({json.dumps(h.get(field)) for h in headers}) == 1, field
+
+
+def test_cli_data_info_json(repo_root, info):
+    proc = subprocess.run([sys.executable, "-m", "serve.cli", "data", "info", "--json"], cwd=repo_root,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout)
+    for key in ("device", "gemm_rows", "gemm_problems", "gemm_problems_by_dtype", "pad_rows", "max_fraction_of_peak"):
+        assert key in out, key
+    assert "H100" in out["device"]
+    assert out["gemm_rows"] == info["gemm_rows"]
+    assert out["gemm_problems"] == info["gemm_problems"]
+    assert out["gemm_problems_by_dtype"] == info["gemm_problems_by_dtype"]
+    assert out["pad_rows"] == info["pad_rows"]
+    assert out["max_fraction_of_peak"] == info["max_fraction_of_peak"]
+
+
+def test_cli_data_info_missing_folder(repo_root, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "serve.cli", "data", "info", str(tmp_path / "nope"), "--json"],
+                          cwd=repo_root, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "nope" in proc.stderr
+
+
+@pytest.mark.xfail(strict=True, reason="data/h100 was measured with kernel v1; b489b83 (kernel v2, contiguity "
+                   "hints) changed the kernel hash: regenerate the shards, then drop this mark")
+def test_dataset_matches_current_kernel(gemm, pad):
+    # A resumed sweep refuses parts of another kernel version; the shipped data must be of this one.
+    from data_gen.kernel import kernel_source_hash
+
+    current = kernel_source_hash()
+    assert {h["kernel_hash"] for h in gemm[1] + pad[1]} == {current}
