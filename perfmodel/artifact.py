@@ -142,7 +142,8 @@ def export_onnx(bundle: ModelBundle, path: Path) -> Path:
     xs = tuple(torch.randn(4, len(bundle.encoders[n])) for n in mod.names)
     names_in = [f"{n}_x" for n in mod.names]
     names_out = [f"{n}_log_ms" for n in mod.names]
+    # One batch dimension per head: a shared name would force every input to the same row count.
+    axes = {**{f"{n}_x": {0: f"{n}_batch"} for n in mod.names}, **{f"{n}_log_ms": {0: f"{n}_batch"} for n in mod.names}}
     torch.onnx.export(mod, xs, str(path), input_names=names_in, output_names=names_out,
-                      dynamic_axes={k: {0: "batch"} for k in names_in + names_out}, opset_version=17,
-                      dynamo=False)
+                      dynamic_axes=axes, opset_version=17, dynamo=False)
     return Path(path)

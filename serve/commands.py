@@ -1,12 +1,159 @@
-"""Serving subcommands (filled in by the serving issue)."""
+"""Serving subcommands: `perfmodel rank`, `perfmodel pad`, `perfmodel export-onnx`.
+
+Dimensions are handed to the schema as typed (an int, else a float, else the text), so that every bad
+value is rejected by GemmProblem/PadProblem with the same one-line message as the Python API.
+"""
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+
+def _dim(text: str) -> Any:
+    """'64' -> 64, '2.5' -> 2.5, 'nan' -> nan, 'x' -> 'x': the schema names what is wrong."""
+    for conv in (int, float):
+        try:
+            return conv(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _one_line_errors(parser: argparse.ArgumentParser, command: str) -> None:
+    # argparse prints the whole usage block before its error; a script wants one line and exit 2.
+    def error(message: str) -> NoReturn:
+        print(f"perfmodel {command}: error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+    parser.error = error  # type: ignore[method-assign]
+
+
+def _model_args(p: argparse.ArgumentParser, backend: bool = True) -> None:
+    p.add_argument("--model", default=None,
+                   help="model folder or MLflow URI (models:/name@alias); default: the shipped models/h100")
+    if backend:
+        p.add_argument("--backend", choices=("torch", "onnx"), default="torch")
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
-    return None
+    rank = sub.add_parser("rank", help="rank Triton GEMM configs for a problem with the model")
+    for name in ("m", "n", "k"):
+        rank.add_argument(f"--{name}", type=_dim, required=True)
+    rank.add_argument("--dtype", default="float16", help="float16, bfloat16 or float32")
+    rank.add_argument("--allow-tf32", action="store_true", help="float32 inputs use tf32 tensor cores")
+    rank.add_argument("--transpose-left", action="store_true", help="A stored column-major")
+    rank.add_argument("--transpose-right", action="store_true", help="B stored column-major")
+    rank.add_argument("--top-k", type=_dim, default=5)
+    _model_args(rank)
+    rank.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    _one_line_errors(rank, "rank")
+
+    pad = sub.add_parser("pad", help="predict whether padding a GEMM's operands pays off")
+    for name in ("m", "k", "n"):
+        pad.add_argument(f"--{name}", type=_dim, required=True)
+    pad.add_argument("--dtype", default="float16", help="float16, bfloat16 or float32")
+    for flag, what in (("--allow-tf32", "float32 inputs use tf32"), ("--transpose-left", "A column-major"),
+                       ("--transpose-right", "B column-major"), ("--prepadded-left", "A's pad is free"),
+                       ("--prepadded-right", "B's pad is free")):
+        pad.add_argument(flag, action="store_true", help=what)
+    _model_args(pad)
+    pad.add_argument("--json", action="store_true")
+    _one_line_errors(pad, "pad")
+
+    exp = sub.add_parser("export-onnx", help="write a model folder's model.onnx (all heads, one graph)")
+    _model_args(exp, backend=False)
+    exp.add_argument("--out", type=Path, default=None, help="output file (default: <model folder>/model.onnx)")
+    _one_line_errors(exp, "export-onnx")
+
+
+def _tflops(flops: float, ms: float) -> float:
+    return flops / (ms * 1e-3) / 1e12
+
+
+def _rank(args: argparse.Namespace) -> int:
+    from perfmodel import GemmProblem
+
+    from .predictor import Predictor
+
+    prob = GemmProblem(m=args.m, n=args.n, k=args.k, dtype=args.dtype, allow_tf32=args.allow_tf32,
+                       transpose_left=args.transpose_left, transpose_right=args.transpose_right)
+    p = Predictor.load(args.model, backend=args.backend)
+    cand = p.candidates(prob, top_k=args.top_k, margin=0.0, max_k=args.top_k)
+    rows = [{"rank": i + 1, **c.as_dict(), "predicted_ms": ms, "tflops": _tflops(prob.flops, ms)}
+            for i, (c, ms) in enumerate(zip(cand.configs, cand.predicted_ms))]
+    if args.json:
+        out = {"problem": prob.as_dict(), "model": p.source, "backend": p.backend, "device": p.spec.name,
+               "configs": rows, "cublas_ms": cand.cublas_ms,
+               "cublas_tflops": None if cand.cublas_ms is None else _tflops(prob.flops, cand.cublas_ms),
+               "prefer_cublas": cand.prefer_cublas}
+        print(json.dumps(out, indent=2))
+        return 0
+    flags = [f for f in ("allow_tf32", "transpose_left", "transpose_right") if getattr(prob, f)]
+    print(f"{prob.m} x {prob.n} x {prob.k} {prob.dtype}{' ' + ' '.join(flags) if flags else ''} "
+          f"on {p.spec.name} ({p.source}, {p.backend})")
+    head = f"{'rank':>4}  {'BLOCK_M':>7} {'BLOCK_N':>7} {'BLOCK_K':>7} {'GROUP_M':>7} {'stages':>6} {'warps':>5}" \
+           f"  {'pred ms':>10} {'TFLOP/s':>8}"
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        print(f"{r['rank']:>4}  {r['block_m']:>7} {r['block_n']:>7} {r['block_k']:>7} {r['group_m']:>7} "
+              f"{r['num_stages']:>6} {r['num_warps']:>5}  {r['predicted_ms']:>10.4f} {r['tflops']:>8.1f}")
+    if cand.cublas_ms is None:
+        print("cuBLAS (torch.mm): the model has no cuBLAS head")
+    else:
+        verdict = "faster than the best Triton config" if cand.prefer_cublas else "slower than the best Triton config"
+        print(f"cuBLAS (torch.mm) predicted: {cand.cublas_ms:.4f} ms ({_tflops(prob.flops, cand.cublas_ms):.1f} "
+              f"TFLOP/s), {verdict}")
+    return 0
+
+
+def _pad(args: argparse.Namespace) -> int:
+    from perfmodel import PadProblem
+
+    from .predictor import Predictor
+
+    pp = PadProblem(m=args.m, k=args.k, n=args.n, dtype=args.dtype, transpose_left=args.transpose_left,
+                    transpose_right=args.transpose_right, prepadded_left=args.prepadded_left,
+                    prepadded_right=args.prepadded_right, allow_tf32=args.allow_tf32)
+    p = Predictor.load(args.model, backend=args.backend)
+    d = p.pad(pp)
+    pm, pk, pn = pp.padded_dims()
+    if args.json:
+        print(json.dumps({"problem": pp.as_dict(), "padded_dims": {"m": pm, "k": pk, "n": pn},
+                          "needs_padding": pp.needs_padding(), "should_pad": d.should_pad, "orig_ms": d.orig_ms,
+                          "padded_ms": d.padded_ms, "threshold": p.pad_threshold, "model": p.source,
+                          "backend": p.backend}, indent=2))
+        return 0
+    print(f"{pp.m} x {pp.k} x {pp.n} {pp.dtype} (padded {pm} x {pk} x {pn}) on {p.spec.name}")
+    print(f"  torch.mm as is : {d.orig_ms:.4f} ms predicted")
+    print(f"  padded + mm    : {d.padded_ms:.4f} ms predicted")
+    if not pp.needs_padding():
+        print("  already aligned: nothing to pad")
+    else:
+        print(f"  pad: {'yes' if d.should_pad else 'no'} (pads when padded x {p.pad_threshold:g} < as is)")
+    return 0
+
+
+def _export_onnx(args: argparse.Namespace) -> int:
+    from perfmodel.artifact import ONNX, export_onnx, load
+
+    from .predictor import DEFAULT_MODEL_DIR, _is_mlflow_uri
+
+    if args.model is not None and _is_mlflow_uri(str(args.model)):
+        raise ValueError("--model: export-onnx needs a model folder (download the MLflow artifacts first)")
+    folder = Path(args.model) if args.model is not None else DEFAULT_MODEL_DIR
+    bundle = load(folder)
+    out = args.out if args.out is not None else folder / ONNX
+    export_onnx(bundle, out)
+    print(f"wrote {out}")
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
-    raise ValueError(f"unknown command {args.command}")
+    handlers = {"rank": _rank, "pad": _pad, "export-onnx": _export_onnx}
+    if args.command not in handlers:
+        raise ValueError(f"unknown command {args.command}")
+    return handlers[args.command](args)

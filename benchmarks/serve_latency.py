@@ -1,0 +1,245 @@
+"""Serving latency: our Predictor (torch and onnxruntime backends) vs PR 156851's serving path, on the CPU.
+
+Ranks 368 configs (a stratified sample of the H100 fp16 pruned space) for one problem, and for 100
+problems, and reports p50/p90 wall time of each path and the speed-ups, plus the model's load time.
+
+The PR 156851 path is reproduced from its torch/_inductor/models/mm_kernel_prediction_model.py
+(shared/seeds/004): per request a pandas DataFrame of the 9 raw columns built from each config's
+all_kwargs(), the derived total_gb / total_gflop / flops_per_byte columns, the 12 columns reordered,
+np.log of every column, standardisation with its fixed mean/std, then its NeuralNetwork -- 6 hidden
+layers of 256 with BatchNorm (eval mode), and logsumexp with the fixed 0.00541 ms overhead -- on the
+CPU (the PR ran an AOTInductor package on CUDA; its weights were never published, so they are random
+here: only the latency is compared). It handles one problem per call, as the PR did; ours batches.
+
+    python benchmarks/serve_latency.py [--model PATH] [--repeats 50] [--out results.json]
+    python benchmarks/serve_latency.py --synthetic     # random-weight model, before a trained one exists
+
+pandas is imported only here (the reproduced path needs it; serving does not).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from perfmodel.configs import pruned_space, stratified_sample  # noqa: E402
+from perfmodel.devices import DEFAULT_DEVICE, get_spec  # noqa: E402
+from perfmodel.schema import GemmConfig, GemmProblem  # noqa: E402
+
+N_CONFIGS = 368
+N_PROBLEMS = 100
+
+# --------------------------------------------------------------------------------------------------
+# PR 156851's serving path (torch/_inductor/models/mm_kernel_prediction_model.py), CPU instead of CUDA.
+PR_COLUMNS = ["dtype_size", "dim_m", "dim_n", "dim_k", "total_gb", "total_gflop", "flops_per_byte",
+              "config_block_k", "config_block_m", "config_block_n", "config_num_stages", "config_num_warps"]
+PR_MEAN = [2.78275084, 8.23996746, 7.27791873, 7.92035942, -2.39558163, 3.40679233, 5.80237395, 3.95781827,
+           4.19478321, 4.19098234, 0.9045909, 1.28331208]
+PR_STD = [0.08322756, 2.31893439, 1.65605574, 2.15447078, 2.19682881, 2.99600806, 1.24328795, 0.92352521,
+          0.93849802, 0.93872011, 0.57455891, 0.5837217]
+
+
+class PRNeuralNetwork(nn.Module):
+    """The PR's NeuralNetwork: Linear+BatchNorm+ReLU hidden layers, a Linear to 1, then
+    logsumexp(pred, log(kernel_overhead))."""
+
+    def __init__(self, n_inputs: int = 12, hidden_layer_widths: Sequence[int] = (256,) * 6,
+                 kernel_overhead: float = 0.00541) -> None:
+        super().__init__()
+        self.log_kernel_overhead = float(np.log(kernel_overhead))
+        widths_out = list(hidden_layer_widths) + [1]
+        widths_in = [n_inputs] + list(hidden_layer_widths)
+        layers: list[nn.Module] = []
+        for n_in, n_out in zip(widths_in, widths_out, strict=True):
+            layers += [nn.Linear(n_in, n_out), nn.BatchNorm1d(n_out), nn.ReLU()]
+        self.linear_relu_stack = nn.Sequential(*layers[:-2])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        log_base_pred = self.linear_relu_stack(x)
+        log_overhead_tsr = torch.full_like(input=log_base_pred, fill_value=self.log_kernel_overhead)
+        return torch.logsumexp(torch.stack([log_base_pred, log_overhead_tsr], dim=-1), dim=-1)
+
+
+class PRModelWrapper:
+    """ModelWrapper.encode / get_nn_x / inference, as in the PR."""
+
+    def __init__(self) -> None:
+        import pandas as pd  # the PR's dependency; only this benchmark imports it
+
+        self.pd = pd
+        self.model = PRNeuralNetwork().eval()
+        self.mean_for_standardization = torch.tensor(PR_MEAN, dtype=torch.float64)
+        self.std_for_standardization = torch.tensor(PR_STD, dtype=torch.float64)
+
+    @staticmethod
+    def vec(m: int, n: int, k: int, dsize: int, config: Any) -> tuple[int, ...]:
+        kwargs = config.all_kwargs()
+        return (int(m), int(n), int(k), int(dsize), int(kwargs["BLOCK_M"]), int(kwargs["BLOCK_N"]),
+                int(kwargs["BLOCK_K"]), int(kwargs["num_stages"]), int(kwargs["num_warps"]))
+
+    def get_nn_x(self, df: Any) -> torch.Tensor:
+        x_df = df[PR_COLUMNS].copy()
+        for col in x_df.columns:
+            x_df[col] = np.log(x_df[col])
+        x_tens = torch.from_numpy(x_df.astype(float).to_numpy())
+        x_tens -= self.mean_for_standardization
+        x_tens /= self.std_for_standardization
+        return x_tens.to(torch.float32)
+
+    def encode(self, m: int, n: int, k: int, dtype: torch.dtype, configs: list[Any]) -> torch.Tensor:
+        if dtype == torch.bfloat16 or dtype == torch.float16:
+            dsize = 16
+        elif dtype == torch.float32:
+            dsize = 32
+        else:
+            raise ValueError(f"Unsupported dtype: {dtype}. Add support for this dtype.")
+        df = self.pd.DataFrame(
+            columns=["dim_m", "dim_n", "dim_k", "dtype_size", "config_block_m", "config_block_n",
+                     "config_block_k", "config_num_stages", "config_num_warps"],
+            data=[self.vec(m, n, k, dsize, config) for config in configs])
+        dm, dn, dk, ds = df["dim_m"], df["dim_n"], df["dim_k"], df["dtype_size"] / 8
+        df["total_gb"] = (((dm * dk + dk * dn + dm * dn) * ds) / 1e9).astype(np.float32)
+        df["total_gflop"] = ((2 * dm * dn * dk) / 1e9).astype(np.float32)
+        df["flops_per_byte"] = df["total_gflop"] / df["total_gb"]
+        return self.get_nn_x(df[PR_COLUMNS])
+
+    def inference(self, inp: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return self.model(inp)
+
+    def rank(self, m: int, n: int, k: int, dtype: torch.dtype, configs: list[Any], top_k: int = 5) -> list[Any]:
+        pred = self.inference(self.encode(m, n, k, dtype, configs)).squeeze(-1)
+        return [configs[i] for i in torch.argsort(pred)[:top_k].tolist()]
+
+
+def _triton_configs(configs: Sequence[GemmConfig]) -> list[Any]:
+    """The PR ranked Inductor's triton.Config objects; use them when triton is importable."""
+    try:
+        from triton import Config
+    except ImportError:
+        class Config:  # type: ignore[no-redef]  # the part of triton.Config the PR touches
+            def __init__(self, kwargs: dict, num_warps: int, num_stages: int) -> None:
+                self.kwargs, self.num_warps, self.num_stages = kwargs, num_warps, num_stages
+
+            def all_kwargs(self) -> dict:
+                return {**self.kwargs, "num_warps": self.num_warps, "num_stages": self.num_stages}
+    return [Config({"BLOCK_M": c.block_m, "BLOCK_N": c.block_n, "BLOCK_K": c.block_k, "GROUP_M": c.group_m},
+                   num_warps=c.num_warps, num_stages=c.num_stages) for c in configs]
+
+
+# --------------------------------------------------------------------------------------------------
+def _problems(n: int, seed: int) -> list[GemmProblem]:
+    rng = np.random.default_rng(seed)
+    dims = np.exp(rng.uniform(np.log(16), np.log(16384), size=(n, 3))).astype(int)
+    return [GemmProblem(int(m), int(nn_), int(k), "float16") for m, nn_, k in dims]
+
+
+def _time(fn: Callable[[], Any], repeats: int, warmup: int = 3) -> dict[str, float]:
+    for _ in range(warmup):
+        fn()
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        ts.append((time.perf_counter() - t0) * 1e3)
+    return {"p50_ms": float(np.percentile(ts, 50)), "p90_ms": float(np.percentile(ts, 90)), "n": repeats}
+
+
+def run(model: Path, repeats: int, seed: int) -> dict[str, Any]:
+    from serve import Predictor
+
+    spec = get_spec(DEFAULT_DEVICE)
+    configs = stratified_sample(pruned_space("float16", spec), N_CONFIGS, seed)
+    problems = _problems(N_PROBLEMS, seed)
+    one = GemmProblem(4096, 4096, 4096, "float16")
+    out: dict[str, Any] = {"model": str(model), "n_configs": len(configs), "n_problems": len(problems),
+                           "torch": torch.__version__, "python": platform.python_version(),
+                           "cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count()}
+    load: dict[str, float] = {}
+    preds: dict[str, Any] = {}
+    for backend in ("torch", "onnx"):
+        t0 = time.perf_counter()
+        preds[backend] = Predictor.load(model, backend=backend)
+        load[backend] = (time.perf_counter() - t0) * 1e3
+    out["load_ms"] = load
+    out["torch_threads"] = torch.get_num_threads()
+
+    pr = PRModelWrapper()
+    tconfigs = _triton_configs(configs)
+    rows: dict[str, dict[str, Any]] = {}
+    rows["PR 156851 (pandas + eager MLP)"] = {
+        "one": _time(lambda: pr.rank(one.m, one.n, one.k, torch.float16, tconfigs), repeats),
+        "many": _time(lambda: [pr.rank(p.m, p.n, p.k, torch.float16, tconfigs) for p in problems],
+                      max(3, repeats // 10), warmup=1),
+    }
+    for backend, p in preds.items():
+        def many(p=p) -> list:
+            ms = p.predict_many(problems, configs)  # one batched pass over 100 x 368
+            return [[configs[i] for i in row] for row in np.argsort(ms, axis=1, kind="stable")[:, :5]]
+
+        rows[f"ours, {backend}"] = {"one": _time(lambda p=p: p.rank(one, configs, top_k=5), repeats),
+                                    "many": _time(many, max(3, repeats // 10), warmup=1)}
+    base = rows["PR 156851 (pandas + eager MLP)"]
+    for name, r in rows.items():
+        r["speedup_one_p50"] = base["one"]["p50_ms"] / r["one"]["p50_ms"]
+        r["speedup_many_p50"] = base["many"]["p50_ms"] / r["many"]["p50_ms"]
+    out["results"] = rows
+    return out
+
+
+def markdown(res: dict[str, Any]) -> str:
+    lines = [f"Ranking {res['n_configs']} configs on the CPU ({res['cpu_count']} cores, torch "
+             f"{res['torch']}, {res['torch_threads']} torch threads); model {res['model']}", "",
+             f"| path | 1 problem p50 ms | p90 ms | speed-up (p50) | {res['n_problems']} problems p50 ms | p90 ms "
+             "| speed-up (p50) |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for name, r in res["results"].items():
+        lines.append(f"| {name} | {r['one']['p50_ms']:.2f} | {r['one']['p90_ms']:.2f} | {r['speedup_one_p50']:.1f}x "
+                     f"| {r['many']['p50_ms']:.1f} | {r['many']['p90_ms']:.1f} | {r['speedup_many_p50']:.1f}x |")
+    lines += ["", "Model load: " + ", ".join(f"{b} {ms:.0f} ms" for b, ms in res["load_ms"].items())]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", type=Path, default=REPO / "models" / "h100", help="model folder (default: shipped)")
+    ap.add_argument("--synthetic", action="store_true", help="time a random-weight model instead (no trained one yet)")
+    ap.add_argument("--repeats", type=int, default=50)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=None, help="also write the results as JSON here")
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="perfmodel-bench-") as tmp:
+        model = args.model
+        if args.synthetic:
+            from serve._synthetic import write_synthetic_model
+
+            model = write_synthetic_model(Path(tmp) / "synthetic")
+        elif not (model / "metadata.json").is_file():
+            print(f"serve_latency: no model at {model} (no metadata.json). Train one, pass --model, or use "
+                  "--synthetic to time a random-weight model.", file=sys.stderr)
+            return 2
+        res = run(model, args.repeats, args.seed)
+        if args.synthetic:
+            res["model"] = "SYNTHETIC (random weights)"
+    print(markdown(res))
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(res, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

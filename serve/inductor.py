@@ -1,0 +1,237 @@
+"""Inductor hook: under max-autotune, compile and benchmark only the model's top-k Triton mm configs.
+
+    import serve.inductor
+    serve.inductor.install(top_k=5)          # or: with serve.inductor.installed(top_k=5): ...
+    torch.compile(f, mode="max-autotune-no-cudagraphs")(a, b)
+    serve.inductor.uninstall()
+
+It installs, through torch._inductor.virtualized.V.set_choices_handler, a subclass of
+torch._inductor.choices.InductorChoices whose _finalize_template_configs -- called with every
+template's KernelTemplateChoice generator before any is turned into a (costly) ChoiceCaller -- keeps,
+for mm/addmm, only the top_k choices of the canonical Triton mm template ("triton::mm") by predicted
+time. aten (cuBLAS), decompose-k, TMA/persistent and other templates pass through unchanged.
+
+Private APIs move between torch releases: install() checks what it relies on and, when something is
+missing, warns once and leaves Inductor's default behaviour (returns False). A failure inside the hook
+at compile time also falls back to the unfiltered choices, with one warning.
+
+The choices handler is thread-local in Inductor: install in the thread that calls torch.compile.
+A graph already in the FX graph cache is not recompiled, so the hook only affects fresh compiles.
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+import threading
+import warnings
+from dataclasses import replace
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from perfmodel.schema import GemmConfig, GemmProblem
+
+from .predictor import Predictor, _check_top_k
+from .triton_hook import kwargs_to_gemm
+
+MM_OPS = ("mm", "addmm")
+TRITON_MM_TEMPLATES = ("triton::mm",)
+# The parameters of InductorChoices._finalize_template_configs that this hook was written against.
+_EXPECTED_PARAMS = ("self", "template_choices", "kernel_inputs", "templates", "op_name", "kwarg_overrides")
+
+_lock = threading.Lock()
+_installed: dict[str, Any] = {}  # "handler", "prior": guarded by _lock
+_warned: set[str] = set()  # messages warned once: guarded by _lock
+
+
+def _warn_once(key: str, message: str) -> None:
+    with _lock:
+        if key in _warned:
+            return
+        _warned.add(key)
+    warnings.warn(f"serve.inductor: {message}", RuntimeWarning, stacklevel=3)
+
+
+def check_torch_api() -> str | None:
+    """None when the installed torch has what the hook needs, else why not."""
+    try:
+        from torch._inductor.choices import InductorChoices
+        from torch._inductor.virtualized import V
+    except ImportError as exc:
+        return f"cannot import Inductor's choices API ({exc})"
+    fn = getattr(InductorChoices, "_finalize_template_configs", None)
+    if fn is None:
+        return "torch._inductor.choices.InductorChoices has no _finalize_template_configs"
+    params = tuple(inspect.signature(fn).parameters)
+    if params[: len(_EXPECTED_PARAMS)] != _EXPECTED_PARAMS:
+        return f"InductorChoices._finalize_template_configs{params} differs from the expected {_EXPECTED_PARAMS}"
+    if not callable(getattr(V, "set_choices_handler", None)):
+        return "torch._inductor.virtualized.V has no set_choices_handler"
+    return None
+
+
+def _is_column_major(shape: Sequence[int], stride: Sequence[int]) -> bool:
+    return len(shape) == 2 and stride[-1] != 1 and stride[-2] == 1 and shape[-1] > 1
+
+
+def problem_from_kernel_inputs(kernel_inputs: Any) -> GemmProblem:
+    """The GemmProblem of Inductor's MMKernelInputs (mm: nodes (mat1, mat2); addmm: (bias, mat1, mat2)).
+    ValueError for what the model does not cover (batched, unsupported dtype, unhinted shapes)."""
+    n_nodes = len(kernel_inputs.nodes())
+    i1 = getattr(kernel_inputs, "_mat1_idx", -2) % n_nodes
+    i2 = getattr(kernel_inputs, "_mat2_idx", -1) % n_nodes
+    shapes, strides = kernel_inputs.shapes_hinted(), kernel_inputs.strides_hinted()
+    if len(shapes[i1]) != 2 or len(shapes[i2]) != 2:
+        raise ValueError(f"shape: batched operands {shapes[i1]} @ {shapes[i2]} are not modelled")
+    m, n, k = (int(x) for x in kernel_inputs.mnk_hinted())
+    dtype = kernel_inputs.dtypes()[i1]
+    return GemmProblem(m=m, n=n, k=k, dtype=dtype,
+                       transpose_left=_is_column_major(shapes[i1], strides[i1]),
+                       transpose_right=_is_column_major(shapes[i2], strides[i2]))
+
+
+def _uid(ktc: Any) -> str | None:
+    return getattr(getattr(ktc, "template", None), "uid", None)
+
+
+def filter_template_choices(choices: list, kernel_inputs: Any, op_name: str, predictor: Predictor, top_k: int,
+                            *, ops: Sequence[str] = MM_OPS, templates: Sequence[str] = TRITON_MM_TEMPLATES,
+                            cublas_margin: float | None = None) -> list:
+    """Keeps the top_k KernelTemplateChoices of the ranked templates by predicted time, every other
+    choice unchanged and in Inductor's order. With cublas_margin set, drops the ranked templates
+    altogether when cuBLAS is predicted faster than the best of them by more than that margin
+    (and an aten choice is present to fall back on)."""
+    if op_name not in ops:
+        return choices
+    idx: list[int] = []
+    cfgs: list[GemmConfig] = []
+    allow_tf32 = False
+    for i, ktc in enumerate(choices):
+        if _uid(ktc) not in templates:
+            continue
+        try:
+            cfg = kwargs_to_gemm(ktc.params.to_kwargs())
+        except (ValueError, TypeError):
+            continue  # outside the model's space: benchmarked as Inductor would
+        idx.append(i)
+        cfgs.append(cfg)
+        allow_tf32 = allow_tf32 or bool(getattr(ktc, "extra_kwargs", {}).get("ALLOW_TF32", False))
+    has_aten = any((_uid(c) or "").startswith("aten::") for c in choices)
+    if not idx or (len(idx) <= top_k and not (cublas_margin is not None and has_aten)):
+        return choices
+    try:
+        prob = problem_from_kernel_inputs(kernel_inputs)
+    except ValueError:
+        return choices  # a problem the model does not cover (batched, int8, ...): Inductor's default
+    if prob.dtype == "float32" and allow_tf32:
+        prob = replace(prob, allow_tf32=True)
+    ms = predictor.predict(prob, cfgs)
+    keep = {idx[j] for j in np.argsort(ms, kind="stable")[:top_k]}
+    if cublas_margin is not None and has_aten and predictor.has_cublas:
+        if predictor.predict_cublas(prob) * (1.0 + cublas_margin) < float(ms.min()):
+            keep = set()
+    ranked = set(idx)
+    return [c for i, c in enumerate(choices) if i not in ranked or i in keep]
+
+
+def _handler_class() -> type:
+    from torch._inductor.choices import InductorChoices
+
+    class PerfModelChoices(InductorChoices):
+        """InductorChoices that prunes Triton mm configs with the perfmodel Predictor."""
+
+        def __init__(self, predictor: Predictor, top_k: int, ops: Sequence[str], templates: Sequence[str],
+                     cublas_margin: float | None) -> None:
+            super().__init__()
+            self.perfmodel = predictor
+            self.perfmodel_top_k = top_k
+            self.perfmodel_ops = tuple(ops)
+            self.perfmodel_templates = tuple(templates)
+            self.perfmodel_cublas_margin = cublas_margin
+
+        def _finalize_template_configs(self, template_choices, kernel_inputs, templates, op_name,
+                                       kwarg_overrides=None):
+            choices = super()._finalize_template_configs(template_choices, kernel_inputs, templates, op_name,
+                                                         kwarg_overrides)
+            try:
+                return filter_template_choices(choices, kernel_inputs, op_name, self.perfmodel,
+                                               self.perfmodel_top_k, ops=self.perfmodel_ops,
+                                               templates=self.perfmodel_templates,
+                                               cublas_margin=self.perfmodel_cublas_margin)
+            # Inductor's private structures change between releases; a mismatch here must not break
+            # the user's compile, so fall back to the unfiltered choices and say so once.
+            except (AttributeError, TypeError, KeyError, IndexError, ValueError, AssertionError,
+                    RuntimeError) as exc:
+                _warn_once(f"filter:{type(exc).__name__}",
+                           f"could not rank Inductor's {op_name} choices ({type(exc).__name__}: {exc}); "
+                           "using Inductor's default choices")
+                return choices
+
+    return PerfModelChoices
+
+
+def install(top_k: int = 5, predictor: Predictor | None = None, *, model: Any = None, backend: str = "torch",
+            ops: Sequence[str] = MM_OPS, templates: Sequence[str] = TRITON_MM_TEMPLATES,
+            cublas_margin: float | None = None) -> bool:
+    """Install the hook in this thread. predictor: a loaded Predictor (default: Predictor.load(model,
+    backend=backend), loaded now so that a missing model fails here, not inside a compile).
+    Returns False (after one warning) when this torch lacks the private API the hook needs."""
+    top_k = _check_top_k(top_k)
+    if cublas_margin is not None and not (isinstance(cublas_margin, (int, float)) and cublas_margin >= 0):
+        raise ValueError(f"cublas_margin: expected None or a number >= 0, got {cublas_margin!r}")
+    problem = check_torch_api()
+    if problem is not None:
+        _warn_once("api", f"{problem}; Inductor's default autotuning is left in place")
+        return False
+    if predictor is None:
+        predictor = Predictor.load(model, backend=backend)
+    elif not isinstance(predictor, Predictor):
+        raise TypeError(f"predictor: expected a serve.Predictor, got {type(predictor).__name__}")
+    from torch._inductor.virtualized import V
+
+    handler = _handler_class()(predictor, top_k, ops, templates, cublas_margin)
+    with _lock:
+        if "handler" in _installed:
+            prior = _installed["prior"]  # re-install: keep the handler from before the first install
+        else:
+            prior = V.choices  # this thread's handler (Inductor creates its default on first access)
+            if type(prior).__name__ != "InductorChoices" and not getattr(prior, "perfmodel", None):
+                _warn_once("custom", f"replacing a custom Inductor choices handler ({type(prior).__name__})")
+        V.set_choices_handler(handler)
+        _installed.update(handler=handler, prior=prior)
+    return True
+
+
+def uninstall() -> bool:
+    """Restore the choices handler from before install(); False when nothing was installed."""
+    with _lock:
+        if "handler" not in _installed:
+            return False
+        from torch._inductor.virtualized import V
+
+        V.set_choices_handler(_installed["prior"])
+        _installed.clear()
+    return True
+
+
+def is_installed() -> bool:
+    with _lock:
+        return "handler" in _installed
+
+
+def current_handler() -> Any:
+    """The installed PerfModelChoices instance, or None."""
+    with _lock:
+        return _installed.get("handler")
+
+
+@contextlib.contextmanager
+def installed(top_k: int = 5, predictor: Predictor | None = None, **kwargs: Any) -> Iterator[bool]:
+    """`with installed(top_k=5): torch.compile(...)(...)` -- install for the block, then restore.
+    Yields whether the hook is active."""
+    ok = install(top_k, predictor, **kwargs)
+    try:
+        yield ok
+    finally:
+        if ok:
+            uninstall()

@@ -1,0 +1,418 @@
+"""The Predictor: ranks Triton GEMM configs, predicts cuBLAS time and decides padding (shared/DESIGN.md).
+
+    p = Predictor.load()                        # models/h100, torch backend
+    p = Predictor.load("models:/perfmodel@prod", backend="onnx")
+    p.rank(GemmProblem(4096, 4096, 4096, "float16"), top_k=5)
+
+Two backends run the same folded network: "torch" (BatchNorm and standardisation folded into plain
+Linear layers, under torch.inference_mode) and "onnx" (an onnxruntime session on the folder's
+model.onnx). Everything else -- feature encoding, validation, default config spaces -- is shared, so the
+backends differ only in the matrix products. Imports neither Lightning, nor MLflow (except to resolve
+an MLflow URI), nor pandas.
+"""
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import torch
+
+from perfmodel.artifact import ONNX, ArtifactError, ModelBundle, load as load_bundle
+from perfmodel.configs import pruned_space
+from perfmodel.features import configs_tensor, pad_tensor, problems_tensor
+from perfmodel.schema import DTYPES, GemmConfig, GemmProblem, PadDecision, PadProblem
+
+BACKENDS = ("torch", "onnx")
+# The shipped default model, relative to the checkout/package (never to the working directory).
+DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "models" / "h100"
+MLFLOW_SCHEMES = ("models:/", "runs:/", "mlflow-artifacts:/")
+# Intra-op threads for the torch backend: the network is small (a few hundred rows x 256 wide), so
+# more threads than this mostly add synchronisation.
+_SERVING_THREADS = 4
+# Rows compared between the torch and ONNX graphs when an ONNX model is loaded (stale-export check).
+_ONNX_CHECK_ROWS = 8
+_ONNX_CHECK_RTOL = 1e-3
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """What to benchmark for one problem: the model's best configs, widened while they are too close
+    to call, and the predicted cuBLAS (torch.mm) time.
+
+    configs / predicted_ms: fastest first. cublas_ms: None when the model has no cuBLAS head.
+    prefer_cublas: cuBLAS is predicted faster than the best Triton config, so a caller may skip
+    compiling Triton altogether.
+    """
+
+    configs: tuple[GemmConfig, ...]
+    predicted_ms: tuple[float, ...]
+    cublas_ms: float | None
+    prefer_cublas: bool
+
+    @property
+    def best_ms(self) -> float:
+        return self.predicted_ms[0]
+
+
+class _TorchRunner:
+    """Folded heads on the CPU; torch inference is thread-safe on modules in eval mode."""
+
+    def __init__(self, bundle: ModelBundle) -> None:
+        self.heads = {name: head.folded().eval() for name, head in bundle.heads.items()}
+        for head in self.heads.values():
+            head.requires_grad_(False)
+
+    def __call__(self, head: str, x: torch.Tensor) -> np.ndarray:
+        with torch.inference_mode():
+            return self.heads[head](x).numpy().astype(np.float64)
+
+
+class _OnnxRunner:
+    """One onnxruntime session over all heads (inputs <head>_x, outputs <head>_log_ms).
+    InferenceSession.run is thread-safe."""
+
+    def __init__(self, bundle: ModelBundle, path: Path) -> None:
+        import onnxruntime as ort
+
+        if not path.is_file():
+            raise FileNotFoundError(f"path_or_uri: {path.parent} has no {path.name} for backend='onnx' "
+                                    f"(write it with `perfmodel export-onnx --model {path.parent}`)")
+        opts = ort.SessionOptions()
+        # Small batches (one problem x a few hundred configs): a few threads, no inter-op pool.
+        opts.intra_op_num_threads = min(_SERVING_THREADS, os.cpu_count() or 1)
+        opts.inter_op_num_threads = 1
+        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        try:
+            model = _separate_batch_dims(path.read_bytes())
+            self.session = ort.InferenceSession(model, sess_options=opts, providers=["CPUExecutionProvider"])
+        except Exception as exc:  # onnxruntime raises its own (non-public) exception types for bad graphs
+            raise ArtifactError(f"{path}: not a loadable ONNX model ({type(exc).__name__}: {exc})") from None
+        self.widths = {}
+        for inp in self.session.get_inputs():
+            if not inp.name.endswith("_x"):
+                raise ArtifactError(f"{path}: unexpected ONNX input {inp.name!r}")
+            self.widths[inp.name[:-2]] = inp.shape[1]
+        outputs = {o.name for o in self.session.get_outputs()}
+        for name, enc in bundle.encoders.items():
+            if self.widths.get(name) != len(enc) or f"{name}_log_ms" not in outputs:
+                raise ArtifactError(f"{path}: the ONNX graph does not match head {name!r} of the weights "
+                                    f"(re-export with `perfmodel export-onnx`)")
+
+    def __call__(self, head: str, x: torch.Tensor) -> np.ndarray:
+        feeds = {f"{name}_x": np.zeros((0, w), np.float32) for name, w in self.widths.items()}
+        feeds[f"{head}_x"] = np.ascontiguousarray(x.numpy(), dtype=np.float32)
+        (out,) = self.session.run([f"{head}_log_ms"], feeds)
+        return out.astype(np.float64)
+
+
+def _separate_batch_dims(model_bytes: bytes) -> bytes:
+    """Graphs exported before each head had its own batch dimension name share one ("batch"), which
+    makes onnxruntime demand equal row counts for every input. Rename them per head (in memory)."""
+    try:
+        import onnx
+    except ImportError:  # onnx is a declared dependency; without it, new-style exports still load
+        return model_bytes
+    model = onnx.load_from_string(model_bytes)
+    params = set()
+    for vi in list(model.graph.input) + list(model.graph.output):
+        dims = vi.type.tensor_type.shape.dim
+        if dims and dims[0].dim_param:
+            params.add(dims[0].dim_param)
+    n_heads = len(model.graph.input)
+    if len(params) >= n_heads:
+        return model_bytes
+    for vi in model.graph.input:
+        vi.type.tensor_type.shape.dim[0].dim_param = f"{vi.name.removesuffix('_x')}_batch"
+    for vi in model.graph.output:
+        vi.type.tensor_type.shape.dim[0].dim_param = f"{vi.name.removesuffix('_log_ms')}_batch"
+    del model.graph.value_info[:]  # stale intermediate shapes that tie the heads together
+    return model.SerializeToString()
+
+
+_threads_lock = threading.Lock()
+_threads_configured = False
+
+
+def _configure_torch_threads() -> None:
+    """Once per process, at the first torch-backend load (never at import): cap torch's intra-op pool
+    at min(4, cores) unless the caller chose a thread count through OMP_NUM_THREADS / MKL_NUM_THREADS
+    or already lowered it. Call torch.set_num_threads afterwards to override."""
+    global _threads_configured
+    with _threads_lock:
+        if _threads_configured:
+            return
+        _threads_configured = True
+        if os.environ.get("OMP_NUM_THREADS") or os.environ.get("MKL_NUM_THREADS"):
+            return
+        want = min(_SERVING_THREADS, os.cpu_count() or 1)
+        if torch.get_num_threads() > want:
+            torch.set_num_threads(want)
+
+
+def _is_mlflow_uri(text: str) -> bool:
+    return text.startswith(MLFLOW_SCHEMES)
+
+
+def _model_folder_in(root: Path) -> Path:
+    """The folder holding metadata.json: root itself or the single one below it."""
+    if (root / "metadata.json").is_file():
+        return root
+    found = sorted(p.parent for p in root.rglob("metadata.json"))
+    if len(found) != 1:
+        raise FileNotFoundError(f"path_or_uri: the downloaded artifacts hold {len(found)} model folders "
+                                f"(metadata.json), need exactly one")
+    return found[0]
+
+
+def _download_mlflow(uri: str, dst: Path) -> Path:
+    try:
+        from mlflow import artifacts
+        from mlflow.exceptions import MlflowException
+    except ImportError:
+        raise RuntimeError(f"path_or_uri: {uri!r} is an MLflow URI; install mlflow-skinny to resolve it "
+                           "(serving a model folder needs no MLflow)") from None
+    # DESIGN: MLflow 3 refuses ./mlruns; the team's server comes through MLFLOW_TRACKING_URI.
+    tracking = os.environ.get("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db")
+    registry = os.environ.get("MLFLOW_REGISTRY_URI", tracking)
+    try:
+        local = artifacts.download_artifacts(artifact_uri=uri, dst_path=str(dst), tracking_uri=tracking,
+                                             registry_uri=registry)
+    except MlflowException as exc:
+        if getattr(exc, "error_code", "") in ("RESOURCE_DOES_NOT_EXIST", "NOT_FOUND"):
+            raise FileNotFoundError(f"path_or_uri: {uri!r} not found in {registry}: {exc.message}") from None
+        raise RuntimeError(f"path_or_uri: cannot download {uri!r} from {registry}: {exc.message}") from None
+    return _model_folder_in(Path(local))
+
+
+def _check_top_k(top_k: Any, name: str = "top_k") -> int:
+    if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)):
+        raise TypeError(f"{name}: expected an int, got {type(top_k).__name__} ({top_k!r})")
+    if top_k < 1:
+        raise ValueError(f"{name}: must be >= 1, got {top_k}")
+    return int(top_k)
+
+
+def _check_problem(prob: Any, name: str = "prob") -> GemmProblem:
+    if not isinstance(prob, GemmProblem):
+        raise TypeError(f"{name}: expected a GemmProblem, got {type(prob).__name__}")
+    return prob
+
+
+class Predictor:
+    """A loaded model. Build with Predictor.load(); every method validates its arguments, raising
+    ValueError/TypeError that name the offending field, and is safe to call from many threads."""
+
+    def __init__(self, bundle: ModelBundle, backend: str, runner: Any, source: str) -> None:
+        self.bundle = bundle
+        self.backend = backend
+        self.source = source
+        self._run = runner
+        # The default config space per dtype: built once here, read-only afterwards (thread-safe).
+        self._default_configs = {d: tuple(pruned_space(d, bundle.spec)) for d in DTYPES}
+        self._default_tensors = {d: configs_tensor(c) for d, c in self._default_configs.items()}
+
+    # ------------------------------------------------------------------------------------ loading
+    @classmethod
+    def load(cls, path_or_uri: str | os.PathLike | None = None, *, backend: str = "torch") -> "Predictor":
+        """Load a model folder (weights + metadata [+ model.onnx]).
+
+        path_or_uri: None for the shipped default (models/h100 of this checkout), a folder path, or an
+        MLflow URI ("models:/name@alias", "models:/name/version", "runs:/<run id>/<path>"), downloaded
+        with MLFLOW_TRACKING_URI (default sqlite:///mlflow.db).
+        backend: "torch" or "onnx" (onnxruntime on the folder's model.onnx).
+        Raises FileNotFoundError for a missing model, ArtifactError (a ValueError) for a corrupt or
+        mismatched one, ValueError for an unknown backend.
+        """
+        if not isinstance(backend, str) or backend not in BACKENDS:
+            raise ValueError(f"backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")
+        if path_or_uri is None:
+            folder = DEFAULT_MODEL_DIR
+            if not (folder / "metadata.json").is_file():
+                raise FileNotFoundError(f"path_or_uri: the shipped default model {folder} is not there yet "
+                                        "(no metadata.json); pass a model folder or an MLflow URI")
+            return cls._from_folder(folder, backend, str(folder))
+        if not isinstance(path_or_uri, (str, os.PathLike)):
+            raise TypeError(f"path_or_uri: expected a path or an MLflow URI, got {type(path_or_uri).__name__}")
+        text = os.fspath(path_or_uri)
+        if isinstance(text, str) and _is_mlflow_uri(text):
+            # Everything is read into memory (weights, ONNX session), so the download can go.
+            with tempfile.TemporaryDirectory(prefix="perfmodel-") as tmp:
+                return cls._from_folder(_download_mlflow(text, Path(tmp)), backend, text)
+        folder = Path(text)
+        if not folder.exists():
+            raise FileNotFoundError(f"path_or_uri: no model folder at {folder}")
+        return cls._from_folder(folder, backend, str(folder))
+
+    @classmethod
+    def _from_folder(cls, folder: Path, backend: str, source: str) -> "Predictor":
+        bundle = load_bundle(folder)
+        if backend == "torch":
+            _configure_torch_threads()
+            return cls(bundle, backend, _TorchRunner(bundle), source)
+        runner = _OnnxRunner(bundle, folder / ONNX)
+        _check_onnx_matches(bundle, runner, folder / ONNX)
+        return cls(bundle, backend, runner, source)
+
+    # ---------------------------------------------------------------------------------- properties
+    @property
+    def spec(self):
+        """The DeviceSpec the model was trained for."""
+        return self.bundle.spec
+
+    @property
+    def pad_threshold(self) -> float:
+        return self.bundle.pad_threshold
+
+    @property
+    def has_cublas(self) -> bool:
+        return "cublas" in self.bundle.heads
+
+    @property
+    def has_pad(self) -> bool:
+        return "pad" in self.bundle.heads
+
+    def default_configs(self, dtype: str) -> tuple[GemmConfig, ...]:
+        """The model device's pruned config space for a dtype (the configs used when none are given)."""
+        if dtype not in self._default_configs:
+            raise ValueError(f"dtype: unsupported dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
+        return self._default_configs[dtype]
+
+    # ---------------------------------------------------------------------------------- predicting
+    def _configs(self, configs: Any, dtype: str) -> tuple[Sequence[GemmConfig], torch.Tensor]:
+        if configs is None:
+            return self._default_configs[dtype], self._default_tensors[dtype]
+        if isinstance(configs, (GemmConfig, str, bytes, dict)) or not isinstance(configs, Iterable):
+            raise TypeError(f"configs: expected a sequence of GemmConfig, got {type(configs).__name__}")
+        configs = list(configs)
+        if not configs:
+            raise ValueError("configs: empty; pass at least one GemmConfig (or None for the default space)")
+        for i, c in enumerate(configs):
+            if not isinstance(c, GemmConfig):
+                raise TypeError(f"configs[{i}]: expected a GemmConfig, got {type(c).__name__} ({c!r})")
+        return configs, configs_tensor(configs)
+
+    def _ms(self, head: str, x: torch.Tensor, what: str) -> np.ndarray:
+        ms = np.exp(self._run(head, x))
+        if not np.all(np.isfinite(ms)) or not np.all(ms > 0):
+            # Never clamp: a non-finite prediction means the model left its valid range.
+            raise RuntimeError(f"{what}: the model predicted a non-finite or non-positive time")
+        return ms
+
+    def predict(self, prob: GemmProblem, configs: Sequence[GemmConfig] | None = None) -> np.ndarray:
+        """Predicted milliseconds of each config on prob: 1-D float64 array, one per config.
+        configs None: the pruned space of the model's device for prob.dtype."""
+        prob = _check_problem(prob)
+        _, ct = self._configs(configs, prob.dtype)
+        x = self.bundle.encoders["gemm"].encode_cross(problems_tensor([prob]), ct)  # (C, F)
+        return self._ms("gemm", x, f"prob {prob}")
+
+    def predict_many(self, problems: Sequence[GemmProblem],
+                     configs: Sequence[GemmConfig] | None = None) -> np.ndarray:
+        """[len(problems), len(configs)] predicted ms, every problem with every config in one pass.
+        configs None needs problems of one dtype (the default space depends on it)."""
+        if isinstance(problems, GemmProblem) or not isinstance(problems, Iterable):
+            raise TypeError(f"problems: expected a sequence of GemmProblem, got {type(problems).__name__}")
+        problems = list(problems)
+        if not problems:
+            raise ValueError("problems: empty; pass at least one GemmProblem")
+        for i, p in enumerate(problems):
+            _check_problem(p, f"problems[{i}]")
+        dtypes = {p.dtype for p in problems}
+        if configs is None and len(dtypes) > 1:
+            raise ValueError(f"configs: problems mix dtypes {sorted(dtypes)}, whose default config spaces "
+                             "differ; pass configs explicitly")
+        cfgs, ct = self._configs(configs, problems[0].dtype)
+        x = self.bundle.encoders["gemm"].encode_cross(problems_tensor(problems), ct)  # (P * C, F)
+        return self._ms("gemm", x, "problems").reshape(len(problems), len(cfgs))
+
+    def rank(self, prob: GemmProblem, configs: Sequence[GemmConfig] | None = None,
+             top_k: int = 5) -> list[tuple[GemmConfig, float]]:
+        """The top_k configs by predicted time, fastest first: [(GemmConfig, predicted_ms)].
+        Fewer when fewer configs are given; ties keep the given order."""
+        top_k = _check_top_k(top_k)
+        prob = _check_problem(prob)
+        cfgs, _ = self._configs(configs, prob.dtype)
+        ms = self.predict(prob, cfgs)
+        order = np.argsort(ms, kind="stable")[:top_k]
+        return [(cfgs[i], float(ms[i])) for i in order]
+
+    def predict_cublas(self, prob: GemmProblem) -> float:
+        """Predicted ms of torch.mm (cuBLAS) on prob. RuntimeError if the model has no cuBLAS head."""
+        return float(self.predict_cublas_many([_check_problem(prob)])[0])
+
+    def predict_cublas_many(self, problems: Sequence[GemmProblem]) -> np.ndarray:
+        """Predicted ms of torch.mm for each problem (1-D)."""
+        if not self.has_cublas:
+            raise RuntimeError(f"{self.source}: this model has no cuBLAS head")
+        problems = list(problems)
+        if not problems:
+            raise ValueError("problems: empty; pass at least one GemmProblem")
+        for i, p in enumerate(problems):
+            _check_problem(p, f"problems[{i}]")
+        x = self.bundle.encoders["cublas"].encode(problems_tensor(problems))
+        return self._ms("cublas", x, "problems (cuBLAS)")
+
+    def candidates(self, prob: GemmProblem, configs: Sequence[GemmConfig] | None = None, top_k: int = 5,
+                   margin: float = 0.05, max_k: int | None = None) -> Candidates:
+        """The top_k configs, widened by every further config predicted within `margin` (relative) of
+        the top_k-th one -- configs the model cannot tell apart -- up to max_k (default 2 * top_k);
+        with the predicted cuBLAS time and whether cuBLAS is predicted to beat them all."""
+        top_k = _check_top_k(top_k)
+        max_k = 2 * top_k if max_k is None else _check_top_k(max_k, "max_k")
+        if max_k < top_k:
+            raise ValueError(f"max_k: must be >= top_k ({top_k}), got {max_k}")
+        if isinstance(margin, bool) or not isinstance(margin, (int, float)):
+            raise TypeError(f"margin: expected a number, got {type(margin).__name__} ({margin!r})")
+        if not (math.isfinite(margin) and margin >= 0):
+            raise ValueError(f"margin: must be finite and >= 0, got {margin}")
+        prob = _check_problem(prob)
+        cfgs, _ = self._configs(configs, prob.dtype)
+        ms = self.predict(prob, cfgs)
+        order = np.argsort(ms, kind="stable")
+        k = min(top_k, len(order))
+        bound = ms[order[k - 1]] * (1.0 + margin)
+        while k < min(max_k, len(order)) and ms[order[k]] <= bound:
+            k += 1
+        chosen = order[:k]
+        cublas_ms = self.predict_cublas(prob) if self.has_cublas else None
+        return Candidates(configs=tuple(cfgs[i] for i in chosen), predicted_ms=tuple(float(ms[i]) for i in chosen),
+                          cublas_ms=cublas_ms, prefer_cublas=cublas_ms is not None and cublas_ms < float(ms[order[0]]))
+
+    def pad(self, pp: PadProblem) -> PadDecision:
+        """Whether padding pp's operands to the dtype alignment pays off (Inductor's pad_mm decision):
+        should_pad = padded_ms * pad_threshold < orig_ms. A problem already aligned is never padded
+        (padded_ms == orig_ms). RuntimeError if the model has no pad head."""
+        if not isinstance(pp, PadProblem):
+            raise TypeError(f"pp: expected a PadProblem, got {type(pp).__name__}")
+        if not self.has_pad:
+            raise RuntimeError(f"{self.source}: this model has no pad head")
+        x = self.bundle.encoders["pad"].encode_pad(pad_tensor([pp]))
+        ms = self._ms("pad", x, f"pp {pp}").reshape(-1, 2)[0]  # (orig, padded)
+        orig_ms, padded_ms = float(ms[0]), float(ms[1])
+        if not pp.needs_padding():
+            return PadDecision(should_pad=False, orig_ms=orig_ms, padded_ms=orig_ms)
+        return PadDecision(should_pad=padded_ms * self.pad_threshold < orig_ms, orig_ms=orig_ms, padded_ms=padded_ms)
+
+    def __repr__(self) -> str:
+        return f"Predictor(source={self.source!r}, backend={self.backend!r}, device={self.spec.name!r})"
+
+
+def _check_onnx_matches(bundle: ModelBundle, runner: _OnnxRunner, path: Path) -> None:
+    """A model.onnx exported from other weights than the folder's safetensors would silently serve a
+    different model: compare a few rows of every head against the torch weights."""
+    gen = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        for name, head in bundle.heads.items():
+            x = head.x_mean + head.x_std * torch.randn(_ONNX_CHECK_ROWS, head.cfg.n_inputs, generator=gen)
+            want = head(x).numpy().astype(np.float64)
+            got = runner(name, x)
+            if got.shape != want.shape or not np.allclose(got, want, rtol=_ONNX_CHECK_RTOL, atol=1e-4):
+                raise ArtifactError(f"{path}: head {name!r} of the ONNX graph disagrees with the folder's "
+                                    "weights (stale export?); re-run `perfmodel export-onnx`")

@@ -1,0 +1,439 @@
+"""The Predictor against the public contract (shared/DESIGN.md).
+
+The model folders here are SYNTHETIC: random weights (serve._synthetic) in the real artifact format,
+so these tests check the serving machinery -- validation, batching, backends, artifacts, threads --
+not the quality of predictions.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from perfmodel import GemmConfig, GemmProblem, PadDecision, PadProblem
+from perfmodel.artifact import ArtifactError
+from perfmodel.configs import pruned_space
+from serve import Candidates, Predictor
+from serve._synthetic import write_synthetic_model
+
+REPO = Path(__file__).resolve().parent.parent
+PROB = GemmProblem(m=4096, n=4096, k=4096, dtype="float16")
+CFGS = [GemmConfig(128, 128, 64, 8, 3, 4), GemmConfig(64, 64, 32, 8, 2, 4), GemmConfig(256, 128, 64, 8, 3, 8),
+        GemmConfig(32, 32, 16, 8, 1, 2), GemmConfig(128, 256, 64, 8, 4, 8), GemmConfig(16, 16, 16, 8, 1, 2)]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_synthetic_model(tmp_path_factory.mktemp("synthetic") / "model", seed=0)
+
+
+@pytest.fixture(scope="module")
+def pt(model_dir: Path) -> Predictor:
+    return Predictor.load(model_dir)
+
+
+@pytest.fixture(scope="module")
+def ox(model_dir: Path) -> Predictor:
+    return Predictor.load(model_dir, backend="onnx")
+
+
+def _copy(model_dir: Path, tmp_path: Path) -> Path:
+    dst = tmp_path / "model"
+    shutil.copytree(model_dir, dst)
+    return dst
+
+
+# ------------------------------------------------------------------------------------ bad inputs
+@pytest.mark.parametrize("kwargs, exc, field", [
+    (dict(m=0, n=64, k=64), ValueError, "m"),
+    (dict(m=-4, n=64, k=64), ValueError, "m"),
+    (dict(m=64, n=64, k=2.5), TypeError, "k"),
+    (dict(m=64, n="64", k=64), TypeError, "n"),
+    (dict(m=64, n=64, k=64, dtype="int8"), ValueError, "dtype"),
+    (dict(m=float("nan"), n=64, k=64), ValueError, "m"),
+    (dict(m=64, n=64, k=64, allow_tf32="False"), TypeError, "allow_tf32"),
+])
+def test_bad_problem_names_field(pt: Predictor, kwargs: dict, exc: type, field: str) -> None:
+    with pytest.raises(exc, match=rf"^{field}\b"):
+        pt.predict(GemmProblem(**kwargs), CFGS)
+
+
+@pytest.mark.parametrize("kwargs, exc, field", [
+    (dict(block_m=48, block_n=64, block_k=32), ValueError, "block_m"),
+    (dict(block_m=64, block_n=96, block_k=32), ValueError, "block_n"),
+    (dict(block_m=64, block_n=64, block_k=24), ValueError, "block_k"),
+    (dict(block_m=64, block_n=64, block_k=32, num_warps=3), ValueError, "num_warps"),
+    (dict(block_m=64, block_n=64, block_k=32, num_stages=0), ValueError, "num_stages"),
+    (dict(block_m=float("nan"), block_n=64, block_k=32), ValueError, "block_m"),
+])
+def test_bad_config_names_field(pt: Predictor, kwargs: dict, exc: type, field: str) -> None:
+    with pytest.raises(exc, match=rf"^{field}\b"):
+        pt.predict(PROB, [GemmConfig(**kwargs)])
+
+
+def test_dict_instead_of_config_or_problem(pt: Predictor) -> None:
+    with pytest.raises(TypeError, match=r"configs\[1\]"):
+        pt.predict(PROB, [CFGS[0], {"block_m": 64, "block_n": 64, "block_k": 32}])
+    with pytest.raises(TypeError, match="configs"):
+        pt.predict(PROB, CFGS[0])  # one config, not a list
+    with pytest.raises(TypeError, match="prob"):
+        pt.predict({"m": 64, "n": 64, "k": 64}, CFGS)
+    with pytest.raises(TypeError, match=r"problems\[1\]"):
+        pt.predict_many([PROB, (64, 64, 64)], CFGS)
+    with pytest.raises(TypeError, match="pp"):
+        pt.pad(PROB)
+
+
+def test_empty_and_top_k(pt: Predictor) -> None:
+    with pytest.raises(ValueError, match="configs"):
+        pt.predict(PROB, [])
+    with pytest.raises(ValueError, match="problems"):
+        pt.predict_many([], CFGS)
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match="top_k"):
+            pt.rank(PROB, CFGS, top_k=bad)
+    with pytest.raises(TypeError, match="top_k"):
+        pt.rank(PROB, CFGS, top_k=2.0)
+    with pytest.raises(ValueError, match="margin"):
+        pt.candidates(PROB, CFGS, margin=-0.1)
+    with pytest.raises(ValueError, match="max_k"):
+        pt.candidates(PROB, CFGS, top_k=3, max_k=2)
+    with pytest.raises(ValueError, match="configs"):  # mixed dtypes have no common default space
+        pt.predict_many([PROB, GemmProblem(64, 64, 64, "float32")])
+
+
+def test_load_errors(model_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        Predictor.load(tmp_path / "nope")
+    with pytest.raises(FileNotFoundError):
+        Predictor.load(tmp_path)  # a folder without a model
+    with pytest.raises(ValueError, match="backend"):
+        Predictor.load(model_dir, backend="tensorrt")
+    with pytest.raises(TypeError, match="path_or_uri"):
+        Predictor.load(42)
+    onnx_less = _copy(model_dir, tmp_path)
+    (onnx_less / "model.onnx").unlink()
+    assert Predictor.load(onnx_less).backend == "torch"
+    with pytest.raises(FileNotFoundError, match="export-onnx"):
+        Predictor.load(onnx_less, backend="onnx")
+
+
+def test_default_model() -> None:
+    """models/h100 holds no trained model until train/ ships one: then it must load and predict."""
+    if (REPO / "models" / "h100" / "metadata.json").is_file():
+        p = Predictor.load()
+        assert np.all(np.isfinite(p.predict(PROB))) and p.pad(PadProblem(4095, 4097, 1000, "bfloat16"))
+    else:
+        with pytest.raises(FileNotFoundError, match="models/h100"):
+            Predictor.load()
+
+
+# ---------------------------------------------------------------------------------- corrupt artifacts
+def _no_pickle(monkeypatch: pytest.MonkeyPatch) -> None:
+    import pickle
+
+    import torch
+
+    def refuse(*a, **k):
+        raise AssertionError("a model load must never unpickle")
+
+    for mod, name in ((pickle, "load"), (pickle, "loads"), (torch, "load")):
+        monkeypatch.setattr(mod, name, refuse)
+
+
+def _edit_meta(folder: Path, edit) -> None:
+    meta = json.loads((folder / "metadata.json").read_text())
+    edit(meta)
+    (folder / "metadata.json").write_text(json.dumps(meta))
+
+
+def test_loading_never_unpickles(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _no_pickle(monkeypatch)
+    for backend in ("torch", "onnx"):
+        assert Predictor.load(model_dir, backend=backend).predict(PROB, CFGS).shape == (len(CFGS),)
+
+
+@pytest.mark.parametrize("damage, match", [
+    ("garbage_weights", "checksum"),
+    ("garbage_weights_unchecked", "unreadable weights"),
+    ("bad_json", "not valid JSON"),
+    ("not_our_format", "metadata"),
+    ("feature_names", "features"),
+    ("schema_version", "schema_version"),
+    ("encoder_version", "encoder_version"),
+    ("missing_tensor", "does not match"),
+])
+def test_corrupt_artifact(model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damage: str,
+                          match: str) -> None:
+    folder = _copy(model_dir, tmp_path)
+    if damage.startswith("garbage_weights"):
+        (folder / "model.safetensors").write_bytes(os.urandom(4096))
+        if damage.endswith("unchecked"):
+            _edit_meta(folder, lambda m: m.pop("weights_sha256"))
+    elif damage == "bad_json":
+        (folder / "metadata.json").write_text('{"format": "perfmodel-artifact", ')
+    elif damage == "not_our_format":
+        (folder / "metadata.json").write_text("[1, 2, 3]")
+    elif damage == "feature_names":
+        _edit_meta(folder, lambda m: m["heads"]["gemm"]["features"].reverse())
+    elif damage == "schema_version":
+        _edit_meta(folder, lambda m: m.update(schema_version=999))
+    elif damage == "encoder_version":
+        _edit_meta(folder, lambda m: m.update(encoder_version=0))
+    elif damage == "missing_tensor":
+        from safetensors.torch import load_file, save_file
+
+        t = load_file(str(folder / "model.safetensors"))
+        t.pop("gemm.net.0.weight")
+        save_file(t, str(folder / "model.safetensors"))
+        _edit_meta(folder, lambda m: m.pop("weights_sha256"))
+    _no_pickle(monkeypatch)
+    with pytest.raises(ArtifactError, match=match):
+        Predictor.load(folder)
+    assert issubclass(ArtifactError, ValueError)
+
+
+def test_corrupt_or_stale_onnx(model_dir: Path, tmp_path: Path) -> None:
+    folder = _copy(model_dir, tmp_path)
+    (folder / "model.onnx").write_bytes(b"\x08\x07garbage" * 64)
+    with pytest.raises(ArtifactError, match="ONNX"):
+        Predictor.load(folder, backend="onnx")
+    other = write_synthetic_model(tmp_path / "other", seed=1)
+    shutil.copy(other / "model.onnx", folder / "model.onnx")  # another model's graph: a stale export
+    with pytest.raises(ArtifactError, match="stale"):
+        Predictor.load(folder, backend="onnx")
+
+
+def test_onnx_with_shared_batch_dim(model_dir: Path, tmp_path: Path) -> None:
+    """Exports from before per-head batch names share one dim ("batch"); they must still serve."""
+    import onnx
+
+    folder = _copy(model_dir, tmp_path)
+    m = onnx.load(str(folder / "model.onnx"))
+    for vi in list(m.graph.input) + list(m.graph.output):
+        vi.type.tensor_type.shape.dim[0].dim_param = "batch"
+    onnx.save(m, str(folder / "model.onnx"))
+    p = Predictor.load(folder, backend="onnx")
+    assert p.predict(PROB, CFGS).shape == (len(CFGS),) and p.pad(PadProblem(100, 100, 100)).orig_ms > 0
+
+
+# ---------------------------------------------------------------------------------- predictions
+def test_predict_shapes_and_defaults(pt: Predictor) -> None:
+    ms = pt.predict(PROB, CFGS)
+    assert ms.shape == (len(CFGS),) and ms.dtype == np.float64
+    assert np.all(np.isfinite(ms)) and np.all(ms > 0)
+    space = pruned_space("float16", pt.spec)
+    assert pt.predict(PROB).shape == (len(space),)
+    assert pt.default_configs("float32") == tuple(pruned_space("float32", pt.spec))
+    assert len(pt.predict(GemmProblem(64, 64, 64, "float32"))) == len(pruned_space("float32", pt.spec))
+
+
+def test_torch_and_onnx_agree(pt: Predictor, ox: Predictor) -> None:
+    probs = [PROB, GemmProblem(1, 1, 1, "bfloat16"), GemmProblem(4095, 17, 300, "float32", allow_tf32=True,
+                                                                 transpose_left=True)]
+    for prob in probs:
+        np.testing.assert_allclose(ox.predict(prob), pt.predict(prob), rtol=1e-3)
+        assert math.isclose(ox.predict_cublas(prob), pt.predict_cublas(prob), rel_tol=1e-3)
+    pp = PadProblem(4095, 4097, 1000, "bfloat16")
+    a, b = pt.pad(pp), ox.pad(pp)
+    assert math.isclose(a.orig_ms, b.orig_ms, rel_tol=1e-3) and math.isclose(a.padded_ms, b.padded_ms, rel_tol=1e-3)
+
+
+def test_predict_many_equals_stacked_predict(pt: Predictor, ox: Predictor) -> None:
+    probs = [PROB, GemmProblem(128, 1000, 4096), GemmProblem(7, 9, 11), GemmProblem(1, 8192, 8192)]
+    for p in (pt, ox):
+        many = p.predict_many(probs, CFGS)
+        assert many.shape == (len(probs), len(CFGS))
+        np.testing.assert_allclose(many, np.stack([p.predict(q, CFGS) for q in probs]), rtol=1e-6)
+        assert p.predict_many(probs).shape == (len(probs), len(p.default_configs("float16")))
+
+
+def test_rank(pt: Predictor) -> None:
+    best = pt.rank(PROB, CFGS, top_k=4)
+    assert len(best) == 4 and all(isinstance(c, GemmConfig) and isinstance(ms, float) for c, ms in best)
+    times = [ms for _, ms in best]
+    assert times == sorted(times)
+    ms = pt.predict(PROB, CFGS)
+    assert times[0] == pytest.approx(ms.min()) and best[0][0] == CFGS[int(np.argmin(ms))]
+    assert len(pt.rank(PROB, CFGS, top_k=100)) == len(CFGS)
+    full = pt.rank(PROB, top_k=5)  # default: the pruned space
+    assert [c for c, _ in full] == [c for c, _ in pt.rank(PROB, pt.default_configs("float16"), top_k=5)]
+
+
+def test_candidates_and_cublas(pt: Predictor) -> None:
+    c = pt.candidates(PROB, top_k=3, margin=0.0, max_k=3)
+    assert isinstance(c, Candidates) and len(c.configs) == 3
+    assert list(c.configs) == [cfg for cfg, _ in pt.rank(PROB, top_k=3)]
+    wide = pt.candidates(PROB, top_k=3, margin=10.0, max_k=7)
+    assert len(wide.configs) == 7 and list(wide.predicted_ms) == sorted(wide.predicted_ms)
+    mid = pt.candidates(PROB, top_k=3, margin=0.01, max_k=50)
+    bound = mid.predicted_ms[2] * 1.01
+    assert all(ms <= bound for ms in mid.predicted_ms)
+    ms = np.sort(pt.predict(PROB))
+    assert len(mid.configs) == min(50, int(np.sum(ms <= bound)))
+    cub = pt.predict_cublas(PROB)
+    assert cub > 0 and math.isfinite(cub) and c.cublas_ms == pytest.approx(cub)
+    assert c.prefer_cublas == (cub < c.best_ms)
+
+
+def test_pad(pt: Predictor) -> None:
+    d = pt.pad(PadProblem(4095, 4097, 1000, "bfloat16"))
+    assert isinstance(d, PadDecision) and d.orig_ms > 0 and d.padded_ms > 0
+    assert d.should_pad == (d.padded_ms * pt.pad_threshold < d.orig_ms)
+    aligned = pt.pad(PadProblem(4096, 4096, 1024, "float16", transpose_left=True))
+    assert aligned.should_pad is False and aligned.padded_ms == aligned.orig_ms
+    assert pt.pad(PadProblem(1, 4096, 1, "float32")).should_pad is False  # size-1 dims are never padded
+
+
+MAX = 2**31 - 1
+
+
+def test_huge_valid_problem(pt: Predictor, ox: Predictor) -> None:
+    big = GemmProblem(m=MAX, n=MAX, k=MAX, dtype="float32", allow_tf32=True)
+    large = GemmProblem(m=2**18, n=2**18, k=2**18, dtype="float16")
+    for p in (pt, ox):
+        ms = p.predict(large)
+        assert np.all(np.isfinite(ms)) and np.all(ms > 0)
+        assert math.isfinite(p.predict_cublas(big)) and p.predict_cublas(big) > 0
+        d = p.pad(PadProblem(MAX, MAX - 2, MAX - 4, "float16"))
+        assert math.isfinite(d.orig_ms) and math.isfinite(d.padded_ms)
+
+
+@pytest.mark.xfail(strict=True, raises=RuntimeError, reason=(
+    "perfmodel/features.py feeds tiles_per_sm_ceil (~1e14 at m=n=k=2**31) un-logged, so the standardised "
+    "input and the log-ms output explode; the Predictor refuses the non-finite result instead of clamping. "
+    "Fix in the encoder (log it, bump ENCODER_VERSION), then drop this xfail."))
+def test_huge_valid_problem_max_dims(pt: Predictor) -> None:
+    ms = pt.predict(GemmProblem(m=MAX, n=MAX, k=MAX, dtype="float32", allow_tf32=True))
+    assert np.all(np.isfinite(ms)) and np.all(ms > 0)
+
+
+def test_models_without_optional_heads(tmp_path: Path) -> None:
+    folder = write_synthetic_model(tmp_path / "m", seed=2, onnx=False, with_pad=False, with_cublas=False)
+    p = Predictor.load(folder)
+    assert p.rank(PROB, CFGS, top_k=1)
+    with pytest.raises(RuntimeError, match="pad head"):
+        p.pad(PadProblem(100, 100, 100))
+    with pytest.raises(RuntimeError, match="cuBLAS head"):
+        p.predict_cublas(PROB)
+    c = p.candidates(PROB, CFGS)
+    assert c.cublas_ms is None and c.prefer_cublas is False
+
+
+# -------------------------------------------------------------------------------- property tests
+# Up to 2**20: beyond, the encoder issue of test_huge_valid_problem_max_dims makes outputs overflow.
+DIM = st.integers(min_value=1, max_value=2**20)
+POW2 = st.sampled_from([16, 32, 64, 128, 256])
+problems = st.builds(GemmProblem, m=DIM, n=DIM, k=DIM, dtype=st.sampled_from(["float16", "bfloat16", "float32"]),
+                     allow_tf32=st.booleans(), transpose_left=st.booleans(), transpose_right=st.booleans())
+configs = st.builds(GemmConfig, block_m=POW2, block_n=POW2, block_k=POW2, group_m=st.sampled_from([1, 2, 4, 8, 16]),
+                    num_stages=st.integers(1, 5), num_warps=st.sampled_from([2, 4, 8]))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(prob=problems, cfgs=st.lists(configs, min_size=1, max_size=8))
+def test_property_valid_inputs_predict(pt: Predictor, prob: GemmProblem, cfgs: list[GemmConfig]) -> None:
+    ms = pt.predict(prob, cfgs)
+    assert ms.shape == (len(cfgs),) and np.all(np.isfinite(ms)) and np.all(ms > 0)
+    ranked = pt.rank(prob, cfgs, top_k=3)
+    assert [t for _, t in ranked] == sorted(t for _, t in ranked)
+
+
+@settings(max_examples=60, deadline=None)
+@given(field=st.sampled_from(["m", "n", "k"]),
+       bad=st.one_of(st.integers(max_value=0), st.integers(min_value=2**31), st.floats(allow_nan=True),
+                     st.text(max_size=4), st.none(), st.booleans()))
+def test_property_invalid_dims_rejected(field: str, bad: object) -> None:
+    kwargs = {"m": 64, "n": 64, "k": 64, field: bad}
+    with pytest.raises((ValueError, TypeError), match=rf"^{field}\b"):
+        GemmProblem(**kwargs)
+
+
+@settings(max_examples=60, deadline=None)
+@given(field=st.sampled_from(["block_m", "block_n", "block_k"]),
+       bad=st.integers(min_value=-1024, max_value=1024).filter(lambda v: v not in (16, 32, 64, 128, 256)))
+def test_property_invalid_blocks_rejected(field: str, bad: int) -> None:
+    kwargs = {"block_m": 64, "block_n": 64, "block_k": 32, field: bad}
+    with pytest.raises(ValueError, match=rf"^{field}\b"):
+        GemmConfig(**kwargs)
+
+
+# ---------------------------------------------------------------------------------- threads
+@pytest.mark.parametrize("backend", ["torch", "onnx"])
+def test_concurrent_predict_matches_serial(pt: Predictor, ox: Predictor, backend: str) -> None:
+    p = pt if backend == "torch" else ox
+    probs = [GemmProblem(64 * (i + 1), 4096 - 100 * i, 129 + 7 * i, "float16") for i in range(8)]
+    serial = [p.predict(q) for q in probs]
+    results: dict[tuple[int, int], np.ndarray] = {}
+    errors: list[BaseException] = []
+    start = threading.Barrier(8)
+
+    def work(i: int) -> None:
+        try:
+            start.wait()
+            for rep in range(4):
+                j = (i + rep) % len(probs)
+                results[(i, rep)] = p.predict(probs[j])
+        except BaseException as exc:  # collected and re-raised in the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    for (i, rep), got in results.items():
+        np.testing.assert_allclose(got, serial[(i + rep) % len(probs)], rtol=1e-6)
+    assert len(results) == 32
+
+
+# ---------------------------------------------------------------------------------- import hygiene
+BLOCKER = """
+import sys
+BLOCKED = ("lightning", "pytorch_lightning", "mlflow", "pandas")
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ImportError(f"blocked for this test: {name}")
+        return None
+sys.meta_path.insert(0, Block())
+"""
+
+
+def test_serve_imports_without_training_stack(model_dir: Path) -> None:
+    code = BLOCKER + f"""
+import serve
+from serve import Predictor
+import serve.commands, serve.triton_hook, serve.inductor
+from perfmodel import GemmProblem, PadProblem
+p = Predictor.load({str(model_dir)!r})
+assert p.rank(GemmProblem(512, 512, 512), top_k=2)
+p.pad(PadProblem(511, 513, 100))
+q = Predictor.load({str(model_dir)!r}, backend="onnx")
+assert q.rank(GemmProblem(512, 512, 512), top_k=2)
+leaked = [m for m in sys.modules if m.split(".")[0] in BLOCKED]
+assert not leaked, leaked
+print("ok")
+"""
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().endswith("ok")
+
+
+def test_import_does_not_touch_torch_threads() -> None:
+    code = ("import torch; torch.set_num_threads(3); import serve, serve.triton_hook, serve.inductor; "
+            "print(torch.get_num_threads())")
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "3"
