@@ -21,7 +21,8 @@ class PerfModule(L.LightningModule):
                  max_epochs: int = 40, prefix: str = "") -> None:
         super().__init__()
         self.model = model
-        self.save_hyperparameters(ignore=["model"])
+        # logger=False: one MLflow run holds several heads; the pipeline logs the settings once itself.
+        self.save_hyperparameters(ignore=["model"], logger=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)
