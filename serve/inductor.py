@@ -170,6 +170,21 @@ def _handler_class() -> type:
     return PerfModelChoices
 
 
+def _check_device(predictor: Predictor) -> None:
+    """A model ranks configs for the GPU it was trained on; say so once if this one differs."""
+    import torch
+
+    from perfmodel.devices import match_spec
+
+    if not torch.cuda.is_available():
+        return
+    name = torch.cuda.get_device_name()
+    spec = match_spec(name, torch.cuda.get_device_properties(0).multi_processor_count)
+    if spec is None or spec.name != predictor.spec.name:
+        _warn_once("device", f"the model was trained for {predictor.spec.name}, this GPU is {name!r}: "
+                             "its rankings may not transfer")
+
+
 def install(top_k: int = 5, predictor: Predictor | None = None, *, model: Any = None, backend: str = "torch",
             ops: Sequence[str] = MM_OPS, templates: Sequence[str] = TRITON_MM_TEMPLATES,
             cublas_margin: float | None = None) -> bool:
@@ -187,6 +202,7 @@ def install(top_k: int = 5, predictor: Predictor | None = None, *, model: Any = 
         predictor = Predictor.load(model, backend=backend)
     elif not isinstance(predictor, Predictor):
         raise TypeError(f"predictor: expected a serve.Predictor, got {type(predictor).__name__}")
+    _check_device(predictor)
     from torch._inductor.virtualized import V
 
     handler = _handler_class()(predictor, top_k, ops, templates, cublas_margin)

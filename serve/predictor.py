@@ -310,6 +310,9 @@ class Predictor:
         configs None: the pruned space of the model's device for prob.dtype."""
         prob = _check_problem(prob)
         _, ct = self._configs(configs, prob.dtype)
+        return self._predict_one(prob, ct)
+
+    def _predict_one(self, prob: GemmProblem, ct: torch.Tensor) -> np.ndarray:
         x = self.bundle.encoders["gemm"].encode_cross(problems_tensor([prob]), ct)  # (C, F)
         return self._ms("gemm", x, f"prob {prob}")
 
@@ -338,8 +341,8 @@ class Predictor:
         Fewer when fewer configs are given; ties keep the given order."""
         top_k = _check_top_k(top_k)
         prob = _check_problem(prob)
-        cfgs, _ = self._configs(configs, prob.dtype)
-        ms = self.predict(prob, cfgs)
+        cfgs, ct = self._configs(configs, prob.dtype)
+        ms = self._predict_one(prob, ct)
         order = np.argsort(ms, kind="stable")[:top_k]
         return [(cfgs[i], float(ms[i])) for i in order]
 
@@ -373,8 +376,8 @@ class Predictor:
         if not (math.isfinite(margin) and margin >= 0):
             raise ValueError(f"margin: must be finite and >= 0, got {margin}")
         prob = _check_problem(prob)
-        cfgs, _ = self._configs(configs, prob.dtype)
-        ms = self.predict(prob, cfgs)
+        cfgs, ct = self._configs(configs, prob.dtype)
+        ms = self._predict_one(prob, ct)
         order = np.argsort(ms, kind="stable")
         k = min(top_k, len(order))
         bound = ms[order[k - 1]] * (1.0 + margin)

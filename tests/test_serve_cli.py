@@ -94,7 +94,7 @@ def test_bad_input_one_line_error(model_dir: Path, capsys: pytest.CaptureFixture
     rc, out, err = _run(capsys, *argv, "--model", str(model_dir))
     assert rc == 2 and out == ""
     assert len(err.strip().splitlines()) == 1, err
-    assert field in err and "error" in err
+    assert err.startswith(f"perfmodel {argv[0]}: error: ") and field in err
 
 
 def test_missing_model_exit_code(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -121,6 +121,3 @@ def test_python_m_serve_cli(model_dir: Path) -> None:
                         "--model", str(model_dir), "--json"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert len(json.loads(r.stdout)["configs"]) == 5
-    r = subprocess.run([sys.executable, "-m", "serve.cli", "rank", "--m", "0", "--n", "512", "--k", "512",
-                        "--model", str(model_dir)], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2 and r.stderr.strip() == "perfmodel rank: error: m: must be >= 1, got 0"

@@ -1,0 +1,252 @@
+"""torch.compile(mode="max-autotune-no-cudagraphs") of torch.mm: stock Inductor vs serve.inductor (GPU; H100).
+
+Variants, each in its own process (so none reuses another's compiled kernels), every shape compiled
+after torch._dynamo.reset() inside a fresh Inductor cache (torch._inductor.utils.fresh_inductor_cache):
+
+  stock             Inductor's default max-autotune choices
+  perfmodel         serve.inductor installed: the model's top-k Triton mm configs (aten etc. kept)
+  perfmodel-cublas  as perfmodel, and no Triton at all where cuBLAS is predicted >= 10% faster
+
+Reported per shape: compile time of the first call (lowering + compiling and benchmarking the
+choices), the compiled function's time (triton.testing.do_bench; it includes the compiled wrapper's
+few microseconds of Python, so compare it with the other variants rather than with torch.mm's), which kernel won (aten mm or a
+Triton template config, read from the generated code), and how many mm choices the hook kept. A
+process-wide warm-up compile runs first so that the first shape does not pay for starting Inductor's
+compile workers. Each shape runs in try/except and records its error.
+
+    python benchmarks/inductor_bench.py [--model PATH | --synthetic] [--top-k 5]
+                                        [--out benchmarks/results/inductor_bench.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+# (name, M, K, N, dtype): C[M, N] = A[M, K] @ B[K, N]
+SHAPES = [
+    ("BERT qkv/out", 2048, 768, 768, "float16"),
+    ("BERT ffn up", 2048, 768, 3072, "float16"),
+    ("BERT ffn down", 2048, 3072, 768, "float16"),
+    ("GPT-2 c_attn", 1024, 768, 2304, "float16"),
+    ("GPT-2 mlp down", 1024, 3072, 768, "float16"),
+    ("AlexNet fc6", 128, 9216, 4096, "float16"),
+    ("LLM prefill qkv", 4096, 4096, 6144, "bfloat16"),
+    ("LLM prefill mlp", 2048, 4096, 14336, "bfloat16"),
+    ("LLM decode", 16, 4096, 4096, "bfloat16"),
+    ("LLM decode mlp", 8, 4096, 14336, "bfloat16"),
+    ("odd 1000^3", 1000, 1000, 1000, "float16"),
+    ("odd 4095x4097x1000", 4095, 4097, 1000, "float16"),
+    ("odd fp32 777x1234x555", 777, 1234, 555, "float32"),
+]
+VARIANTS = ("stock", "perfmodel", "perfmodel-cublas")
+_BLOCK_RE = [re.compile(rf"{name}\s*:\s*tl\.constexpr\s*=\s*(\d+)") for name in
+             ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")]
+_BLOCK_RE += [re.compile(rf"{name}\s*=\s*(\d+)") for name in ("num_stages", "num_warps")]
+
+
+def _winner(codes: list[str]) -> str:
+    """aten (cuBLAS) or the Triton template's config (BM,BN,BK,GM,stages,warps), from the generated source."""
+    src = "\n".join(codes)
+    if "triton_tem_" in src:
+        blocks = [m.group(1) if (m := r.search(src)) else "?" for r in _BLOCK_RE]
+        return "triton " + ",".join(blocks)
+    if "extern_kernels.mm" in src or "extern_kernels.addmm" in src:
+        return "aten"
+    if "decompose_k" in src:
+        return "decompose_k"
+    return "other"
+
+
+def _worker(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+    from torch._inductor.utils import fresh_inductor_cache, run_and_get_code
+    from triton.testing import do_bench
+
+    import serve.inductor as si
+    from serve import Predictor
+
+    variant = args.worker
+    out: dict[str, Any] = {"variant": variant, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                           "shapes": []}
+    kept: list[tuple[int, int]] = []
+    real_filter = si.filter_template_choices
+
+    def counting_filter(choices, kernel_inputs, op_name, *a, **kw):
+        res = real_filter(choices, kernel_inputs, op_name, *a, **kw)
+        kept.append((len(choices), len(res)))
+        return res
+
+    si.filter_template_choices = counting_filter  # count what the hook keeps (it looks the name up per call)
+    if variant != "stock":
+        t0 = time.perf_counter()
+        pred = Predictor.load(args.model)
+        out["load_s"] = time.perf_counter() - t0
+        ok = si.install(top_k=args.top_k, predictor=pred, cublas_margin=0.1 if variant == "perfmodel-cublas" else None)
+        if not ok:
+            out["error"] = "serve.inductor.install() returned False (Inductor API check failed); see warnings"
+            return out
+
+    def mm(a, b):
+        return torch.mm(a, b)
+
+    # Warm-up: start Inductor's compile workers and CUDA on a shape not in the table.
+    with fresh_inductor_cache():
+        torch._dynamo.reset()
+        w = torch.randn(256, 256, device="cuda", dtype=torch.float16)
+        t0 = time.perf_counter()
+        torch.compile(mm, mode="max-autotune-no-cudagraphs")(w, w)
+        out["warmup_s"] = time.perf_counter() - t0
+    for name, m, k, n, dtype in SHAPES:
+        row: dict[str, Any] = {"name": name, "m": m, "k": k, "n": n, "dtype": dtype}
+        if args.only and name not in args.only:
+            continue
+        try:
+            tdtype = getattr(torch, dtype)
+            a = torch.randn(m, k, device="cuda", dtype=tdtype)
+            b = torch.randn(k, n, device="cuda", dtype=tdtype)
+            kept.clear()
+            with fresh_inductor_cache():
+                torch._dynamo.reset()
+                compiled = torch.compile(mm, mode="max-autotune-no-cudagraphs")
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                res, codes = run_and_get_code(compiled, a, b)
+                torch.cuda.synchronize()
+                row["compile_s"] = time.perf_counter() - t0
+                torch.testing.assert_close(res.float(), (a.float() @ b.float()), rtol=2e-2, atol=2e-2 * k ** 0.5)
+                row["kernel_ms"] = float(do_bench(lambda: compiled(a, b)))
+                row["winner"] = _winner(codes)
+                row["choices_kept"] = list(kept[-1]) if kept else None
+            row["aten_ms"] = float(do_bench(lambda: torch.mm(a, b)))
+        except Exception as exc:  # one failing shape must not lose the others' results; recorded here
+            row["error"] = f"{type(exc).__name__}: {exc}"
+            row["traceback"] = traceback.format_exc(limit=4)
+        out["shapes"].append(row)
+        torch._dynamo.reset()
+    if variant != "stock":
+        si.uninstall()
+    return out
+
+
+def _run_variant(variant: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    res_file = tmp / f"{variant}.json"
+    cmd = [sys.executable, __file__, "--worker", variant, "--model", str(args.model), "--top-k", str(args.top_k),
+           "--worker-out", str(res_file)] + sum((["--only", s] for s in args.only or []), [])
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp / f"inductor-{variant}"),
+           "TRITON_CACHE_DIR": str(tmp / f"triton-{variant}")}
+    t0 = time.perf_counter()
+    try:
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        return {"variant": variant, "error": f"timed out after {args.timeout} s", "process_s": args.timeout}
+    wall = time.perf_counter() - t0
+    if r.returncode != 0 or not res_file.is_file():
+        return {"variant": variant, "error": f"worker exited {r.returncode}: {r.stderr[-2000:]}", "process_s": wall}
+    res = json.loads(res_file.read_text())
+    res["process_s"] = wall
+    return res
+
+
+def markdown(results: dict[str, Any]) -> str:
+    lines = [f"torch.mm under torch.compile(mode='max-autotune-no-cudagraphs'), stock vs serve.inductor top-"
+             f"{results['top_k']} (model {results['model']})", "",
+             "| shape | MxKxN dtype | variant | compile s | vs stock | kernel ms | vs stock | torch.mm ms | winner "
+             "| mm choices kept |", "|---|---|---|---:|---:|---:|---:|---:|---|---|"]
+    by_v = {v["variant"]: v for v in results["variants"]}
+    stock = {r["name"]: r for r in by_v.get("stock", {}).get("shapes", [])}
+    ran = {r["name"] for v in by_v.values() for r in v.get("shapes", [])}
+    for name, m, k, n, dtype in SHAPES:
+        if ran and name not in ran:
+            continue  # left out with --only
+        for variant in VARIANTS:
+            v = by_v.get(variant)
+            if v is None:
+                continue
+            r = next((x for x in v.get("shapes", []) if x["name"] == name), None)
+            head = f"| {name} | {m}x{k}x{n} {dtype} | {variant} |"
+            if r is None:
+                lines.append(head + f" {v.get('error', 'not run')[:80]} |||||||")
+                continue
+            if "error" in r:
+                lines.append(head + f" error: {r['error'][:80]} |||||||")
+                continue
+            s = stock.get(name, {})
+            cs = r["compile_s"] / s["compile_s"] if "compile_s" in s else float("nan")
+            ks = r["kernel_ms"] / s["kernel_ms"] if "kernel_ms" in s else float("nan")
+            kept = "{} -> {}".format(*r["choices_kept"]) if r.get("choices_kept") else "-"
+            lines.append(head + f" {r['compile_s']:.1f} | {cs:.2f} | {r['kernel_ms']:.4f} | {ks:.3f} | "
+                                f"{r['aten_ms']:.4f} | {r['winner']} | {kept} |")
+    lines.append("")
+    for variant in VARIANTS:
+        v = by_v.get(variant)
+        if v is None:
+            continue
+        total = sum(r.get("compile_s", 0.0) for r in v.get("shapes", []))
+        lines.append(f"- {variant}: compile total {total:.1f} s (warm-up {v.get('warmup_s', float('nan')):.1f} s, "
+                     f"process {v.get('process_s', float('nan')):.0f} s){' ERROR: ' + v['error'][:200] if 'error' in v else ''}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", type=Path, default=REPO / "models" / "h100")
+    ap.add_argument("--synthetic", action="store_true", help="random-weight model (exercises the script only)")
+    ap.add_argument("--top-k", type=int, default=5)
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of " + ",".join(VARIANTS))
+    ap.add_argument("--only", action="append", help="run only this shape name (repeatable)")
+    ap.add_argument("--timeout", type=float, default=540, help="seconds per variant process")
+    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "inductor_bench.json")
+    ap.add_argument("--merge", type=Path, nargs="+", help="only combine earlier --out JSON files into one table")
+    ap.add_argument("--worker", choices=VARIANTS, help=argparse.SUPPRESS)
+    ap.add_argument("--worker-out", type=Path, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        args.worker_out.write_text(json.dumps(_worker(args), indent=1))
+        return 0
+    if args.merge:
+        parts = [json.loads(f.read_text()) for f in args.merge]
+        results = {**parts[0], "variants": [v for part in parts for v in part["variants"]]}
+        text = markdown(results)
+        print(text)
+        args.out.write_text(json.dumps(results, indent=1))
+        args.out.with_suffix(".md").write_text(text + "\n")
+        return 0
+    variants = [v for v in args.variants.split(",") if v]
+    bad = [v for v in variants if v not in VARIANTS]
+    if bad:
+        ap.error(f"--variants: unknown {bad}")
+    with tempfile.TemporaryDirectory(prefix="perfmodel-inductor-bench-") as tmpdir:
+        tmp = Path(tmpdir)
+        label = str(args.model)
+        if args.synthetic:
+            from serve._synthetic import write_synthetic_model
+
+            args.model = write_synthetic_model(tmp / "synthetic", onnx=False)
+            label = "SYNTHETIC (random weights: the kept configs mean nothing)"
+        elif not (args.model / "metadata.json").is_file():
+            print(f"inductor_bench: no model at {args.model}; pass --model or --synthetic", file=sys.stderr)
+            return 2
+        results = {"model": label, "top_k": args.top_k, "variants": [_run_variant(v, args, tmp) for v in variants]}
+    text = markdown(results)
+    print(text)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=1))
+    args.out.with_suffix(".md").write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
