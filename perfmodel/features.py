@@ -79,7 +79,7 @@ class FeatureEncoder:
         return problem + ("log_block_m", "log_block_n", "log_block_k", "log_group_m", "num_stages", "num_warps",
                           "log_tiles", "log_waves", "last_wave_fill", "tile_waste_mn", "tile_waste_k",
                           "log_k_iters", "log_smem_stage_kb", "smem_frac", "log_acc_regs", "log_tile_intensity",
-                          "log_tiled_load_gb", "log_tiled_load_ms", "tiles_per_sm_ceil", "log_grouped_rows")
+                          "log_tiled_load_gb", "log_tiled_load_ms", "log_full_waves", "log_grouped_rows")
 
     def __len__(self) -> int:
         return len(self.names)
@@ -148,7 +148,7 @@ class FeatureEncoder:
             (tiles_m * bm * tiles_n * bn / (m * n)).log(), (k_iters * bk / k).log(),
             k_iters.log(), (smem_stage / 1024).log(), smem_stage * st / s.shared_memory_per_block_optin,
             (bm * bn / (wp * 32)).log(), (bm * bn / (bm + bn)).log(),
-            (tiled_load / 1e9).log(), tiled_load_ms.log(), full_waves, torch.minimum(gm, tiles_m).log(),
+            (tiled_load / 1e9).log(), tiled_load_ms.log(), full_waves.log(), torch.minimum(gm, tiles_m).log(),
         ]
         return torch.stack(cols, -1).reshape(-1, len(self.names)).to(torch.float32)
 

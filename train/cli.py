@@ -20,6 +20,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--norm", choices=("batch", "layer", "none"), default=d.norm)
     t.add_argument("--lr", type=float, default=d.lr)
     t.add_argument("--rank-weight", type=float, default=d.rank_weight, help="weight of the within-problem loss")
+    t.add_argument("--rank-tau", type=float, default=d.rank_tau, help="focus of that term on fast configs (0: uniform)")
     t.add_argument("--problems-per-batch", type=int, default=d.problems_per_batch)
     t.add_argument("--small-head-epochs", type=int, default=d.small_head_epochs)
     t.add_argument("--seed", type=int, default=d.seed)
@@ -49,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     if args.command == "train":
         hidden = tuple(int(h) for h in args.hidden.split(","))
         s = TrainSettings(data=args.data, out=args.out, epochs=args.epochs, hidden=hidden, norm=args.norm, lr=args.lr,
-                          rank_weight=args.rank_weight, problems_per_batch=args.problems_per_batch,
+                          rank_weight=args.rank_weight, rank_tau=args.rank_tau, problems_per_batch=args.problems_per_batch,
                           small_head_epochs=args.small_head_epochs, seed=args.seed, baselines=not args.no_baselines,
                           accelerator=args.accelerator, devices=_devices(args.devices), strategy=args.strategy,
                           tracking_uri=args.tracking_uri, experiment=args.experiment,

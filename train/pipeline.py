@@ -40,7 +40,8 @@ class TrainSettings:
     norm: str = "batch"
     lr: float = 2e-3
     weight_decay: float = 1e-5
-    rank_weight: float = 1.0          # weight of the within-problem (ranking) loss term
+    rank_weight: float = 2.0          # weight of the within-problem (ranking) loss term
+    rank_tau: float = 0.3             # its focus on fast configs (0: uniform)
     problems_per_batch: int = 16
     small_head_epochs: int = 150       # cuBLAS and pad heads (a few thousand rows)
     baselines: bool = True             # also train/evaluate the PR 156851 baseline
@@ -84,7 +85,7 @@ def fit_head(head: PerfMLP, x: torch.Tensor, y: torch.Tensor, split: np.ndarray,
     train_dl = make_loader(x[tr], y[tr], gtr, settings.problems_per_batch, True, settings.seed, batch_rows=256)
     val_dl = make_loader(x[va], y[va], gva, 64, False, settings.seed, batch_rows=4096)
     module = PerfModule(head, lr=settings.lr, weight_decay=settings.weight_decay, rank_weight=rank_weight,
-                        max_epochs=epochs, prefix=prefix)
+                        max_epochs=epochs, prefix=prefix, rank_tau=settings.rank_tau)
     _trainer(settings, logger, epochs).fit(module, train_dl, val_dl)
     return head.eval()
 
