@@ -8,7 +8,7 @@ import random
 from dataclasses import dataclass
 
 from perfmodel.devices import DeviceSpec
-from perfmodel.schema import PAD_ALIGNMENT, GemmProblem, PadProblem
+from perfmodel.schema import GemmProblem, PadProblem
 
 # (M, K, N) of the seed table (benchmarks/dynamo/microbenchmarks/inductor_mm.py): A is (M, K), B is (K, N).
 SEED_SHAPES = [
@@ -111,7 +111,6 @@ def pad_problems(n: int, spec: DeviceSpec, seed: int = 0, budget: Budget = Budge
     out: list[PadProblem] = []
     while len(out) < n:
         dtype = rng.choice(["float16", "bfloat16", "float32"])
-        align = PAD_ALIGNMENT[dtype]
 
         def dim() -> int:
             r = rng.random()
@@ -123,13 +122,11 @@ def pad_problems(n: int, spec: DeviceSpec, seed: int = 0, budget: Budget = Budge
             return 2 ** rng.randint(4, 15)
 
         m, k, n_ = dim(), dim(), dim()
-        if all(d % align == 0 for d in (m, k, n_)):
-            continue
         p = PadProblem(m=m, k=k, n=n_, dtype=dtype, transpose_left=rng.random() < 0.5,
                        transpose_right=rng.random() < 0.5, prepadded_left=rng.random() < 0.2,
                        prepadded_right=rng.random() < 0.2,
                        allow_tf32=dtype == "float32" and rng.random() < 0.5)
         g = p.gemm(padded=True)
-        if within(g, spec, budget):
+        if p.needs_padding() and within(g, spec, budget):  # a dim of 1 is never padded
             out.append(p)
     return out
