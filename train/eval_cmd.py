@@ -13,8 +13,6 @@ from perfmodel.analytic import estimate_ms
 from . import evaluate as ev
 from .data import PadTable, load_gemm, load_pad, split_problems
 
-KEYS = ["float16/top1_eff", "float16/top5_eff", "bfloat16/top1_eff", "bfloat16/top5_eff", "fp32_all/top1_eff",
-        "fp32_all/top5_eff", "all/spearman_median", "all/mape", "all/worst_top1"]
 
 
 def evaluate_bundle(bundle: artifact.ModelBundle, data) -> dict:
@@ -65,7 +63,7 @@ def run_eval(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2))
         return 0
     print(f"Held-out problems: {out['test_problems']} (split seed from the model's metadata)\n")
-    print(ev.format_table(out["results"], KEYS))
+    print(ev.format_table(out["results"], ev.TABLE_KEYS))
     print()
     for k, v in {**out["cublas"], **out["pad"]}.items():
         print(f"{k:32s} {v:.4f}")

@@ -11,6 +11,9 @@ from perfmodel.configs import inductor_default_configs
 from .data import GemmTable, PadTable
 
 MODES = ("float16", "bfloat16", "tf32", "float32")
+# The columns of the evaluation table (model card, `perfmodel eval`).
+TABLE_KEYS = ["float16/top1_eff", "float16/top5_eff", "bfloat16/top1_eff", "bfloat16/top5_eff", "fp32_all/top1_eff",
+              "fp32_all/top5_eff", "all/spearman_median", "all/mape", "all/worst_top1"]
 
 
 def _geomean(x: np.ndarray) -> float:
