@@ -1,0 +1,329 @@
+"""perfmodel.model.PerfMLP and the model folder (perfmodel.artifact).
+
+The weights in these tests are RANDOM (synthetic, seeded): the tests check the network's invariants and
+the artifact round trip, not the quality of any prediction.
+"""
+from __future__ import annotations
+
+import json
+import math
+import pickle
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from perfmodel import GemmProblem, PadProblem, artifact
+from perfmodel.artifact import ArtifactError, ModelBundle
+from perfmodel.configs import exhaustive_space
+from perfmodel.devices import get_spec
+from perfmodel.features import FeatureEncoder, configs_tensor, pad_tensor, problems_tensor
+from perfmodel.model import MLPConfig, PerfMLP
+
+SPEC = get_spec("h100-sxm")
+HIDDEN = (32, 32)
+
+
+def _randomise(head: PerfMLP, gen: torch.Generator) -> PerfMLP:
+    """Non-trivial BatchNorm running statistics and overhead, so that folding and the bound are exercised."""
+    with torch.no_grad():
+        for mod in head.modules():
+            if isinstance(mod, nn.BatchNorm1d):
+                mod.running_mean.copy_(torch.randn(mod.num_features, generator=gen) * 0.3)
+                mod.running_var.copy_(torch.rand(mod.num_features, generator=gen) * 2 + 0.3)
+                mod.weight.copy_(torch.rand(mod.num_features, generator=gen) + 0.5)
+                mod.bias.copy_(torch.randn(mod.num_features, generator=gen) * 0.2)
+    return head
+
+
+def _features(seed: int = 0) -> dict[str, torch.Tensor]:
+    """Real encoded features of a random sample: (N, F) per head."""
+    rng = random.Random(seed)
+
+    def dim() -> int:
+        return max(1, int(2 ** rng.uniform(0, 14)))
+
+    dts = ("float16", "bfloat16", "float32")
+    probs = [GemmProblem(dim(), dim(), dim(), rng.choice(dts), rng.random() < 0.5, rng.random() < 0.5,
+                         rng.random() < 0.5) for _ in range(24)]
+    cfgs = rng.sample(exhaustive_space(), 10)
+    pads = [PadProblem(dim(), dim(), dim(), rng.choice(dts), rng.random() < 0.5, rng.random() < 0.5,
+                       rng.random() < 0.3, rng.random() < 0.3) for _ in range(40)]
+    return {"gemm": FeatureEncoder(SPEC, "gemm").encode_cross(problems_tensor(probs), configs_tensor(cfgs)),
+            "cublas": FeatureEncoder(SPEC, "cublas").encode(problems_tensor(probs)),
+            "pad": FeatureEncoder(SPEC, "pad").encode(pad_tensor(pads))}
+
+
+def make_bundle(seed: int = 0, norm: str = "batch") -> tuple[ModelBundle, dict[str, torch.Tensor]]:
+    """A small bundle with random weights and the normalisation of a realistic feature sample."""
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+    feats = _features(seed)
+    encoders = {"gemm": FeatureEncoder(SPEC, "gemm"), "cublas": FeatureEncoder(SPEC, "cublas"),
+                "pad": FeatureEncoder(SPEC, "pad")}
+    heads = {}
+    for name, n_out in (("gemm", 1), ("cublas", 1), ("pad", 2)):
+        head = PerfMLP(MLPConfig(len(encoders[name]), HIDDEN, norm, n_outputs=n_out))
+        head.set_normalisation(feats[name].mean(0), feats[name].std(0))
+        heads[name] = _randomise(head, gen).eval()
+    return ModelBundle(SPEC, heads, encoders), feats
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory) -> tuple[ModelBundle, dict[str, torch.Tensor], Path]:
+    bundle, feats = make_bundle(seed=3)
+    folder = tmp_path_factory.mktemp("artifact") / "model"
+    artifact.save(bundle, folder)
+    artifact.export_onnx(bundle, folder / artifact.ONNX)
+    return bundle, feats, folder
+
+
+@torch.inference_mode()
+def _predict(bundle: ModelBundle, feats: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {n: bundle.heads[n].eval()(feats[n]) for n in bundle.heads}
+
+
+# ---------------------------------------------------------------- the network
+
+@pytest.mark.parametrize("n_outputs", [1, 2])
+@pytest.mark.parametrize("norm", ["batch", "layer", "none"])
+def test_never_below_the_overhead(norm, n_outputs):
+    torch.manual_seed(0)
+    head = _randomise(PerfMLP(MLPConfig(12, HIDDEN, norm, n_outputs=n_outputs)), torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        # 1 ms per output: an untouched random net would fall below it for about half of the inputs
+        head.log_overhead.copy_(torch.tensor([0.0, -1.0][:n_outputs]))
+    gen = torch.Generator().manual_seed(2)
+    xs = [torch.randn(256, 12, generator=gen) * scale for scale in (1.0, 1e3, 1e6, 1e12)]
+    xs.append(torch.full((4, 12), -1e12))
+    oh = head.log_overhead.detach()
+    below_without_bound = 0
+    for mode in ("train", "eval"):
+        head.train(mode == "train")
+        for x in xs:
+            with torch.no_grad():
+                out = head(x)
+                z = head.net((x - head.x_mean) / head.x_std)
+            assert out.shape == ((len(x),) if n_outputs == 1 else (len(x), n_outputs))
+            out2 = out.reshape(len(x), n_outputs)
+            assert not torch.isnan(out2).any()
+            assert (out2 >= oh).all(), (mode, x.abs().max())
+            below_without_bound += int((z < oh).sum())
+            # it is a soft maximum: logaddexp(z, overhead), within float32 rounding where both are finite
+            fin = torch.isfinite(z)
+            want = torch.logaddexp(z.double(), oh.double().expand_as(z))
+            torch.testing.assert_close(out2[fin].double(), want[fin], rtol=1e-5, atol=1e-5)
+    assert below_without_bound > 0  # the bound was actually needed
+
+
+def test_prediction_tends_to_the_overhead():
+    head = PerfMLP(MLPConfig(5, (8,), "none", init_overhead_ms=0.01)).eval()
+    with torch.no_grad():
+        head.net[-1].bias.fill_(-100.0)
+        head.net[-1].weight.zero_()
+    out = head(torch.randn(3, 5))
+    torch.testing.assert_close(out, torch.full((3,), math.log(0.01)))
+    assert head.overhead_ms.item() == pytest.approx(0.01)
+
+
+def test_learned_overhead_is_a_trained_parameter():
+    torch.manual_seed(0)
+    head = PerfMLP(MLPConfig(6, (16,), "none", learn_overhead=True))
+    assert isinstance(head.log_overhead, nn.Parameter)
+    assert "log_overhead" in dict(head.named_parameters())
+    assert "log_overhead" in head.state_dict()
+    before = head.log_overhead.detach().clone()
+    with torch.no_grad():
+        head.net[-1].bias.fill_(-20.0)  # outputs at the overhead: the gradient reaches it
+    opt = torch.optim.SGD(head.parameters(), lr=0.1)
+    loss = ((head(torch.randn(32, 6)) - 0.0) ** 2).mean()
+    loss.backward()
+    assert head.log_overhead.grad is not None and head.log_overhead.grad.abs().sum() > 0
+    opt.step()
+    assert not torch.equal(head.log_overhead.detach(), before)
+
+
+def test_fixed_overhead_is_a_buffer():
+    torch.manual_seed(0)
+    head = PerfMLP(MLPConfig(6, (16,), "none", learn_overhead=False))
+    assert not isinstance(head.log_overhead, nn.Parameter)
+    assert "log_overhead" in dict(head.named_buffers())
+    assert "log_overhead" not in dict(head.named_parameters())
+    assert "log_overhead" in head.state_dict()  # still saved with the weights
+    assert head.log_overhead.item() == pytest.approx(math.log(0.00541))
+    before = head.log_overhead.clone()
+    with torch.no_grad():
+        head.net[-1].bias.fill_(-20.0)
+    opt = torch.optim.AdamW(head.parameters(), lr=0.5)
+    for _ in range(3):
+        opt.zero_grad()
+        ((head(torch.randn(32, 6)) - 0.0) ** 2).mean().backward()
+        opt.step()
+    assert torch.equal(head.log_overhead, before)
+
+
+@pytest.mark.parametrize("norm", ["batch", "layer", "none"])
+def test_folded_matches_eval_and_has_no_batchnorm_or_dropout(norm):
+    torch.manual_seed(4)
+    feats = _features(4)["gemm"]
+    head = PerfMLP(MLPConfig(feats.shape[1], (32, 32, 32), norm, dropout=0.2))
+    head.set_normalisation(feats.mean(0), feats.std(0))
+    _randomise(head, torch.Generator().manual_seed(5))
+    head.train()
+    folded = head.folded()
+    assert not folded.training
+    kinds = {type(m) for m in folded.modules()}
+    assert nn.BatchNorm1d not in kinds and nn.Dropout not in kinds
+    if norm == "batch":  # the original is untouched (folded works on a copy)
+        assert any(isinstance(m, nn.BatchNorm1d) for m in head.modules()) and head.training
+        assert torch.equal(folded.x_mean, torch.zeros_like(folded.x_mean))
+        assert torch.equal(folded.x_std, torch.ones_like(folded.x_std))
+    with torch.no_grad():
+        want = head.eval()(feats)
+        got = folded(feats)
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+    # and it is not trivially equal: the raw features are far from standardised
+    assert feats.abs().max() > 10
+
+
+# ---------------------------------------------------------------- the artifact
+
+def test_save_load_round_trip(saved):
+    bundle, feats, folder = saved
+    for name in ("model.safetensors", "metadata.json", "model.onnx"):
+        assert (folder / name).is_file()
+    loaded = artifact.load(folder)
+    assert set(loaded.heads) == {"gemm", "cublas", "pad"}
+    assert loaded.spec == SPEC
+    for name in loaded.heads:
+        assert loaded.encoders[name].names == bundle.encoders[name].names
+        assert loaded.heads[name].cfg == bundle.heads[name].cfg
+        assert not loaded.heads[name].training
+    want, got = _predict(bundle, feats), _predict(loaded, feats)
+    for name in want:
+        assert torch.equal(got[name], want[name]), name
+    assert got["pad"].shape == (len(feats["pad"]), 2)
+
+
+def test_onnx_matches_torch_per_head(saved):
+    ort = pytest.importorskip("onnxruntime")
+    bundle, feats, folder = saved
+    sess = ort.InferenceSession(str(folder / artifact.ONNX), providers=["CPUExecutionProvider"])
+    assert {i.name for i in sess.get_inputs()} == {"gemm_x", "cublas_x", "pad_x"}
+    assert {o.name for o in sess.get_outputs()} == {"gemm_log_ms", "cublas_log_ms", "pad_log_ms"}
+    want = _predict(bundle, feats)
+    # a different batch size per head, twice over
+    for sizes in ({"gemm": 240, "cublas": 7, "pad": 33}, {"gemm": 1, "cublas": 24, "pad": 2}):
+        inputs = {f"{n}_x": feats[n][:sizes[n]].numpy() for n in sizes}
+        outs = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, inputs)))
+        for n, size in sizes.items():
+            got = outs[f"{n}_log_ms"]
+            assert got.shape == tuple(want[n][:size].shape), n
+            # 1e-3 relative in ms
+            np.testing.assert_allclose(np.exp(got), np.exp(want[n][:size].numpy()), rtol=1e-3, err_msg=n)
+
+
+def _copy_folder(src: Path, dst: Path) -> Path:
+    dst.mkdir(parents=True)
+    for p in src.iterdir():
+        (dst / p.name).write_bytes(p.read_bytes())
+    return dst
+
+
+def _edit_meta(folder: Path, fn) -> None:
+    meta = json.loads((folder / artifact.METADATA).read_text())
+    fn(meta)
+    (folder / artifact.METADATA).write_text(json.dumps(meta))
+
+
+def _rename_feature(meta):
+    meta["heads"]["gemm"]["features"][3] = "dtype_size"
+
+
+def _drop_gemm(meta):
+    del meta["heads"]["gemm"]
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda m: m.update(schema_version=m["schema_version"] + 1), "schema_version"),
+    (lambda m: m.update(schema_version=None), "schema_version"),
+    (lambda m: m.update(encoder_version=m["encoder_version"] + 1), "encoder_version"),
+    (_rename_feature, "features"),
+    (_drop_gemm, "no gemm head"),
+    (lambda m: m.update(format="something-else"), "metadata"),
+], ids=["schema+1", "schema-missing", "encoder+1", "renamed-feature", "no-gemm", "format"])
+def test_mismatched_metadata_is_refused(saved, tmp_path, edit, match):
+    folder = _copy_folder(saved[2], tmp_path / "m")
+    artifact.load(folder)  # the unedited copy loads
+    _edit_meta(folder, edit)
+    with pytest.raises(ArtifactError, match=match):
+        artifact.load(folder)
+
+
+def test_metadata_not_json_is_refused(saved, tmp_path):
+    folder = _copy_folder(saved[2], tmp_path / "m")
+    (folder / artifact.METADATA).write_text("{ not json")
+    with pytest.raises(ArtifactError, match="JSON"):
+        artifact.load(folder)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty"])
+def test_unreadable_weights_are_refused(saved, tmp_path, damage):
+    folder = _copy_folder(saved[2], tmp_path / "m")
+    w = folder / artifact.WEIGHTS
+    data = w.read_bytes()
+    w.write_bytes({"truncated": data[: len(data) // 2], "garbage": bytes(range(256)) * 40, "empty": b""}[damage])
+    # with the checksum updated, the safetensors reader itself must refuse the file ...
+    _edit_meta(folder, lambda m: m.update(weights_sha256=artifact.sha256_file(w)))
+    with pytest.raises(ArtifactError, match="weights"):
+        artifact.load(folder)
+    # ... and without a recorded checksum too
+    _edit_meta(folder, lambda m: m.pop("weights_sha256"))
+    with pytest.raises(ArtifactError, match="weights"):
+        artifact.load(folder)
+
+
+def test_checksum_mismatch_is_refused(saved, tmp_path):
+    folder = _copy_folder(saved[2], tmp_path / "m")
+    w = folder / artifact.WEIGHTS
+    data = bytearray(w.read_bytes())
+    data[-1] ^= 0x01  # one bit of one weight: still a valid safetensors file
+    w.write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match="checksum"):
+        artifact.load(folder)
+
+
+def test_wrong_shaped_weights_are_refused(saved, tmp_path):
+    folder = _copy_folder(saved[2], tmp_path / "m")
+    _edit_meta(folder, lambda m: m["heads"]["gemm"]["mlp"].update(hidden=[64, 64]))
+    with pytest.raises(ArtifactError, match="gemm"):
+        artifact.load(folder)
+
+
+def test_missing_folder_or_files(saved, tmp_path):
+    with pytest.raises(FileNotFoundError):
+        artifact.load(tmp_path / "no-such-model")
+    for name in (artifact.WEIGHTS, artifact.METADATA):
+        folder = _copy_folder(saved[2], tmp_path / f"without-{name}")
+        (folder / name).unlink()
+        with pytest.raises(FileNotFoundError):
+            artifact.load(folder)
+
+
+def test_no_pickle_anywhere(saved, monkeypatch):
+    bundle, feats, folder = saved
+    suffixes = {p.suffix for p in folder.rglob("*")}
+    assert not suffixes & {".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".bin"}, suffixes
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("pickle used while loading a model folder")
+
+    for mod, attr in ((pickle, "loads"), (pickle, "load"), (pickle, "Unpickler"), (torch, "load")):
+        monkeypatch.setattr(mod, attr, refuse)
+    loaded = artifact.load(folder)
+    want, got = _predict(bundle, feats), _predict(loaded, feats)
+    for name in want:
+        assert torch.equal(got[name], want[name])

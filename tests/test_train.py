@@ -1,0 +1,399 @@
+"""train/: the by-problem split, the within-problem loss, the evaluation metrics, and an end-to-end
+training smoke run on SYNTHETIC data (timings from a formula plus noise, not measurements)."""
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from data_gen.shards import ShardWriter
+from perfmodel import GemmConfig, GemmProblem, PadProblem
+from perfmodel.configs import exhaustive_space
+from train import evaluate as ev
+from train.data import GemmTable, PadTable, split_problems
+from train.module import within_problem_loss
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+# ---------------------------------------------------------------- (a) the split
+
+def _modes(counts: dict[str, int], seed: int = 0) -> np.ndarray:
+    modes = np.array([m for m, n in counts.items() for _ in range(n)])
+    return modes[np.random.default_rng(seed).permutation(len(modes))]
+
+
+COUNTS = {"float16": 400, "bfloat16": 257, "tf32": 94, "float32": 61}  # 10%: 40, 25.7, 9.4, 6.1
+
+
+def test_split_sets_are_disjoint_and_cover_every_problem():
+    modes = _modes(COUNTS)
+    split = split_problems(modes, seed=0)
+    assert split.shape == modes.shape and set(np.unique(split)) == {0, 1, 2}
+    sets = [set(np.flatnonzero(split == s)) for s in (0, 1, 2)]
+    assert not (sets[0] & sets[1]) and not (sets[0] & sets[2]) and not (sets[1] & sets[2])
+    assert sets[0] | sets[1] | sets[2] == set(range(len(modes)))
+    # rows follow their problem: a table split by problem puts all of a problem's rows in one set
+    P = len(modes)
+    table = GemmTable(np.zeros((P, 8)), [f"p{i}" for i in range(P)], modes, np.repeat(np.arange(P), 3),
+                      np.zeros((3 * P, 6)), np.ones(3 * P), np.ones(P))
+    keys = [set(table.subset(split == s).problem_keys) for s in (0, 1, 2)]
+    assert not (keys[0] & keys[1]) and not (keys[0] & keys[2]) and not (keys[1] & keys[2])
+    assert sum(len(table.subset(split == s).ms) for s in (0, 1, 2)) == 3 * P
+
+
+def test_split_is_stratified_per_mode_with_80_10_10():
+    modes = _modes(COUNTS)
+    split = split_problems(modes, seed=1)
+    tenth = {"float16": 40, "bfloat16": 26, "tf32": 9, "float32": 6}  # 10% of each mode, to the nearest
+    for mode, n in COUNTS.items():
+        s = split[modes == mode]
+        assert (s == 1).sum() == tenth[mode], mode
+        assert (s == 2).sum() == tenth[mode], mode
+        assert (s == 0).sum() == n - 2 * tenth[mode], mode
+    frac = np.bincount(split, minlength=3) / len(split)
+    np.testing.assert_allclose(frac, [0.8, 0.1, 0.1], atol=0.01)
+
+
+def test_split_is_deterministic_per_seed():
+    modes = _modes(COUNTS)
+    a, b = split_problems(modes, seed=7), split_problems(modes, seed=7)
+    assert np.array_equal(a, b)
+    c = split_problems(modes, seed=8)
+    assert not np.array_equal(a, c)
+    assert np.array_equal(np.bincount(a), np.bincount(c))  # same sizes, different members
+
+
+# ---------------------------------------------------------------- (b) the within-problem loss
+
+def _loss_reference(pred: list[float], y: list[float], group: list[int], tau: float) -> float:
+    groups: dict[int, list[int]] = {}
+    for i, g in enumerate(group):
+        groups.setdefault(g, []).append(i)
+    num = den = 0.0
+    for rows in groups.values():
+        best = min(y[i] for i in rows)
+        w = {i: (math.exp(-(y[i] - best) / tau) + 0.05) if tau > 0 else 1.0 for i in rows}
+        sw = sum(w.values())
+        mean_d = sum(w[i] * (pred[i] - y[i]) for i in rows) / sw  # weighted mean of the error
+        for i in rows:
+            num += w[i] * ((pred[i] - y[i]) - mean_d) ** 2
+            den += w[i]
+    return num / den
+
+
+@pytest.mark.parametrize("tau", [0.3, 1.0, 0.0])
+def test_within_problem_loss_matches_reference(tau):
+    rng = random.Random(11)
+    group = [rng.choice([12, 3, 7, 40, 5]) for _ in range(60)]  # non-dense ids, rows interleaved
+    y = [rng.uniform(-4, 2) for _ in group]
+    pred = [rng.uniform(-4, 2) for _ in group]
+    got = within_problem_loss(torch.tensor(pred, dtype=torch.float64), torch.tensor(y, dtype=torch.float64),
+                              torch.tensor(group), tau=tau)
+    assert got.item() == pytest.approx(_loss_reference(pred, y, group, tau), rel=1e-10)
+
+
+def test_within_problem_loss_ignores_a_per_problem_shift():
+    gen = torch.Generator().manual_seed(0)
+    group = torch.randint(0, 6, (80,), generator=gen)
+    y = torch.randn(80, generator=gen, dtype=torch.float64)
+    pred = torch.randn(80, generator=gen, dtype=torch.float64)
+    shift = torch.randn(6, generator=gen, dtype=torch.float64) * 10
+    base = within_problem_loss(pred, y, group)
+    assert base > 0.1
+    torch.testing.assert_close(within_problem_loss(pred + shift[group], y, group), base, rtol=1e-9, atol=1e-12)
+    # a perfect ranking up to a per-problem offset costs nothing
+    assert within_problem_loss(y + shift[group], y, group).item() == pytest.approx(0.0, abs=1e-12)
+    # a shift that varies within a problem is not free
+    assert within_problem_loss(pred + shift[group] + torch.arange(80) * 0.1, y, group) != pytest.approx(base.item())
+
+
+# ---------------------------------------------------------------- (c) evaluation metrics
+
+# Two problems, rows interleaved. Problem 0 (float16): 7 configs, problem 1 (tf32): 4 configs.
+MS0 = [1.0, 2.0, 4.0, 3.0, 0.8, 0.5, 8.0]
+SC0 = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7]   # lower = predicted faster
+MS1 = [3.0, 1.5, 6.0, 2.0]
+SC1 = [5.0, 1.0, 2.0, 0.5]
+
+
+def _table() -> tuple[GemmTable, np.ndarray]:
+    rows = [(0, m, s) for m, s in zip(MS0, SC0)] + [(1, m, s) for m, s in zip(MS1, SC1)]
+    rows = rows[::2] + rows[1::2]  # problem order must not matter
+    pidx = np.array([r[0] for r in rows])
+    table = GemmTable(np.array([[256, 256, 256, 2, 0, 0, 0, 0], [256, 256, 256, 4, 0, 1, 0, 0]], float),
+                      ["a", "b"], np.array(["float16", "tf32"]), pidx, np.zeros((len(rows), 6)),
+                      np.array([r[1] for r in rows]), np.array([1.0, 1.0]))
+    return table, np.array([r[2] for r in rows])
+
+
+def test_per_problem_by_hand():
+    table, score = _table()
+    pp = ev.per_problem(table, score)
+    # problem 0: lowest score is the 1.0 ms config, oracle 0.5 ms; the fifth lowest score is 0.8 ms
+    # problem 1: lowest score is the 2.0 ms config, oracle 1.5 ms; top-5 covers all 4 configs
+    np.testing.assert_allclose(pp["top1"], [0.5, 0.75])
+    np.testing.assert_allclose(pp["top5"], [0.625, 1.0])
+    # Spearman = 1 - 6 sum d^2 / (n (n^2 - 1)): problem 0 ranks
+    # score [0..6] vs ms [2,3,5,4,1,0,6]: sum d^2 = 52 (n 7); problem 1 ranks
+    # score [3,1,2,0] vs ms [2,0,3,1]: sum d^2 = 4 (n 4)
+    np.testing.assert_allclose(pp["spearman"], [1 - 6 * 52 / 336, 1 - 6 * 4 / 60])
+
+
+def test_summarize_by_hand():
+    table, score = _table()
+    pred = np.log(score)  # as predicted log ms: same ranking
+    out = ev.summarize(table, pred)
+    assert out["all/top1_eff"] == pytest.approx(math.sqrt(0.5 * 0.75))
+    assert out["all/top5_eff"] == pytest.approx(math.sqrt(0.625))
+    assert out["all/worst_top1"] == pytest.approx(0.5)
+    assert out["float16/top1_eff"] == pytest.approx(0.5)
+    assert out["tf32/top1_eff"] == pytest.approx(0.75)
+    assert out["fp32_all/top1_eff"] == pytest.approx(0.75)
+    assert out["all/problems"] == 2 and out["float16/problems"] == 1
+    assert "bfloat16/top1_eff" not in out
+    ape = [abs(s - m) / m for m, s in zip(MS0 + MS1, SC0 + SC1)]
+    assert out["all/mape"] == pytest.approx(sum(ape) / len(ape))
+    assert out["all/spearman_median"] == pytest.approx(((1 - 6 * 52 / 336) + (1 - 6 * 4 / 60)) / 2)
+
+
+def test_random_choice_top1_is_the_geomean_of_oracle_over_ms():
+    table, _ = _table()
+    out = ev.random_choice(table)
+    g0 = math.exp(sum(math.log(min(MS0) / m) for m in MS0) / len(MS0))
+    g1 = math.exp(sum(math.log(min(MS1) / m) for m in MS1) / len(MS1))
+    assert out["float16/top1_eff"] == pytest.approx(g0)
+    assert out["tf32/top1_eff"] == pytest.approx(g1)
+    assert out["all/top1_eff"] == pytest.approx(math.sqrt(g0 * g1))
+    # top-5 of 4 configs always contains the oracle; of 7, it is between top-1 and 1
+    assert out["tf32/top5_eff"] == pytest.approx(1.0)
+    assert g0 < out["float16/top5_eff"] < 1.0
+
+
+def _pad_table() -> tuple[PadTable, np.ndarray]:
+    orig = np.array([1.0, 2.0, 3.0, 4.0])
+    padded = np.array([0.5, 3.0, 1.0, 5.0])
+    pred = np.log(np.stack([orig, [0.5, 1.0, 6.0, 5.0]], 1))  # orig predicted exactly; padded not
+    table = PadTable(np.zeros((4, 11)), orig, padded, np.array(["float16", "float16", "float32", "bfloat16"]))
+    return table, pred
+
+
+def test_pad_metrics_by_hand():
+    table, pred = _pad_table()
+    out = ev.pad_metrics(table, pred)
+    # decisions: pad, pad, keep, keep -> chosen 0.5 + 3 + 3 + 4 = 10.5; oracle 0.5 + 2 + 1 + 4 = 7.5
+    assert out["pad/total_vs_oracle"] == pytest.approx(10.5 / 7.5)
+    assert out["pad/never_pad_vs_oracle"] == pytest.approx(10 / 7.5)
+    assert out["pad/always_pad_vs_oracle"] == pytest.approx(9.5 / 7.5)
+    assert out["pad/decision_accuracy"] == pytest.approx(0.5)
+    assert out["pad/mape_orig"] == pytest.approx(0.0, abs=1e-12)
+    assert out["pad/mape_padded"] == pytest.approx((0 + 2 / 3 + 5 + 0) / 4)
+    assert out["pad/problems"] == 4
+    assert out["pad/float16/total_vs_oracle"] == pytest.approx(3.5 / 2.5)
+    assert out["pad/float32/total_vs_oracle"] == pytest.approx(3.0)
+    assert out["pad/bfloat16/total_vs_oracle"] == pytest.approx(1.0)
+    assert "pad/tf32/total_vs_oracle" not in out
+    # a threshold of 0.4 pads whenever padded is predicted < 2.5x orig: here always
+    low = ev.pad_metrics(table, pred, threshold=0.4)
+    assert low["pad/total_vs_oracle"] == pytest.approx(9.5 / 7.5)
+
+
+# ---------------------------------------------------------------- (d, e) end-to-end on SYNTHETIC data
+
+HEADER = {"device_name": "NVIDIA H100 80GB HBM3", "sm_count": 132, "capability": "9.0",
+          "kernel_hash": "synthetic-test", "schema_version": 1}
+
+
+def _fake_ms(p: GemmProblem, c: GemmConfig | None, rng: random.Random) -> float:
+    """A deterministic roofline-ish formula (with a tile-waste term) times 5% log-normal noise."""
+    rate = {"float16": 600e12, "bfloat16": 600e12, "float32": 50e12}[p.dtype] * (8 if p.allow_tf32 else 1)
+    work = 2 * p.m * p.n * p.k
+    if c is not None:
+        work = 2 * (-(-p.m // c.block_m) * c.block_m) * (-(-p.n // c.block_n) * c.block_n) * p.k
+        rate *= min(1.0, c.num_warps * c.num_stages / 12)
+    return round((0.006 + work / rate * 1e3) * math.exp(rng.gauss(0, 0.05)), 6)
+
+
+def write_synthetic_dataset(folder: Path, seed: int = 0) -> Path:
+    """~30 problems x 8 configs over the four modes (plus a cuBLAS row each) and 40 pad rows, written
+    with ShardWriter in the row format of data_gen/gemm_sweep.py and data_gen/pad_sweep.py."""
+    rng = random.Random(seed)
+    space = exhaustive_space()
+    modes = [("float16", False), ("bfloat16", False), ("float32", False), ("float32", True)]
+    with ShardWriter(folder, "gemm", HEADER) as w:
+        for i in range(32):
+            dtype, tf32 = modes[i % 4]
+            p = GemmProblem(rng.randrange(1, 3000), rng.randrange(16, 3000), rng.randrange(16, 3000), dtype, tf32,
+                            transpose_left=rng.random() < 0.3, transpose_right=rng.random() < 0.5)
+            rows = [{**p.as_dict(), "kind": "cublas", "status": "ok", "flag": None, "ms": _fake_ms(p, None, rng),
+                     "reps": 100}]
+            for c in rng.sample(space, 8):
+                rows.append({**p.as_dict(), "kind": "triton", **c.as_dict(), "status": "ok", "flag": None,
+                             "ms": _fake_ms(p, c, rng), "reps": 100})
+            # a failed config is data too, and must be skipped by the loader
+            rows.append({**p.as_dict(), "kind": "triton", **space[0].as_dict(), "status": "fail:launch:OutOfResources",
+                         "ms": None})
+            w.write_unit(hashlib.sha1(f"problem-{i}".encode()).hexdigest()[:12], rows)
+    with ShardWriter(folder, "pad", HEADER) as w:
+        pads = []
+        for i in range(40):
+            dtype = ("float16", "bfloat16", "float32")[i % 3]
+            pp = PadProblem(rng.randrange(1, 2000) | 1, rng.randrange(2, 2000) | 1, rng.randrange(2, 2000), dtype,
+                            rng.random() < 0.3, rng.random() < 0.3, rng.random() < 0.2, rng.random() < 0.2,
+                            allow_tf32=dtype == "float32" and rng.random() < 0.5)
+            mp, kp, np_ = pp.padded_dims()
+            orig = _fake_ms(pp.gemm(), None, rng) * (1.5 if pp.needs_padding() else 1.0)
+            padded = _fake_ms(pp.gemm(padded=True), None, rng) + 1e-3 * (not pp.prepadded_left)
+            pads.append({**pp.as_dict(), "padded_m": mp, "padded_k": kp, "padded_n": np_, "orig_ms": orig,
+                         "padded_ms": round(padded, 6), "reps": 100, "status": "ok", "flag": None})
+        for j in range(0, len(pads), 25):
+            w.write_unit(f"pad-unit-{j}", pads[j:j + 25])
+    return folder
+
+
+def _settings(tmp: Path, out: Path, **kw):
+    from train.pipeline import TrainSettings
+
+    base = dict(data=tmp / "data", out=out, epochs=1, small_head_epochs=1, fast_dev_run=True,
+                tracking_uri=f"sqlite:///{tmp}/mlflow.db", register_name="perfmodel-test", alias="candidate",
+                progress=False, baselines=True, hidden=(32, 32), command="pytest tests/test_train.py")
+    return TrainSettings(**{**base, **kw})
+
+
+@pytest.fixture(scope="module")
+def isolated():
+    """MLflow keeps the tracking URI and active experiment process-wide, and Lightning's
+    deterministic=True switches torch to deterministic algorithms: restore all of it afterwards."""
+    mlflow = pytest.importorskip("mlflow")
+    pytest.importorskip("lightning")
+    from mlflow.tracking import _tracking_service, fluent
+
+    mp = pytest.MonkeyPatch()
+    for var in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI", "MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME",
+                "CUBLAS_WORKSPACE_CONFIG"):
+        mp.delenv(var, raising=False)  # recorded here, restored by undo() (mlflow.set_* write them)
+    mp.setattr(_tracking_service.utils, "_tracking_uri", _tracking_service.utils._tracking_uri)
+    mp.setattr(fluent, "_active_experiment_id", fluent._active_experiment_id)
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    yield mlflow
+    if mlflow.active_run() is not None:
+        mlflow.end_run()
+    mp.undo()
+    torch.use_deterministic_algorithms(deterministic)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, isolated):
+    from train.pipeline import run
+
+    tmp = tmp_path_factory.mktemp("train")
+    write_synthetic_dataset(tmp / "data")
+    mp = pytest.MonkeyPatch()
+    mp.chdir(tmp)  # MLflow's default artifact root is relative to the working directory
+    try:
+        res = run(_settings(tmp, tmp / "model"))
+    finally:
+        mp.undo()
+    return {"tmp": tmp, "res": res, "uri": f"sqlite:///{tmp}/mlflow.db"}
+
+
+def test_synthetic_dataset_loads(trained):
+    from train.data import load_gemm, load_pad
+
+    g = load_gemm(trained["tmp"] / "data")
+    assert len(g.problems) == 32 and len(g.ms) == 32 * 8  # failed rows skipped
+    assert np.isfinite(g.cublas_ms).all()
+    assert set(g.modes) == {"float16", "bfloat16", "float32", "tf32"}
+    assert len(load_pad(trained["tmp"] / "data").orig_ms) == 40
+
+
+def test_training_writes_a_loadable_model_folder(trained):
+    from perfmodel import artifact
+
+    out = trained["tmp"] / "model"
+    assert Path(trained["res"]["out"]) == out
+    for name in ("model.safetensors", "model.onnx", "metadata.json", "MODEL_CARD.md"):
+        assert (out / name).is_file(), name
+    bundle = artifact.load(out)
+    assert set(bundle.heads) == {"gemm", "cublas", "pad"}
+    assert bundle.metadata["fast_dev_run"] is True
+    assert bundle.metadata["dataset"]["gemm_problems"] == 32
+    assert sum(bundle.metadata["split"].values()) == 32
+    card = (out / "MODEL_CARD.md").read_text()
+    assert "pytest tests/test_train.py" in card and bundle.metadata["dataset"]["sha256"] in card
+    # nothing but the model folder and what the test made next to it
+    assert not [p.name for p in out.parent.iterdir() if p.name.startswith(".model")]
+
+
+def test_training_is_tracked_in_mlflow(trained):
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=trained["uri"], registry_uri=trained["uri"])
+    run = client.get_run(trained["res"]["run_id"])
+    assert run.info.status == "FINISHED"
+    assert run.data.params["epochs"] == "1"
+    assert run.data.params["hidden"] == "(32, 32)"
+    assert "dataset_sha256" in run.data.params
+    top1 = [k for k in run.data.metrics if "top1_eff" in k]
+    assert top1 and any(k.startswith("perfmodel/") for k in top1)
+    assert any(k.startswith("PR_156851_model/") or k.startswith("PR 156851") for k in run.data.metrics)
+    arts = {a.path for a in client.list_artifacts(run.info.run_id, "model")}
+    assert {"model/model.safetensors", "model/model.onnx", "model/metadata.json", "model/MODEL_CARD.md"} <= arts
+    mv = client.get_model_version_by_alias("perfmodel-test", "candidate")
+    assert mv.run_id == run.info.run_id
+    assert str(mv.version) == str(trained["res"]["model_version"])
+    assert mv.source.endswith("/model")
+
+
+def _snapshot(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_failed_run_leaves_the_previous_model(trained, tmp_path, monkeypatch):
+    from mlflow import MlflowClient
+
+    from perfmodel import artifact
+
+    out = tmp_path / "models" / "h100"
+    out.mkdir(parents=True)
+    for p in (trained["tmp"] / "model").iterdir():  # a real previous model
+        (out / p.name).write_bytes(p.read_bytes())
+    (out / "MARKER").write_text("the previous model")
+    before = _snapshot(out)
+
+    def broken_export(*args, **kwargs):
+        raise RuntimeError("synthetic failure while exporting ONNX")
+
+    monkeypatch.setattr(artifact, "export_onnx", broken_export)
+    monkeypatch.chdir(trained["tmp"])
+    from train.pipeline import run
+
+    with pytest.raises(RuntimeError, match="synthetic failure"):
+        run(_settings(trained["tmp"], out, baselines=False, register_name="perfmodel-test-failed"))
+    assert _snapshot(out) == before
+    assert sorted(p.name for p in out.parent.iterdir()) == ["h100"]  # no .h100.tmp-* or .h100.old left
+    artifact.load(out)
+    # the failed run is recorded as failed, and registered nothing
+    client = MlflowClient(tracking_uri=trained["uri"], registry_uri=trained["uri"])
+    runs = client.search_runs([client.get_experiment_by_name("perfmodel").experiment_id],
+                              order_by=["attributes.start_time DESC"], max_results=1)
+    assert runs[0].info.status == "FAILED"
+    assert not client.search_registered_models("name = 'perfmodel-test-failed'")
+
+
+# ---------------------------------------------------------------- (f) the CLI
+
+@pytest.mark.parametrize("command, option", [("train", "--epochs"), ("eval", "--model")])
+def test_cli_help(command, option):
+    proc = subprocess.run([sys.executable, "-m", "serve.cli", command, "--help"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert option in proc.stdout
