@@ -98,12 +98,17 @@ def load(folder: Path) -> ModelBundle:
     except (SafetensorError, OSError, ValueError) as exc:
         raise ArtifactError(f"{weights_path}: unreadable weights ({exc})") from None
     heads, encoders = {}, {}
-    for name, hm in meta.get("heads", {}).items():
-        enc = FeatureEncoder(spec, hm.get("encoder_kind", name))
+    if not isinstance(meta.get("heads"), dict):
+        raise ArtifactError(f"{meta_path}: 'heads' is missing or not a mapping")
+    for name, hm in meta["heads"].items():
+        try:
+            enc = FeatureEncoder(spec, hm.get("encoder_kind", name))
+            cfg = MLPConfig.from_dict(hm["mlp"])
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ArtifactError(f"{folder}: head {name!r}: bad metadata ({exc!r})") from None
         if list(hm.get("features", [])) != enc.names:
             raise ArtifactError(f"{folder}: head {name!r} was trained on features {hm.get('features')} "
                                 f"but this encoder gives {enc.names}")
-        cfg = MLPConfig.from_dict(hm["mlp"])
         head = PerfMLP(cfg)
         sd = {k[len(name) + 1:]: v for k, v in tensors.items() if k.startswith(name + ".")}
         try:

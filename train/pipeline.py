@@ -192,6 +192,9 @@ def run(settings: TrainSettings) -> dict[str, Any]:
     mlflow.set_experiment(settings.experiment)
     with mlflow.start_run(run_name=f"train-{time.strftime('%Y%m%d-%H%M%S')}") as run:
         logger = MLFlowLogger(experiment_name=settings.experiment, tracking_uri=uri, run_id=run.info.run_id)
+        # Several fits share this run: Lightning's finalize() would mark it finished after the first;
+        # the `with` block ends it (FINISHED or FAILED).
+        logger.finalize = lambda status="success": None
         params = {k: (str(v) if isinstance(v, (Path, tuple)) else v) for k, v in asdict(settings).items()}
         mlflow.log_params({k: v for k, v in params.items() if k not in ("command",)})
         mlflow.log_param("dataset_sha256", dataset_hash(settings.data))
@@ -298,6 +301,9 @@ def write_model_folder(bundle: artifact.ModelBundle, meta: dict[str, Any], out: 
             shutil.rmtree(backup)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        backup = out.with_name(f".{out.name}.old")
+        if backup.exists() and not out.exists():  # interrupted between the two renames: put it back
+            backup.rename(out)
         raise
     return out
 
