@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from .devices import DeviceSpec
@@ -28,20 +29,30 @@ PR156851_FEATURES = ("dtype_size", "dim_m", "dim_n", "dim_k", "total_gb", "total
 
 def problems_tensor(problems: Sequence[GemmProblem], device: torch.device | str = "cpu") -> torch.Tensor:
     """(P, len(PROBLEM_COLUMNS)) float64."""
-    return torch.tensor([[p.m, p.n, p.k, DTYPE_BYTES[p.dtype], p.dtype == "bfloat16", p.allow_tf32,
-                          p.transpose_left, p.transpose_right] for p in problems], dtype=torch.float64, device=device)
+    rows = [(p.m, p.n, p.k, DTYPE_BYTES[p.dtype], p.dtype == "bfloat16", p.allow_tf32, p.transpose_left,
+             p.transpose_right) for p in problems]
+    # via numpy: torch.tensor on nested Python lists is several times slower (a hot path in serving)
+    return torch.from_numpy(np.array(rows, dtype=np.float64).reshape(-1, len(PROBLEM_COLUMNS))).to(device)
 
 
 def configs_tensor(configs: Sequence[GemmConfig], device: torch.device | str = "cpu") -> torch.Tensor:
     """(C, len(CONFIG_COLUMNS)) float64."""
-    return torch.tensor([[c.block_m, c.block_n, c.block_k, c.group_m, c.num_stages, c.num_warps] for c in configs],
-                        dtype=torch.float64, device=device)
+    rows = [(c.block_m, c.block_n, c.block_k, c.group_m, c.num_stages, c.num_warps) for c in configs]
+    return torch.from_numpy(np.array(rows, dtype=np.float64).reshape(-1, len(CONFIG_COLUMNS))).to(device)
 
 
 def pad_tensor(problems: Sequence[PadProblem], device: torch.device | str = "cpu") -> torch.Tensor:
-    return torch.tensor([[p.m, p.k, p.n, DTYPE_BYTES[p.dtype], p.dtype == "bfloat16", p.allow_tf32,
-                          p.transpose_left, p.transpose_right, p.prepadded_left, p.prepadded_right, p.alignment]
-                         for p in problems], dtype=torch.float64, device=device)
+    rows = [(p.m, p.k, p.n, DTYPE_BYTES[p.dtype], p.dtype == "bfloat16", p.allow_tf32, p.transpose_left,
+             p.transpose_right, p.prepadded_left, p.prepadded_right, p.alignment) for p in problems]
+    return torch.from_numpy(np.array(rows, dtype=np.float64).reshape(-1, len(PAD_COLUMNS))).to(device)
+
+
+def _stack(cols: list[torch.Tensor], lead: torch.Size) -> torch.Tensor:
+    """Broadcast every column to the leading shape and stack: (N, F) float32, N = prod(lead)."""
+    out = torch.empty(*lead, len(cols), dtype=torch.float32)
+    for i, col in enumerate(cols):
+        out[..., i] = col
+    return out.reshape(-1, len(cols))
 
 
 def _cdiv(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -124,14 +135,15 @@ class FeatureEncoder:
             raise ValueError("configs: required for a GEMM encoder")
         c = configs.to(torch.float64)
         lead = torch.broadcast_shapes(p.shape[:-1], c.shape[:-1])
-        p, c = p.expand(*lead, p.shape[-1]), c.expand(*lead, c.shape[-1])
-        m, n, k, db, bf16, tf32, tl, tr = p.unbind(-1)
-        bm, bn, bk, gm, st, wp = c.unbind(-1)
+        # Problem-only and config-only features are computed on the unexpanded rows (P and C of them,
+        # not P * C) and broadcast when stacked: most ops then touch a handful of elements.
+        m, n, k, db, bf16, tf32, tl, tr = p.contiguous().unbind(-1)
+        bm, bn, bk, gm, st, wp = c.contiguous().unbind(-1)
         if self.kind == "pr156851":
             flops = 2 * m * n * k
             nbytes = (m * k + k * n + m * n) * db
             cols = [db * 8, m, n, k, nbytes / 1e9, flops / 1e9, flops / nbytes, bk, bm, bn, st, wp]
-            return torch.stack([x.log() for x in cols], -1).reshape(-1, 12).to(torch.float32)
+            return _stack([x.log() for x in cols], lead)
         s = self.spec
         tiles_m, tiles_n = _cdiv(m, bm), _cdiv(n, bn)
         tiles = tiles_m * tiles_n
@@ -150,7 +162,7 @@ class FeatureEncoder:
             (bm * bn / (wp * 32)).log(), (bm * bn / (bm + bn)).log(),
             (tiled_load / 1e9).log(), tiled_load_ms.log(), full_waves.log(), torch.minimum(gm, tiles_m).log(),
         ]
-        return torch.stack(cols, -1).reshape(-1, len(self.names)).to(torch.float32)
+        return _stack(cols, lead)
 
     def encode_pad(self, pads: torch.Tensor) -> torch.Tensor:
         """pads (N, len(PAD_COLUMNS)) -> (N, F)."""
