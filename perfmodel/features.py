@@ -48,11 +48,13 @@ def pad_tensor(problems: Sequence[PadProblem], device: torch.device | str = "cpu
 
 
 def _stack(cols: list[torch.Tensor], lead: torch.Size) -> torch.Tensor:
-    """Broadcast every column to the leading shape and stack: (N, F) float32, N = prod(lead)."""
-    out = torch.empty(*lead, len(cols), dtype=torch.float32)
+    """Broadcast every column to the leading shape and stack: (N, F) float32, N = prod(lead).
+    Written feature-major (each feature a contiguous row: cheap broadcast copies) and returned as
+    its transpose, a strided (N, F) view that Linear layers read directly."""
+    out = torch.empty(len(cols), *lead, dtype=torch.float32)
     for i, col in enumerate(cols):
-        out[..., i] = col
-    return out.reshape(-1, len(cols))
+        out[i] = col
+    return out.reshape(len(cols), -1).T
 
 
 def _cdiv(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
