@@ -313,7 +313,8 @@ class Predictor:
         return self._predict_one(prob, ct)
 
     def _predict_one(self, prob: GemmProblem, ct: torch.Tensor) -> np.ndarray:
-        x = self.bundle.encoders["gemm"].encode_cross(problems_tensor([prob]), ct)  # (C, F)
+        with torch.inference_mode():  # no autograd bookkeeping on ~100 small encoder ops
+            x = self.bundle.encoders["gemm"].encode_cross(problems_tensor([prob]), ct)  # (C, F)
         return self._ms("gemm", x, f"prob {prob}")
 
     def predict_many(self, problems: Sequence[GemmProblem],
@@ -332,7 +333,8 @@ class Predictor:
             raise ValueError(f"configs: problems mix dtypes {sorted(dtypes)}, whose default config spaces "
                              "differ; pass configs explicitly")
         cfgs, ct = self._configs(configs, problems[0].dtype)
-        x = self.bundle.encoders["gemm"].encode_cross(problems_tensor(problems), ct)  # (P * C, F)
+        with torch.inference_mode():
+            x = self.bundle.encoders["gemm"].encode_cross(problems_tensor(problems), ct)  # (P * C, F)
         return self._ms("gemm", x, "problems").reshape(len(problems), len(cfgs))
 
     def rank(self, prob: GemmProblem, configs: Sequence[GemmConfig] | None = None,
@@ -359,7 +361,8 @@ class Predictor:
             raise ValueError("problems: empty; pass at least one GemmProblem")
         for i, p in enumerate(problems):
             _check_problem(p, f"problems[{i}]")
-        x = self.bundle.encoders["cublas"].encode(problems_tensor(problems))
+        with torch.inference_mode():
+            x = self.bundle.encoders["cublas"].encode(problems_tensor(problems))
         return self._ms("cublas", x, "problems (cuBLAS)")
 
     def candidates(self, prob: GemmProblem, configs: Sequence[GemmConfig] | None = None, top_k: int = 5,
@@ -396,7 +399,8 @@ class Predictor:
             raise TypeError(f"pp: expected a PadProblem, got {type(pp).__name__}")
         if not self.has_pad:
             raise RuntimeError(f"{self.source}: this model has no pad head")
-        x = self.bundle.encoders["pad"].encode_pad(pad_tensor([pp]))
+        with torch.inference_mode():
+            x = self.bundle.encoders["pad"].encode_pad(pad_tensor([pp]))
         ms = self._ms("pad", x, f"pp {pp}").reshape(-1, 2)[0]  # (orig, padded)
         orig_ms, padded_ms = float(ms[0]), float(ms[1])
         if not pp.needs_padding():
