@@ -205,6 +205,18 @@ def _check_problem(prob: Any, name: str = "prob") -> GemmProblem:
     return prob
 
 
+def _check_problems(problems: Any) -> list[GemmProblem]:
+    """A non-empty sequence of GemmProblem, as a list; errors name the offending element."""
+    if isinstance(problems, GemmProblem) or not isinstance(problems, Iterable):
+        raise TypeError(f"problems: expected a sequence of GemmProblem, got {type(problems).__name__}")
+    problems = list(problems)
+    if not problems:
+        raise ValueError("problems: empty; pass at least one GemmProblem")
+    for i, p in enumerate(problems):
+        _check_problem(p, f"problems[{i}]")
+    return problems
+
+
 class Predictor:
     """A loaded model. Build with Predictor.load(); every method validates its arguments, raising
     ValueError/TypeError that name the offending field, and is safe to call from many threads."""
@@ -321,13 +333,7 @@ class Predictor:
                      configs: Sequence[GemmConfig] | None = None) -> np.ndarray:
         """[len(problems), len(configs)] predicted ms, every problem with every config in one pass.
         configs None needs problems of one dtype (the default space depends on it)."""
-        if isinstance(problems, GemmProblem) or not isinstance(problems, Iterable):
-            raise TypeError(f"problems: expected a sequence of GemmProblem, got {type(problems).__name__}")
-        problems = list(problems)
-        if not problems:
-            raise ValueError("problems: empty; pass at least one GemmProblem")
-        for i, p in enumerate(problems):
-            _check_problem(p, f"problems[{i}]")
+        problems = _check_problems(problems)
         dtypes = {p.dtype for p in problems}
         if configs is None and len(dtypes) > 1:
             raise ValueError(f"configs: problems mix dtypes {sorted(dtypes)}, whose default config spaces "
@@ -356,11 +362,7 @@ class Predictor:
         """Predicted ms of torch.mm for each problem (1-D)."""
         if not self.has_cublas:
             raise RuntimeError(f"{self.source}: this model has no cuBLAS head")
-        problems = list(problems)
-        if not problems:
-            raise ValueError("problems: empty; pass at least one GemmProblem")
-        for i, p in enumerate(problems):
-            _check_problem(p, f"problems[{i}]")
+        problems = _check_problems(problems)
         with torch.inference_mode():
             x = self.bundle.encoders["cublas"].encode(problems_tensor(problems))
         return self._ms("cublas", x, "problems (cuBLAS)")
