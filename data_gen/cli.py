@@ -30,6 +30,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         g.add_argument("--device-spec", default=None, help="datasheet spec name (default: matched from the GPU)")
         g.add_argument("--max-problems", type=int, default=None, help="stop after this many new problems")
         g.add_argument("--budget-ms", type=float, default=0.6, help="GPU ms of timed runs per config")
+        g.add_argument("--pre-sleep-us", type=float, default=0.0,
+                       help="GPU spin before each timed run, hiding host launch latency (0: as the v1 dataset)")
         g.add_argument("--stats", type=Path, default=None, help="write the run's statistics (JSON) here")
         g.add_argument("--no-progress", action="store_true")
         if name == "gemm":
@@ -104,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
         return rc
     from .measure import TimingSettings
 
-    timing = TimingSettings(budget_ms=args.budget_ms)
+    timing = TimingSettings(budget_ms=args.budget_ms, pre_sleep_us=args.pre_sleep_us)
     if args.gen_kind == "gemm":
         from .gemm_sweep import GemmSweepSettings, run as run_gemm
 
