@@ -25,7 +25,7 @@ from perfmodel.schema import SCHEMA_VERSION, GemmConfig, GemmProblem
 from . import kernel
 from .measure import TOLERANCE, Bench, TimingSettings, fraction_of_peak, relative_error, validate
 from .problems import Budget, gemm_problems, problem_id
-from .runtime import device_header, make_operands, resolve_spec, torch_dtype
+from .runtime import cublas_tf32, device_header, make_operands, resolve_spec, torch_dtype
 
 KIND = "gemm"
 
@@ -192,9 +192,7 @@ def measure_problem(p: GemmProblem, cfgs: list[tuple[GemmConfig, str]], bench: B
     tol = TOLERANCE[(p.dtype, p.allow_tf32)]
     base = p.as_dict()
 
-    prev_tf32 = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = p.allow_tf32
-    try:
+    with cublas_tf32(p.allow_tf32):
         cublas = lambda: torch.mm(a, b)  # noqa: E731
         err_cublas = relative_error(cublas(), ref, ref_norm)
         runnable, rows, errs = [], [], []
@@ -214,8 +212,6 @@ def measure_problem(p: GemmProblem, cfgs: list[tuple[GemmConfig, str]], bench: B
         fns = [(lambda cfg=cfg: kernel.launch(a, b, c, cfg, p.allow_tf32)) for cfg, _ in runnable]
         clocks: list[float | None] = []
         timed = bench.time_many([cublas, *fns], on_busy=lambda: clocks.append(clock.sm_clock_mhz()))
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = prev_tf32
     sm_clock = clocks[0] if clocks else None
     err_values = torch.stack([err_cublas, *errs]).tolist() if errs else [err_cublas.item()]
 
@@ -234,9 +230,5 @@ def measure_problem(p: GemmProblem, cfgs: list[tuple[GemmConfig, str]], bench: B
 
 
 def _ref_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    prev = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
+    with cublas_tf32(False):
         return torch.mm(a.float(), b.float())
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = prev

@@ -14,7 +14,7 @@ from perfmodel.schema import SCHEMA_VERSION, PadProblem
 
 from .measure import TOLERANCE, Bench, TimingSettings, fraction_of_peak, relative_error, validate
 from .problems import pad_problems
-from .runtime import device_header, make_operands, resolve_spec
+from .runtime import cublas_tf32, device_header, make_operands, resolve_spec
 
 KIND = "pad"
 UNIT_SIZE = 25  # pad problems per crash-safe unit
@@ -49,16 +49,12 @@ def measure(p: PadProblem, bench: Bench, spec, clock) -> dict[str, Any]:
         pb = b_in if p.prepadded_right else pad_operand(b, kp, np_)
         return torch.mm(pa, pb)[: p.m, : p.n]
 
-    prev = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = p.allow_tf32
-    try:
+    with cublas_tf32(p.allow_tf32):
         ref = orig().float()
         err = relative_error(padded(), ref, torch.linalg.vector_norm(ref)).item()  # also the warm-up
         orig()
         clocks: list[float | None] = []
         (orig_ms, n1), (pad_ms, n2) = bench.time_many([orig, padded], on_busy=lambda: clocks.append(clock.sm_clock_mhz()))
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = prev
     frac = fraction_of_peak(g.flops, g.min_bytes, orig_ms, p.dtype, p.allow_tf32, spec, clocks[0])
     status, flag = validate(frac)
     # padding with zeros changes nothing mathematically; the check catches a wrong pad/slice

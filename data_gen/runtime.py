@@ -1,7 +1,8 @@
 """Helpers shared by the sweeps: dtypes, operands in a layout, the device header."""
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import Any, Iterator
 
 import torch
 
@@ -38,3 +39,14 @@ def resolve_spec(spec_name: str | None) -> tuple[DeviceSpec, dict[str, Any]]:
 
 def device_header(live: dict[str, Any], spec: DeviceSpec) -> dict[str, Any]:
     return {**live, "device_spec": spec.name, "spec": spec.as_dict()}
+
+
+@contextlib.contextmanager
+def cublas_tf32(enabled: bool) -> Iterator[None]:
+    """torch.mm (cuBLAS) with tf32 on or off for the block, restoring the caller's setting after."""
+    prev = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev
