@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,6 +33,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/_runner.py
+
+from _runner import run_worker  # noqa: E402
 
 # (name, M, K, N, dtype): C[M, N] = A[M, K] @ B[K, N]
 SHAPES = [
@@ -147,17 +149,7 @@ def _run_variant(variant: str, args: argparse.Namespace, tmp: Path) -> dict[str,
            "--worker-out", str(res_file)] + sum((["--only", s] for s in args.only or []), [])
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp / f"inductor-{variant}"),
            "TRITON_CACHE_DIR": str(tmp / f"triton-{variant}")}
-    t0 = time.perf_counter()
-    try:
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
-    except subprocess.TimeoutExpired:
-        return {"variant": variant, "error": f"timed out after {args.timeout} s", "process_s": args.timeout}
-    wall = time.perf_counter() - t0
-    if r.returncode != 0 or not res_file.is_file():
-        return {"variant": variant, "error": f"worker exited {r.returncode}: {r.stderr[-2000:]}", "process_s": wall}
-    res = json.loads(res_file.read_text())
-    res["process_s"] = wall
-    return res
+    return run_worker(variant, cmd, env, res_file, args.timeout)
 
 
 def markdown(results: dict[str, Any]) -> str:

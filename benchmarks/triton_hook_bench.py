@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,6 +35,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/_runner.py
+
+from _runner import run_worker  # noqa: E402
 
 # (M, N, K, dtype): square, a small-M GEMM where cuBLAS shines, an LLM MLP, decode, an unaligned one.
 SHAPES = [
@@ -117,14 +119,7 @@ def _run_variant(variant: str, args: argparse.Namespace, tmp: Path) -> dict[str,
     res_file = tmp / f"{variant}.json"
     cmd = [sys.executable, __file__, "--worker", variant, "--model", str(args.model), "--configs", str(args.configs),
            "--top-k", str(args.top_k), "--seed", str(args.seed), "--worker-out", str(res_file)]
-    t0 = time.perf_counter()
-    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
-    wall = time.perf_counter() - t0
-    if r.returncode != 0 or not res_file.is_file():
-        return {"variant": variant, "error": f"worker exited {r.returncode}: {r.stderr[-2000:]}", "process_s": wall}
-    res = json.loads(res_file.read_text())
-    res["process_s"] = wall
-    return res
+    return run_worker(variant, cmd, env, res_file, args.timeout)
 
 
 def markdown(results: dict[str, Any]) -> str:
