@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from perfmodel.features import CONFIG_COLUMNS, PAD_COLUMNS, PROBLEM_COLUMNS
+from perfmodel.features import CONFIG_COLUMNS, PAD_COLUMNS
 from perfmodel.schema import DTYPE_BYTES, PAD_ALIGNMENT
 
 

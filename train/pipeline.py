@@ -3,13 +3,11 @@ baselines on held-out problems, track everything in MLflow, and write the model 
 (a failed run leaves the previous model in place)."""
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
