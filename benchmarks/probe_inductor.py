@@ -25,15 +25,14 @@ def main() -> None:
     try:
         import torch._inductor.template_heuristics.triton as th
 
-        for cname, cls in inspect.getmembers(th, inspect.isclass):
-            if cname.startswith("CUDA") and hasattr(cls, "mm_configs"):
-                try:
-                    obj = cls()
-                    cfgs = getattr(obj, "mm_configs")
-                    out.setdefault("mm_configs", {})[cname] = [
-                        [c.block_m, c.block_n, c.block_k, c.num_stages, c.num_warps] for c in cfgs]
-                except Exception as exc:
-                    out.setdefault("mm_configs_errors", {})[cname] = repr(exc)
+        for cname in ("BaseConfigHeuristic", "CUDAConfigHeuristic"):
+            try:
+                obj = getattr(th, cname)()  # mm_configs is an instance attribute
+                out.setdefault("mm_configs", {})[cname] = [
+                    [c.block_m, c.block_n, c.block_k, getattr(c, "group_m", 8), c.num_stages, c.num_warps]
+                    for c in obj.mm_configs]
+            except Exception as exc:
+                out.setdefault("mm_configs_errors", {})[cname] = repr(exc)
     except ImportError as exc:
         out["template_heuristics"] = repr(exc)
     print(json.dumps(out, indent=1))

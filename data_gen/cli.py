@@ -29,9 +29,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         g.add_argument("--seed", type=int, default=0)
         g.add_argument("--device-spec", default=None, help="datasheet spec name (default: matched from the GPU)")
         g.add_argument("--max-problems", type=int, default=None, help="stop after this many new problems")
-        g.add_argument("--budget-ms", type=float, default=0.6, help="GPU ms of timed runs per config")
-        g.add_argument("--pre-sleep-us", type=float, default=0.0,
-                       help="GPU spin before each timed run, hiding host launch latency (0: as the v1 dataset)")
+        g.add_argument("--budget-ms", type=float, default=0.8, help="GPU ms of timed runs per config")
+        g.add_argument("--pre-sleep-us", type=float, default=100.0,
+                       help="GPU spin before each timed run, hiding host launch latency (0: none)")
         g.add_argument("--stats", type=Path, default=None, help="write the run's statistics (JSON) here")
         g.add_argument("--no-progress", action="store_true")
         if name == "gemm":

@@ -57,13 +57,15 @@ def stratified_sample(configs: list[GemmConfig], n: int, seed: int) -> list[Gemm
 
 
 def inductor_default_configs() -> list[GemmConfig]:
-    """Inductor's default (non-exhaustive) mm configs for CUDA, as in torch/_inductor/template_heuristics
-    (mm_configs with max-autotune, before per-problem scaling): (BM, BN, BK, stages, warps)."""
+    """Inductor's default (non-exhaustive) mm configs for CUDA: CUDAConfigHeuristic().mm_configs of
+    torch/_inductor/template_heuristics/triton.py (torch 2.13; `benchmarks/probe_inductor.py` prints the
+    installed torch's list), before Inductor scales them to the problem: (BM, BN, BK, stages, warps)."""
     raw = [
         (32, 32, 16, 1, 2), (32, 32, 128, 2, 4), (32, 64, 32, 5, 8), (64, 32, 32, 5, 8),
         (64, 32, 128, 5, 4), (64, 64, 16, 2, 4), (64, 64, 32, 2, 4), (64, 64, 64, 3, 8),
         (64, 64, 128, 5, 4), (64, 128, 32, 3, 4), (64, 128, 32, 4, 8), (64, 128, 64, 3, 4),
         (64, 128, 128, 4, 4), (128, 64, 32, 3, 4), (128, 64, 32, 4, 8), (128, 128, 32, 2, 8),
-        (128, 128, 32, 3, 4), (128, 128, 64, 3, 4), (128, 128, 64, 5, 8),
+        (128, 128, 32, 3, 4), (128, 128, 64, 3, 4), (128, 128, 64, 5, 8), (128, 128, 128, 4, 8),
+        (128, 256, 64, 4, 8),
     ]
     return [GemmConfig(bm, bn, bk, 8, s, w) for bm, bn, bk, s, w in raw]
