@@ -22,8 +22,9 @@ def parse_shard(text: str) -> tuple[int, int]:
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     gen = sub.add_parser("gen", help="benchmark on the GPU and write dataset shards")
     gsub = gen.add_subparsers(dest="gen_kind", required=True)
-    for name in ("gemm", "pad"):
-        g = gsub.add_parser(name, help=f"the {name} sweep")
+    for name in ("gemm", "pad", "cublas"):
+        g = gsub.add_parser(name, help=f"the {name} sweep" if name != "cublas" else
+                            "re-time torch.mm for every GEMM problem of --source, in a quiet process")
         g.add_argument("--out", type=Path, default=Path("data/h100"), help="dataset folder (resumes if it has parts)")
         g.add_argument("--shard", type=parse_shard, default=(0, 1), help="i/n: this machine's share of the sweep")
         g.add_argument("--seed", type=int, default=0)
@@ -44,8 +45,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
             g.add_argument("--max-per-group", type=int, default=None, help="cap new problems per compile group")
             g.add_argument("--time-limit", type=float, default=None, help="stop cleanly after this many seconds")
             g.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1), help="compile processes")
-        else:
+        elif name == "pad":
             g.add_argument("--n", type=int, default=3200, help="pad problems")
+        else:
+            g.add_argument("--source", type=Path, default=None, help="dataset folder whose GEMM problems to time (default: --out)")
     data = sub.add_parser("data", help="dataset tools")
     dsub = data.add_subparsers(dest="data_cmd", required=True)
     info = dsub.add_parser("info", help="counts of a dataset folder")
@@ -115,6 +118,10 @@ def run(args: argparse.Namespace) -> int:
                                      configs_unaligned=args.configs_unaligned, max_per_group=args.max_per_group,
                                      modes=tuple(args.modes.split(',')) if args.modes else None, time_limit_s=args.time_limit)
         stats = run_gemm(args.out, args.device_spec, settings, args.shard, progress=not args.no_progress)
+    elif args.gen_kind == "cublas":
+        from .cublas_sweep import run as run_cublas
+
+        stats = run_cublas(args.out, args.source or args.out, args.device_spec, timing, progress=not args.no_progress)
     else:
         from .pad_sweep import run as run_pad
 
