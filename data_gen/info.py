@@ -5,7 +5,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from .shards import read_dataset
+from .shards import cublas_times, read_dataset
 
 
 def dataset_info(folder: Path) -> dict[str, Any]:
@@ -16,7 +16,8 @@ def dataset_info(folder: Path) -> dict[str, Any]:
     problems: dict[str, dict[str, Any]] = {}
     for r in gemm:
         problems.setdefault(r["unit"], r)
-    with_cublas = {r["unit"] for r in gemm if r["kind"] == "cublas" and r["status"] == "ok"}
+    retimed, _ = read_dataset(folder, "cublas")
+    with_cublas = set(cublas_times(folder))
     by_dtype = Counter(r["dtype"] for r in problems.values())
     fracs = [r["frac_peak"] for r in gemm if r.get("frac_peak") is not None and r["status"] == "ok"]
     fracs += [r["frac_peak"] for r in pad if r.get("frac_peak") is not None and r["status"] == "ok"]
@@ -29,7 +30,8 @@ def dataset_info(folder: Path) -> dict[str, Any]:
         "gemm_failed_rows": sum(r["kind"] == "triton" and r["status"].startswith("fail") for r in gemm),
         "gemm_rejected_rows": sum(r["status"] == "rejected_peak" for r in gemm),
         "gemm_problems": len(problems),
-        "gemm_problems_with_cublas": len(with_cublas),
+        "gemm_problems_with_cublas": len(with_cublas & set(problems)),
+        "cublas_retimed_problems": len({r["unit"] for r in retimed if r["status"] == "ok"} & set(problems)),
         "gemm_problems_by_dtype": dict(sorted(by_dtype.items())),
         "gemm_problems_tf32": sum(r["allow_tf32"] for r in problems.values()),
         "gemm_problems_unaligned16": unaligned,
@@ -39,5 +41,5 @@ def dataset_info(folder: Path) -> dict[str, Any]:
         "pad_rows_by_dtype": dict(Counter(r["dtype"] for r in pad if r["status"] == "ok")),
         "max_fraction_of_peak": max(fracs) if fracs else None,
         "flagged_rows": sum(bool(r.get("flag")) for r in gemm + pad),
-        "parts": len(gemm_headers) + len(pad_headers),
+        "parts": len(gemm_headers) + len(pad_headers) + len(_),
     }

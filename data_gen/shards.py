@@ -155,6 +155,14 @@ def iter_rows(folder: Path, kind: str) -> Iterator[dict[str, Any]]:
     yield from rows
 
 
+def cublas_times(folder: Path) -> dict[str, float]:
+    """Problem unit -> torch.mm ms: the quiet re-time (`cublas` parts, `perfmodel gen cublas`) where the
+    folder has one, else the time measured inside the GEMM sweep."""
+    out = {r["unit"]: r["ms"] for r in iter_rows(folder, "gemm") if r["kind"] == "cublas" and r["status"] == "ok"}
+    out.update({r["unit"]: r["ms"] for r in iter_rows(folder, "cublas") if r["status"] == "ok"})
+    return out
+
+
 def compress_parts(folder: Path) -> list[Path]:
     """gzip every finished .jsonl part (keeps resume working: readers take .jsonl.gz)."""
     out = []

@@ -35,6 +35,11 @@ def pad(data_dir):
     return read_dataset(data_dir, "pad")
 
 
+@pytest.fixture(scope="module")
+def retimed(data_dir):
+    return read_dataset(data_dir, "cublas")
+
+
 def test_size(info):
     assert info["gemm_rows"] >= 100_000
     assert info["gemm_problems"] >= 800
@@ -108,8 +113,8 @@ def test_no_duplicate_rows(gemm):
     assert len(keys) == len(set(keys))
 
 
-def test_one_identity(gemm, pad):
-    headers = gemm[1] + pad[1]
+def test_one_identity(gemm, pad, retimed):
+    headers = gemm[1] + pad[1] + retimed[1]
     assert headers
     for field in IDENTITY_FIELDS:
         if field == "kind":
@@ -139,11 +144,21 @@ def test_cli_data_info_missing_folder(repo_root, tmp_path):
     assert "nope" in proc.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="data/h100 was measured with kernel v1; b489b83 (kernel v2, contiguity "
-                   "hints) changed the kernel hash: regenerate the shards, then drop this mark")
 def test_dataset_matches_current_kernel(gemm, pad):
     # A resumed sweep refuses parts of another kernel version; the shipped data must be of this one.
     from data_gen.kernel import kernel_source_hash
 
     current = kernel_source_hash()
     assert {h["kernel_hash"] for h in gemm[1] + pad[1]} == {current}
+
+
+def test_every_problem_retimed_in_a_quiet_process(gemm, retimed, info):
+    # The shipped cuBLAS times are `perfmodel gen cublas` rows: one per GEMM problem, same problem fields.
+    units = {r["unit"]: r for r in gemm[0]}
+    rows = retimed[0]
+    assert sorted(r["unit"] for r in rows) == sorted(units)
+    for r in rows:
+        g = units[r["unit"]]
+        assert r["kind"] == "cublas" and r["status"] == "ok" and r["ms"] > 0, r
+        assert all(r[f] == g[f] for f in ("m", "n", "k", "dtype", "allow_tf32", "transpose_left", "transpose_right"))
+    assert info["cublas_retimed_problems"] == info["gemm_problems"]

@@ -51,11 +51,12 @@ def _problem_row(r: dict) -> list[float]:
 
 
 def load_gemm(folder: Path) -> GemmTable:
-    from data_gen.shards import read_dataset
+    from data_gen.shards import cublas_times, read_dataset
 
     rows, _ = read_dataset(Path(folder), "gemm")
     if not rows:
         raise FileNotFoundError(f"data: no gemm shards in {folder}")
+    cublas_ms = cublas_times(Path(folder))
     keys: dict[str, int] = {}
     problems, modes, cublas = [], [], []
     pidx, cfgs, ms = [], [], []
@@ -67,11 +68,9 @@ def load_gemm(folder: Path) -> GemmTable:
             keys[u] = len(problems)
             problems.append(_problem_row(r))
             modes.append(_mode(r))
-            cublas.append(np.nan)
+            cublas.append(cublas_ms.get(u, np.nan))
         i = keys[u]
-        if r["kind"] == "cublas":
-            cublas[i] = r["ms"]
-        else:
+        if r["kind"] != "cublas":
             pidx.append(i)
             cfgs.append([r[c] for c in CONFIG_COLUMNS])
             ms.append(r["ms"])
