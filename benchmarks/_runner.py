@@ -15,7 +15,13 @@ def run_worker(variant: str, cmd: list[str], env: dict[str, str], res_file: Path
     try:
         r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return {"variant": variant, "error": f"timed out after {timeout} s", "process_s": timeout}
+        err = {"variant": variant, "error": f"timed out after {timeout} s", "process_s": timeout}
+        if res_file.is_file():  # the worker's results so far (it rewrites the file after each shape)
+            try:
+                return {**json.loads(res_file.read_text()), **err, "partial": True}
+            except ValueError:
+                pass
+        return err
     wall = time.perf_counter() - t0
     if r.returncode != 0 or not res_file.is_file():
         return {"variant": variant, "error": f"worker exited {r.returncode}: {r.stderr[-2000:]}", "process_s": wall}

@@ -8,8 +8,9 @@ after torch._dynamo.reset() inside a fresh Inductor cache (torch._inductor.utils
   perfmodel-cublas  as perfmodel, and no Triton at all where cuBLAS is predicted >= 10% faster
 
 Reported per shape: compile time of the first call (lowering + compiling and benchmarking the
-choices), the compiled function's time (triton.testing.do_bench; it includes the compiled wrapper's
-few microseconds of Python, so compare it with the other variants rather than with torch.mm's), which kernel won (aten mm or a
+choices), the compiled function's GPU time and torch.mm's, side by side (data_gen.measure.Bench: L2
+flushed, a 500 us GPU spin before each run so that the compiled wrapper's Python is not timed, median
+of >= 10 runs), which kernel won (aten mm or a
 Triton template config, read from the generated code), and how many mm choices the hook kept. A
 process-wide warm-up compile runs first so that the first shape does not pay for starting Inductor's
 compile workers. Each shape runs in try/except and records its error.
@@ -75,9 +76,8 @@ def _winner(codes: list[str]) -> str:
 def _worker(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     from torch._inductor.utils import fresh_inductor_cache, run_and_get_code
-    from triton.testing import do_bench
-
     import serve.inductor as si
+    from data_gen.measure import Bench, TimingSettings
     from serve import Predictor
 
     variant = args.worker
@@ -92,6 +92,8 @@ def _worker(args: argparse.Namespace) -> dict[str, Any]:
         return res
 
     si.filter_template_choices = counting_filter  # count what the hook keeps (it looks the name up per call)
+    bench = Bench(torch.device("cuda"), torch.cuda.get_device_properties(0).L2_cache_size,
+                  TimingSettings(budget_ms=5.0, min_reps=10, max_reps=100, pre_sleep_us=500.0))
     if variant != "stock":
         t0 = time.perf_counter()
         pred = Predictor.load(args.model)
@@ -129,14 +131,14 @@ def _worker(args: argparse.Namespace) -> dict[str, Any]:
                 torch.cuda.synchronize()
                 row["compile_s"] = time.perf_counter() - t0
                 torch.testing.assert_close(res.float(), (a.float() @ b.float()), rtol=2e-2, atol=2e-2 * k ** 0.5)
-                row["kernel_ms"] = float(do_bench(lambda: compiled(a, b)))
                 row["winner"] = _winner(codes)
                 row["choices_kept"] = list(kept[-1]) if kept else None
-            row["aten_ms"] = float(do_bench(lambda: torch.mm(a, b)))
+                (row["kernel_ms"], _), (row["aten_ms"], _) = bench.time_many([lambda: compiled(a, b), lambda: torch.mm(a, b)])
         except Exception as exc:  # one failing shape must not lose the others' results; recorded here
             row["error"] = f"{type(exc).__name__}: {exc}"
             row["traceback"] = traceback.format_exc(limit=4)
         out["shapes"].append(row)
+        args.worker_out.write_text(json.dumps(out, indent=1))  # a timed-out worker keeps the shapes done
         torch._dynamo.reset()
     if variant != "stock":
         si.uninstall()
@@ -222,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--variants: unknown {bad}")
     with tempfile.TemporaryDirectory(prefix="perfmodel-inductor-bench-") as tmpdir:
         tmp = Path(tmpdir)
-        label = str(args.model)
+        label = str(args.model.resolve().relative_to(REPO)) if args.model.resolve().is_relative_to(REPO) else args.model.name
         if args.synthetic:
             from serve._synthetic import write_synthetic_model
 

@@ -11,7 +11,9 @@ that no variant reuses another's compiled kernels:
 Per shape: the wall time of the first (autotuning) launch, which includes compiling every benchmarked
 config (kernels compiled for one shape are reused by later shapes of the same specialisation within
 a variant: the per-shape and total columns show it), the chosen config, and the chosen kernel's time
-by triton.testing.do_bench, next to torch.mm's. Each shape runs in try/except and records its error.
+and torch.mm's timed side by side (data_gen.measure.Bench: L2 flushed, a 500 us GPU spin before each run
+so that the autotuner's Python dispatch is not timed, median of >= 10 runs). Each shape runs in
+try/except and records its error.
 
     python benchmarks/triton_hook_bench.py [--model PATH | --synthetic] [--configs 40] [--top-k 5]
                                            [--out benchmarks/results/triton_hook_bench.json]
@@ -54,9 +56,8 @@ def _worker(args: argparse.Namespace) -> dict[str, Any]:
     """One variant, all shapes, in this (fresh) process."""
     import torch
     import triton
-    from triton.testing import do_bench
-
     from data_gen.kernel import input_precision, matmul_kernel
+    from data_gen.measure import Bench, TimingSettings
     from perfmodel.configs import pruned_space, stratified_sample
     from perfmodel.schema import GemmProblem
     from serve import Predictor
@@ -67,6 +68,8 @@ def _worker(args: argparse.Namespace) -> dict[str, Any]:
     load_s = time.perf_counter() - t0
     out: dict[str, Any] = {"variant": args.worker, "load_s": load_s, "device": torch.cuda.get_device_name(),
                            "torch": torch.__version__, "triton": triton.__version__, "shapes": []}
+    bench = Bench(torch.device("cuda"), torch.cuda.get_device_properties(0).L2_cache_size,
+                  TimingSettings(budget_ms=5.0, min_reps=10, max_reps=100, pre_sleep_us=500.0))
     for m, n, k, dtype in SHAPES:
         row: dict[str, Any] = {"m": m, "n": n, "k": k, "dtype": dtype}
         try:
@@ -102,8 +105,7 @@ def _worker(args: argparse.Namespace) -> dict[str, Any]:
             torch.testing.assert_close(c.float(), ref, rtol=2e-2, atol=2e-2 * k ** 0.5)
             best = tuned.best_config
             row["chosen"] = {**best.kwargs, "num_stages": best.num_stages, "num_warps": best.num_warps}
-            row["kernel_ms"] = float(do_bench(launch))
-            row["cublas_ms"] = float(do_bench(lambda: torch.mm(a, b)))
+            (row["kernel_ms"], _), (row["cublas_ms"], _) = bench.time_many([launch, lambda: torch.mm(a, b)])
             prob = GemmProblem(m, n, k, dtype)
             row["cublas_pred_ms"] = pred.predict_cublas(prob) if pred.has_cublas else None
             row["tflops"] = 2 * m * n * k / (row["kernel_ms"] * 1e-3) / 1e12
@@ -111,6 +113,7 @@ def _worker(args: argparse.Namespace) -> dict[str, Any]:
             row["error"] = f"{type(exc).__name__}: {exc}"
             row["traceback"] = traceback.format_exc(limit=4)
         out["shapes"].append(row)
+        args.worker_out.write_text(json.dumps(out, indent=1))  # a timed-out worker keeps the shapes done
     return out
 
 
@@ -172,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     with tempfile.TemporaryDirectory(prefix="perfmodel-triton-bench-") as tmpdir:
         tmp = Path(tmpdir)
-        label = str(args.model)
+        label = str(args.model.resolve().relative_to(REPO)) if args.model.resolve().is_relative_to(REPO) else args.model.name
         if args.synthetic:
             from serve._synthetic import write_synthetic_model
 
