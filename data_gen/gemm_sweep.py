@@ -61,7 +61,7 @@ def config_sample(dtype: str, allow_tf32: bool, layout: tuple[bool, bool], spec:
     seed = zlib.crc32(f"{dtype}:{allow_tf32}:{layout}".encode())
     space = pruned_space(dtype, spec)
     fitting = set(space)
-    defaults = [c for c in inductor_default_configs() if c in fitting]
+    defaults = [c for c in inductor_default_configs() if c in fitting][:n]
     rest = [c for c in space if c not in set(defaults)]
     if dtype == "float32" and not allow_tf32:
         rest = [c for c in rest if fma_per_thread(c) <= IEEE_MAX_FMA_PER_THREAD]

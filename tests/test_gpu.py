@@ -148,6 +148,18 @@ def test_gemm_sweep_end_to_end(tmp_path, spec):
     units2 = _check_gemm_rows(rows2, settings, spec)
     assert set(units) < set(units2) and len(units2) == 4
 
+    # The quiet cuBLAS re-time: one ok row per GEMM problem, resumable, preferred by the loaders.
+    from data_gen import cublas_sweep
+    from data_gen.shards import cublas_times
+
+    cstats = cublas_sweep.run(tmp_path, tmp_path, progress=False)
+    assert cstats["rows"] == cstats["ok_rows"] == 4
+    crows, _ = read_dataset(tmp_path, "cublas")
+    assert sorted(r["unit"] for r in crows) == sorted(units2)
+    assert all(r["ms"] > 0 and r["reps"] >= 3 and 0 < r["frac_peak"] <= 1 for r in crows)
+    assert cublas_times(tmp_path) == {r["unit"]: r["ms"] for r in crows}
+    assert cublas_sweep.run(tmp_path, tmp_path, progress=False)["rows"] == 0
+
 
 def test_pad_sweep_end_to_end(tmp_path, spec):
     from data_gen.measure import TOLERANCE

@@ -159,13 +159,10 @@ Efficiency = geomean over problems of (fastest measured config / the best of the
 
 ## Caveats
 
-- The sweep measured a stratified sample of the pruned config space per problem (128 configs for
-  aligned compile groups, 40 otherwise), so "oracle" is the best measured config; Inductor's default
-  configs are only partly in that sample (coverage in metadata.json).
-- The dataset's kernel (its shards' kernel_hash) may predate the kernel in data_gen/kernel.py: the
-  shipped H100 dataset was measured with kernel v1, whose row-major-B (NN layout) loads were not
-  vectorised, so NN-layout predictions describe that slower kernel. The NT layout (x @ W.T) is not
-  affected.
+- The sweep measured Inductor's default configs plus a stratified sample of the pruned config space
+  per problem (128 configs for aligned compile groups, 40 otherwise), so "oracle" is the best
+  measured config, not the best of the whole space.
+- cuBLAS times are the dataset's quiet re-time (`perfmodel gen cublas`) where it has one.
 """
 
 
