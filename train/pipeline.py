@@ -166,6 +166,14 @@ Efficiency = geomean over problems of (fastest measured config / the best of the
 """
 
 
+def _portable(path: Path) -> str:
+    """A path as recorded in the model's metadata: relative to the working directory when inside it."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
 def run(settings: TrainSettings) -> dict[str, Any]:
     import mlflow
     from lightning.pytorch.loggers import MLFlowLogger
@@ -190,7 +198,8 @@ def run(settings: TrainSettings) -> dict[str, Any]:
         # Several fits share this run: Lightning's finalize() would mark it finished after the first;
         # the `with` block ends it (FINISHED or FAILED).
         logger.finalize = lambda status="success": None
-        params = {k: (str(v) if isinstance(v, (Path, tuple)) else v) for k, v in asdict(settings).items()}
+        params = {k: (_portable(v) if isinstance(v, Path) else str(v) if isinstance(v, tuple) else v)
+                  for k, v in asdict(settings).items()}
         mlflow.log_params({k: v for k, v in params.items() if k not in ("command",)})
         mlflow.log_param("dataset_sha256", dataset_hash(settings.data))
 
