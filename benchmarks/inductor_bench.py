@@ -6,6 +6,7 @@ after torch._dynamo.reset() inside a fresh Inductor cache (torch._inductor.utils
   stock             Inductor's default max-autotune choices
   perfmodel         serve.inductor installed: the model's top-k Triton mm configs (aten etc. kept)
   perfmodel-cublas  as perfmodel, and no Triton at all where cuBLAS is predicted >= 10% faster
+  perfmodel-pad     as perfmodel-cublas, and Inductor's pad_mm pass decided by the model (pad=True)
 
 Reported per shape: compile time of the first call (lowering + compiling and benchmarking the
 choices), the compiled function's GPU time and torch.mm's, side by side (data_gen.measure.Bench: L2
@@ -53,8 +54,9 @@ SHAPES = [
     ("odd 1000^3", 1000, 1000, 1000, "float16"),
     ("odd 4095x4097x1000", 4095, 4097, 1000, "float16"),
     ("odd fp32 777x1234x555", 777, 1234, 555, "float32"),
+    ("odd bf16 3000x4095x2049", 3000, 4095, 2049, "bfloat16"),
 ]
-VARIANTS = ("stock", "perfmodel", "perfmodel-cublas")
+VARIANTS = ("stock", "perfmodel", "perfmodel-cublas", "perfmodel-pad")
 _BLOCK_RE = [re.compile(rf"{name}\s*:\s*tl\.constexpr\s*=\s*(\d+)") for name in
              ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")]
 _BLOCK_RE += [re.compile(rf"{name}\s*=\s*(\d+)") for name in ("num_stages", "num_warps")]
@@ -98,7 +100,8 @@ def _worker(args: argparse.Namespace) -> dict[str, Any]:
         t0 = time.perf_counter()
         pred = Predictor.load(args.model)
         out["load_s"] = time.perf_counter() - t0
-        ok = si.install(top_k=args.top_k, predictor=pred, cublas_margin=0.1 if variant == "perfmodel-cublas" else None)
+        ok = si.install(top_k=args.top_k, predictor=pred, pad=variant == "perfmodel-pad",
+                        cublas_margin=0.1 if variant in ("perfmodel-cublas", "perfmodel-pad") else None)
         if not ok:
             out["error"] = "serve.inductor.install() returned False (Inductor API check failed); see warnings"
             return out
@@ -122,6 +125,7 @@ def _worker(args: argparse.Namespace) -> dict[str, Any]:
             a = torch.randn(m, k, device="cuda", dtype=tdtype)
             b = torch.randn(k, n, device="cuda", dtype=tdtype)
             kept.clear()
+            n_pad0 = len(si.pad_decisions())
             with fresh_inductor_cache():
                 torch._dynamo.reset()
                 compiled = torch.compile(mm, mode="max-autotune-no-cudagraphs")
@@ -132,7 +136,13 @@ def _worker(args: argparse.Namespace) -> dict[str, Any]:
                 row["compile_s"] = time.perf_counter() - t0
                 torch.testing.assert_close(res.float(), (a.float() @ b.float()), rtol=2e-2, atol=2e-2 * k ** 0.5)
                 row["winner"] = _winner(codes)
+                if args.keep_code:
+                    row["code"] = "\n".join(codes)[-30000:]
                 row["choices_kept"] = list(kept[-1]) if kept else None
+                row["padded"] = "constant_pad_nd" in "\n".join(codes)
+                if variant == "perfmodel-pad":
+                    row["pad_decisions"] = [{"problem": str(pp), "should_pad": d.should_pad, "orig_ms": d.orig_ms,
+                                             "padded_ms": d.padded_ms} for pp, d in si.pad_decisions()[n_pad0:]]
                 (row["kernel_ms"], _), (row["aten_ms"], _) = bench.time_many([lambda: compiled(a, b), lambda: torch.mm(a, b)])
         except Exception as exc:  # one failing shape must not lose the others' results; recorded here
             row["error"] = f"{type(exc).__name__}: {exc}"
@@ -148,7 +158,8 @@ def _worker(args: argparse.Namespace) -> dict[str, Any]:
 def _run_variant(variant: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     res_file = tmp / f"{variant}.json"
     cmd = [sys.executable, __file__, "--worker", variant, "--model", str(args.model), "--top-k", str(args.top_k),
-           "--worker-out", str(res_file)] + sum((["--only", s] for s in args.only or []), [])
+           "--worker-out", str(res_file)] + sum((["--only", s] for s in args.only or []), []) + (
+               ["--keep-code"] if args.keep_code else [])
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp / f"inductor-{variant}"),
            "TRITON_CACHE_DIR": str(tmp / f"triton-{variant}")}
     return run_worker(variant, cmd, env, res_file, args.timeout)
@@ -182,7 +193,7 @@ def markdown(results: dict[str, Any]) -> str:
             ks = r["kernel_ms"] / s["kernel_ms"] if "kernel_ms" in s else float("nan")
             kept = "{} -> {}".format(*r["choices_kept"]) if r.get("choices_kept") else "-"
             lines.append(head + f" {r['compile_s']:.1f} | {cs:.2f} | {r['kernel_ms']:.4f} | {ks:.3f} | "
-                                f"{r['aten_ms']:.4f} | {r['winner']} | {kept} |")
+                                f"{r['aten_ms']:.4f} | {r['winner']}{' (padded)' if r.get('padded') else ''} | {kept} |")
     lines.append("")
     for variant in VARIANTS:
         v = by_v.get(variant)
@@ -204,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=540, help="seconds per variant process")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "inductor_bench.json")
     ap.add_argument("--merge", type=Path, nargs="+", help="only combine earlier --out JSON files into one table")
+    ap.add_argument("--keep-code", action="store_true", help="keep the generated code of each shape in the JSON")
     ap.add_argument("--worker", choices=VARIANTS, help=argparse.SUPPRESS)
     ap.add_argument("--worker-out", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)

@@ -15,6 +15,12 @@ Private APIs move between torch releases: install() checks what it relies on and
 missing, warns once and leaves Inductor's default behaviour (returns False). A failure inside the hook
 at compile time also falls back to the unfiltered choices, with one warning.
 
+With pad=True, install() also replaces the benchmark inside Inductor's pad_mm pass
+(torch._inductor.fx_passes.pad_mm._should_pad, which times orig vs padded GEMMs in eager mode while
+compiling) by the model's pad decision (Predictor.pad) for 2-D mm of fp16/bf16/fp32 with static
+shapes; everything else (addmm, bmm, dynamic shapes, force_shape_pad) keeps Inductor's own logic.
+That patch is process-wide (a module attribute), not per thread.
+
 The choices handler is thread-local in Inductor: install in the thread that calls torch.compile.
 A graph already in the FX graph cache is not recompiled, so the hook only affects fresh compiles.
 """
@@ -134,6 +140,58 @@ def filter_template_choices(choices: list, kernel_inputs: Any, op_name: str, pre
     return [c for i, c in enumerate(choices) if i not in ranked or i in keep]
 
 
+def pad_problem_from_match(match: Any, mat1: Any, mat2: Any) -> "PadProblem | None":
+    """The PadProblem of an mm that Inductor's pad_mm pass considers, or None when the model does not
+    cover it (symbolic shapes, other dtypes, operands neither row- nor column-major)."""
+    import torch
+    from torch._inductor.fx_passes import pad_mm
+
+    from perfmodel.schema import PadProblem
+
+    dtypes = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
+    if mat1.dim() != 2 or mat2.dim() != 2 or mat1.dtype != mat2.dtype or mat1.dtype not in dtypes:
+        return None
+    dims = (*mat1.shape, *mat2.shape, *mat1.stride(), *mat2.stride())
+    if not all(isinstance(d, int) for d in dims):
+        return None
+    (m, k), n = mat1.shape, mat2.shape[1]
+    layouts = []
+    for t in (mat1, mat2):
+        if t.stride(1) == 1 or t.shape[1] == 1:
+            layouts.append(False)  # row-major
+        elif t.stride(0) == 1 or t.shape[0] == 1:
+            layouts.append(True)   # column-major: a transposed view
+        else:
+            return None
+    dtype = dtypes[mat1.dtype]
+    return PadProblem(m=m, k=k, n=n, dtype=dtype, transpose_left=layouts[0], transpose_right=layouts[1],
+                      prepadded_left=bool(pad_mm.should_exclude_padding_time(match, "mat1")),
+                      prepadded_right=bool(pad_mm.should_exclude_padding_time(match, "mat2")),
+                      allow_tf32=dtype == "float32" and bool(torch.backends.cuda.matmul.allow_tf32))
+
+
+def _pad_hook(predictor: Predictor, original: Any) -> Any:
+    """A replacement for pad_mm._should_pad that asks the model, falling back to original."""
+    def _should_pad(match, mat1, mat2, op, input=None):
+        import torch
+
+        try:
+            if op is torch.ops.aten.mm and not torch._inductor.config.force_shape_pad:
+                pp = pad_problem_from_match(match, mat1, mat2)
+                if pp is not None and pp.needs_padding():
+                    decision = predictor.pad(pp)
+                    with _lock:
+                        _installed.setdefault("pad_decisions", []).append((pp, decision))
+                    return decision.should_pad
+        except (AttributeError, TypeError, ValueError, RuntimeError) as exc:
+            _warn_once(f"pad:{type(exc).__name__}", f"could not decide padding with the model ({type(exc).__name__}: "
+                                                    f"{exc}); using Inductor's pad_mm benchmark")
+        return original(match, mat1, mat2, op, input)
+
+    _should_pad.perfmodel = predictor
+    return _should_pad
+
+
 def _handler_class() -> type:
     from torch._inductor.choices import InductorChoices
 
@@ -187,9 +245,11 @@ def _check_device(predictor: Predictor) -> None:
 
 def install(top_k: int = 5, predictor: Predictor | None = None, *, model: Any = None, backend: str = "torch",
             ops: Sequence[str] = MM_OPS, templates: Sequence[str] = TRITON_MM_TEMPLATES,
-            cublas_margin: float | None = None) -> bool:
+            cublas_margin: float | None = None, pad: bool = False) -> bool:
     """Install the hook in this thread. predictor: a loaded Predictor (default: Predictor.load(model,
     backend=backend), loaded now so that a missing model fails here, not inside a compile).
+    cublas_margin: drop the Triton mm choices when cuBLAS is predicted faster by this fraction.
+    pad: also decide Inductor's pad_mm padding with the model (process-wide; needs a pad head).
     Returns False (after one warning) when this torch lacks the private API the hook needs."""
     top_k = _check_top_k(top_k)
     if cublas_margin is not None and not (isinstance(cublas_margin, (int, float)) and cublas_margin >= 0):
@@ -202,11 +262,26 @@ def install(top_k: int = 5, predictor: Predictor | None = None, *, model: Any = 
         predictor = Predictor.load(model, backend=backend)
     elif not isinstance(predictor, Predictor):
         raise TypeError(f"predictor: expected a serve.Predictor, got {type(predictor).__name__}")
+    if not isinstance(pad, bool):
+        raise TypeError(f"pad: expected a bool, got {type(pad).__name__}")
+    if pad and not predictor.has_pad:
+        raise ValueError(f"pad: the model {predictor.source} has no pad head")
     _check_device(predictor)
     from torch._inductor.virtualized import V
 
     handler = _handler_class()(predictor, top_k, ops, templates, cublas_margin)
     with _lock:
+        if pad:
+            from torch._inductor.fx_passes import pad_mm
+
+            current = pad_mm._should_pad
+            if "pad_original" not in _installed:
+                _installed["pad_original"] = current
+            pad_mm._should_pad = _pad_hook(predictor, _installed["pad_original"])
+        elif "pad_original" in _installed:  # re-install without pad: Inductor's own decision again
+            from torch._inductor.fx_passes import pad_mm
+
+            pad_mm._should_pad = _installed.pop("pad_original")
         if "handler" in _installed:
             prior = _installed["prior"]  # re-install: keep the handler from before the first install
         else:
@@ -226,6 +301,10 @@ def uninstall() -> bool:
         from torch._inductor.virtualized import V
 
         V.set_choices_handler(_installed["prior"])
+        if "pad_original" in _installed:
+            from torch._inductor.fx_passes import pad_mm
+
+            pad_mm._should_pad = _installed["pad_original"]
         _installed.clear()
     return True
 
@@ -233,6 +312,12 @@ def uninstall() -> bool:
 def is_installed() -> bool:
     with _lock:
         return "handler" in _installed
+
+
+def pad_decisions() -> list:
+    """(PadProblem, PadDecision) of every pad_mm decision the model made since install(pad=True)."""
+    with _lock:
+        return list(_installed.get("pad_decisions", []))
 
 
 def current_handler() -> Any:

@@ -332,3 +332,53 @@ def test_real_compile_calls_the_hook(pt: Predictor, monkeypatch: pytest.MonkeyPa
     torch._dynamo.reset()
     torch.testing.assert_close(out, a @ b)
     assert ("mm", GemmProblem(64, 48, 32, "float32", transpose_right=True)) in seen
+
+
+def test_pad_hook_decides_pad_mm_with_the_model(pt: Predictor, monkeypatch: pytest.MonkeyPatch) -> None:
+    """install(pad=True) replaces pad_mm._should_pad by the model's decision and uninstall restores it.
+    (The synthetic model's decisions mean nothing; the test checks they are the ones used.)"""
+    from torch._inductor.fx_passes import pad_mm
+
+    from perfmodel import PadProblem
+
+    calls = []
+
+    def original(match, mat1, mat2, op, input=None):
+        calls.append(tuple(mat1.shape))
+        return "inductor's own"
+
+    monkeypatch.setattr(pad_mm, "_should_pad", original)
+    monkeypatch.setattr(pad_mm, "should_exclude_padding_time", lambda match, name: name == "mat2")
+    assert si.install(3, pt, pad=True)
+    try:
+        hooked = pad_mm._should_pad
+        assert hooked is not original
+        a, b = torch.randn(63, 65, dtype=torch.float16), torch.randn(33, 65, dtype=torch.float16).t()
+        got = hooked(None, a, b, torch.ops.aten.mm)
+        pp = PadProblem(63, 65, 33, "float16", transpose_right=True, prepadded_right=True)
+        assert got is pt.pad(pp).should_pad
+        assert si.pad_decisions() == [(pp, pt.pad(pp))]
+        # Aligned, addmm, 3-D and int operands: Inductor's own logic.
+        assert hooked(None, torch.randn(64, 64), torch.randn(64, 64), torch.ops.aten.mm) == "inductor's own"
+        assert hooked(None, a, b, torch.ops.aten.addmm) == "inductor's own"
+        assert hooked(None, torch.randn(2, 63, 65), torch.randn(2, 65, 3), torch.ops.aten.bmm) == "inductor's own"
+        assert hooked(None, torch.ones(63, 65, dtype=torch.int32), torch.ones(65, 3, dtype=torch.int32),
+                      torch.ops.aten.mm) == "inductor's own"
+        assert len(calls) == 4
+        assert si.install(3, pt) and pad_mm._should_pad is original  # re-install without pad restores
+        assert si.install(3, pt, pad=True) and pad_mm._should_pad is not original
+    finally:
+        si.uninstall()
+    assert pad_mm._should_pad is original
+    with pytest.raises(TypeError, match="pad"):
+        si.install(3, pt, pad="yes")
+
+
+def test_pad_problem_layouts() -> None:
+    from torch._inductor.fx_passes import pad_mm
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(pad_mm, "should_exclude_padding_time", lambda match, name: False)
+        p = si.pad_problem_from_match(None, torch.randn(10, 7).t(), torch.randn(10, 5))
+        assert (p.m, p.k, p.n, p.transpose_left, p.transpose_right, p.dtype) == (7, 10, 5, True, False, "float32")
+        assert si.pad_problem_from_match(None, torch.randn(8, 8)[:, ::2], torch.randn(4, 4)) is None  # no unit stride
