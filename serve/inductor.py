@@ -35,7 +35,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from perfmodel.schema import GemmConfig, GemmProblem
+from perfmodel.schema import GemmConfig, GemmProblem, PadProblem
 
 from .predictor import Predictor, _check_top_k
 from .triton_hook import kwargs_to_gemm
@@ -140,13 +140,11 @@ def filter_template_choices(choices: list, kernel_inputs: Any, op_name: str, pre
     return [c for i, c in enumerate(choices) if i not in ranked or i in keep]
 
 
-def pad_problem_from_match(match: Any, mat1: Any, mat2: Any) -> "PadProblem | None":
+def pad_problem_from_match(match: Any, mat1: Any, mat2: Any) -> PadProblem | None:
     """The PadProblem of an mm that Inductor's pad_mm pass considers, or None when the model does not
     cover it (symbolic shapes, other dtypes, operands neither row- nor column-major)."""
     import torch
     from torch._inductor.fx_passes import pad_mm
-
-    from perfmodel.schema import PadProblem
 
     dtypes = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
     if mat1.dim() != 2 or mat2.dim() != 2 or mat1.dtype != mat2.dtype or mat1.dtype not in dtypes:
