@@ -177,7 +177,10 @@ def _pad_hook(predictor: Predictor, original: Any) -> Any:
             if op is torch.ops.aten.mm and not torch._inductor.config.force_shape_pad:
                 pp = pad_problem_from_match(match, mat1, mat2)
                 if pp is not None and pp.needs_padding():
-                    decision = predictor.pad(pp)
+                    from torch.utils._mode_utils import no_dispatch
+
+                    with no_dispatch():  # the pass runs under FakeTensorMode: the model needs real tensors
+                        decision = predictor.pad(pp)
                     with _lock:
                         _installed.setdefault("pad_decisions", []).append((pp, decision))
                     return decision.should_pad

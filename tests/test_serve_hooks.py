@@ -358,6 +358,10 @@ def test_pad_hook_decides_pad_mm_with_the_model(pt: Predictor, monkeypatch: pyte
         pp = PadProblem(63, 65, 33, "float16", transpose_right=True, prepadded_right=True)
         assert got is pt.pad(pp).should_pad
         assert si.pad_decisions() == [(pp, pt.pad(pp))]
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        with FakeTensorMode() as mode:  # as inside Inductor's post-grad passes
+            assert hooked(None, mode.from_tensor(a), mode.from_tensor(b), torch.ops.aten.mm) is got
         # Aligned, addmm, 3-D and int operands: Inductor's own logic.
         assert hooked(None, torch.randn(64, 64), torch.randn(64, 64), torch.ops.aten.mm) == "inductor's own"
         assert hooked(None, a, b, torch.ops.aten.addmm) == "inductor's own"
