@@ -1,6 +1,9 @@
 """Combine several `inductor_bench.py` runs (H100 JSON files) into one table (CPU; reads the files).
 
-    python benchmarks/inductor_summary.py benchmarks/results/inductor_bench_h100_r*.json
+    python benchmarks/inductor_summary.py --stock RUN.json ... --ours RUN.json ...
+
+Stock rows are read from the --stock files, the hook variants' rows from the --ours files (a file in
+both lists also gives same-run pairs), so that runs of another model can be left out.
 
 Stock max-autotune's own choice moves between runs (its in-process benchmark of ~10-30 us kernels),
 so each variant is compared with stock in the same run and with the best stock run of that shape.
@@ -10,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -19,11 +21,20 @@ def geomean(xs: list[float]) -> float:
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
 
 
-def main(paths: list[str]) -> None:
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--stock", nargs="+", required=True)
+    ap.add_argument("--ours", nargs="+", required=True)
+    args = ap.parse_args(argv)
     runs = []  # (run label, variant, {shape: row})
-    for p in paths:
+    for p in dict.fromkeys(args.stock + args.ours):
         res = json.loads(Path(p).read_text())
         for v in res["variants"]:
+            is_stock = v["variant"] == "stock"
+            if p not in (args.stock if is_stock else args.ours):
+                continue
             runs.append((Path(p).stem, v["variant"], {r["name"]: r for r in v.get("shapes", []) if "kernel_ms" in r}))
     shapes: list[str] = []
     for _, _, rows in runs:
@@ -66,4 +77,4 @@ def main(paths: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()
