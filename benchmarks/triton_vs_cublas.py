@@ -1,6 +1,6 @@
 """Best measured Triton config vs cuBLAS (torch.mm), in TFLOP/s, for problems of the shipped dataset.
 
-Both times come from the same sweep run on the same GPU (side by side, per problem).
+Both from the same GPU and dataset: Triton from the sweep, cuBLAS from its quiet re-time (`gen cublas`).
     python benchmarks/triton_vs_cublas.py [--data data/h100] [--all]
 """
 from __future__ import annotations
