@@ -62,14 +62,18 @@ def main(argv: list[str] | None = None) -> None:
     for v in variants:
         speed_best = [min(kernel["stock", s]) / (sum(kernel[v, s]) / len(kernel[v, s]))
                       for s in shapes if kernel[v, s] and kernel["stock", s]]
+        speed_med = [sorted(kernel["stock", s])[len(kernel["stock", s]) // 2] / (sum(kernel[v, s]) / len(kernel[v, s]))
+                     for s in shapes if kernel[v, s] and kernel["stock", s]]
         comp = sum(sum(compile_[v, s]) / len(compile_[v, s]) for s in shapes if compile_[v, s] and compile_["stock", s])
         n = sum(1 for s in shapes if kernel[v, s])
         line = (f"- {v}: {n} shapes, {sum(len(kernel[v, s]) for s in shapes)} shape-runs; mean compile over shapes "
                 f"{comp:.1f} s (stock {sum(stock_compile):.1f} s: {sum(stock_compile) / comp:.1f}x less)")
         if v != "stock":
-            line += (f"; kernel speed vs stock in the same run: geomean {geomean(same_run[v]):.3f}, worst "
-                     f"{min(same_run[v]):.3f} over {len(same_run[v])} pairs; vs the best stock run of each shape: "
-                     f"geomean {geomean(speed_best):.3f}, worst {min(speed_best):.3f}")
+            if same_run[v]:
+                line += (f"; kernel speed vs stock in the same run: geomean {geomean(same_run[v]):.3f}, worst "
+                         f"{min(same_run[v]):.3f} over {len(same_run[v])} pairs")
+            line += (f"; vs the best stock run of each shape: geomean {geomean(speed_best):.3f}, "
+                     f"worst {min(speed_best):.3f}; vs the median stock run: geomean {geomean(speed_med):.3f}")
         else:
             spread = [max(kernel["stock", s]) / min(kernel["stock", s]) for s in shapes if len(kernel["stock", s]) > 1]
             line += f"; slowest/fastest stock run of a shape: geomean {geomean(spread):.3f}, worst {max(spread):.3f}"
