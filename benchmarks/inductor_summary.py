@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from collections import defaultdict
 from pathlib import Path
 
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
     for v in variants:
         speed_best = [min(kernel["stock", s]) / (sum(kernel[v, s]) / len(kernel[v, s]))
                       for s in shapes if kernel[v, s] and kernel["stock", s]]
-        speed_med = [sorted(kernel["stock", s])[len(kernel["stock", s]) // 2] / (sum(kernel[v, s]) / len(kernel[v, s]))
+        speed_med = [statistics.median(kernel["stock", s]) / (sum(kernel[v, s]) / len(kernel[v, s]))
                      for s in shapes if kernel[v, s] and kernel["stock", s]]
         comp = sum(sum(compile_[v, s]) / len(compile_[v, s]) for s in shapes if compile_[v, s] and compile_["stock", s])
         n = sum(1 for s in shapes if kernel[v, s])
