@@ -2,7 +2,6 @@
 tracking store in a temporary folder, with a SYNTHETIC random-weight model folder as the artifact."""
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import pytest
