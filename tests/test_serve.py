@@ -16,6 +16,7 @@ import threading
 from pathlib import Path
 
 import numpy as np
+import torch
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -432,3 +433,29 @@ def test_import_does_not_touch_torch_threads() -> None:
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "3"
+
+
+def test_torch_fast_path_matches_the_module(pt: Predictor) -> None:
+    """The addmm + in-place ReLU chain the torch backend runs gives the folded module's output exactly."""
+    from perfmodel.features import configs_tensor, problems_tensor
+
+    runner = pt._run
+    assert set(runner.chains) == set(runner.heads)  # synthetic heads are BatchNorm MLPs: all foldable
+    cfgs = pt.default_configs("float16")[:64]
+    x = pt.bundle.encoders["gemm"].encode_cross(
+        problems_tensor([GemmProblem(100, 200, 300, "float16"), GemmProblem(4096, 1, 8192, "float16")]),
+        configs_tensor(cfgs))
+    with torch.inference_mode():
+        ref = runner.heads["gemm"](x).numpy()
+    assert np.array_equal(runner("gemm", x), ref.astype(np.float64))
+
+
+def test_torch_fast_path_skips_other_heads() -> None:
+    from perfmodel.model import MLPConfig, PerfMLP
+    from serve.predictor import _linear_relu_chain
+
+    assert _linear_relu_chain(PerfMLP(MLPConfig(5, (8, 8), "batch")).folded()) is not None
+    assert _linear_relu_chain(PerfMLP(MLPConfig(5, (8, 8), "layer")).folded()) is None  # LayerNorm stays
+    unfolded = PerfMLP(MLPConfig(5, (8,), "none"))
+    unfolded.set_normalisation(torch.ones(5), torch.full((5,), 2.0))
+    assert _linear_relu_chain(unfolded) is None  # standardisation not folded into the first Linear
