@@ -25,13 +25,7 @@ CONFIGS = [GemmConfig(128, 128, 64, 8, 3, 4), GemmConfig(128, 128, 64, 8, 4, 8),
 
 
 def launch(a, b, c, cfg, hints: bool) -> None:
-    M, K = a.shape
-    N = b.shape[1]
-    kernel.matmul_kernel[(kernel.grid_size(M, N, cfg.block_m, cfg.block_n),)](
-        a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-        INPUT_PRECISION="ieee", A_M_CONTIGUOUS=hints and a.stride(0) == 1, B_N_CONTIGUOUS=hints and b.stride(1) == 1,
-        num_stages=cfg.num_stages, num_warps=cfg.num_warps)
+    kernel.launch(a, b, c, cfg, hints=hints)
 
 
 def main() -> None:

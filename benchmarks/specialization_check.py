@@ -29,13 +29,7 @@ specialised = triton.jit(kernel.matmul_kernel.fn)  # same source, default specia
 
 
 def launch(fn, a, b, c, cfg) -> None:
-    M, K = a.shape
-    N = b.shape[1]
-    fn[(kernel.grid_size(M, N, cfg.block_m, cfg.block_n),)](
-        a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-        INPUT_PRECISION="ieee", A_M_CONTIGUOUS=a.stride(0) == 1, B_N_CONTIGUOUS=b.stride(1) == 1,
-        num_stages=cfg.num_stages, num_warps=cfg.num_warps)
+    kernel.launch(a, b, c, cfg, kernel=fn)
 
 
 def main() -> None:

@@ -80,16 +80,19 @@ def grid_size(M: int, N: int, block_m: int, block_n: int) -> int:
     return triton.cdiv(M, block_m) * triton.cdiv(N, block_n)
 
 
-def launch(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, cfg, allow_tf32: bool = False) -> None:
-    """c = a @ b with one config (a: (M, K), b: (K, N), any strides; c: (M, N) row-major)."""
+def launch(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, cfg, allow_tf32: bool = False, *,
+           hints: bool = True, kernel=None) -> None:
+    """c = a @ b with one config (a: (M, K), b: (K, N), any strides; c: (M, N) row-major).
+    hints=False leaves out the contiguity hints (kernel v1's behaviour); kernel: another compile of
+    this source (the GPU check scripts compare specialisations), default matmul_kernel."""
     M, K = a.shape
     _, N = b.shape
-    matmul_kernel[(grid_size(M, N, cfg.block_m, cfg.block_n),)](
+    (kernel or matmul_kernel)[(grid_size(M, N, cfg.block_m, cfg.block_n),)](
         a, b, c, M, N, K,
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         INPUT_PRECISION=input_precision(a.dtype, allow_tf32),
-        A_M_CONTIGUOUS=a.stride(0) == 1, B_N_CONTIGUOUS=b.stride(1) == 1,
+        A_M_CONTIGUOUS=hints and a.stride(0) == 1, B_N_CONTIGUOUS=hints and b.stride(1) == 1,
         num_stages=cfg.num_stages, num_warps=cfg.num_warps,
     )
 

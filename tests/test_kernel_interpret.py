@@ -62,6 +62,17 @@ CHILD = textwrap.dedent("""
                 results[f"matmul|{m}x{n}x{k}|{int(tl_)}{int(tr)}|{dtype}|{int(tf32)}"] = {
                     "rel_err": ((c0.double() - ref).norm() / ref.norm()).item(),
                     "shape": list(c0.shape), "out_dtype": str(c0.dtype)}
+    # launch's variants used by the GPU check scripts: no contiguity hints (v1), and the same source
+    # compiled with Triton's default specialisation.
+    respecialised = triton.jit(kernel.matmul_kernel.fn)
+    for tl_, tr in spec["layouts"]:
+        a = torch.randn(45, 37, generator=gen).t() if tl_ else torch.randn(37, 45, generator=gen)
+        b = torch.randn(29, 45, generator=gen).t() if tr else torch.randn(45, 29, generator=gen)
+        ref = a.double() @ b.double()
+        for name, kw in (("nohints", {"hints": False}), ("respecialised", {"kernel": respecialised})):
+            out = torch.full((37, 29), float("nan"))
+            kernel.launch(a, b, out, GemmConfig(16, 16, 16, 8, 1, 2), **kw)
+            results[f"{name}|{int(tl_)}{int(tr)}"] = ((out.double() - ref).norm() / ref.norm()).item()
     try:
         kernel.matmul(torch.randn(3, 4), torch.randn(5, 6), GemmConfig(16, 16, 16))
         results["shape_error"] = None
@@ -111,6 +122,13 @@ def test_matmul_allocates_output(results, shape, layout, mode):
     assert r["shape"] == [m, n]
     assert r["out_dtype"] == f"torch.{dtype}"
     assert r["rel_err"] < TOL[mode]
+
+
+@pytest.mark.parametrize("variant", ["nohints", "respecialised"])
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda l: ("T" if l[0] else "N") + ("T" if l[1] else "N"))
+def test_launch_variants_of_the_check_scripts(results, variant, layout):
+    err = results[f"{variant}|{int(layout[0])}{int(layout[1])}"]
+    assert err < 1e-5, err  # fp32 without tf32
 
 
 def test_fp32_ieee_is_exact_to_fp32(results):
