@@ -16,8 +16,8 @@ def dataset_info(folder: Path) -> dict[str, Any]:
     problems: dict[str, dict[str, Any]] = {}
     for r in gemm:
         problems.setdefault(r["unit"], r)
-    retimed, _ = read_dataset(folder, "cublas")
-    with_cublas = set(cublas_times(folder))
+    retimed, retimed_headers = read_dataset(folder, "cublas")
+    with_cublas = set(cublas_times(gemm, retimed))
     by_dtype = Counter(r["dtype"] for r in problems.values())
     fracs = [r["frac_peak"] for r in gemm if r.get("frac_peak") is not None and r["status"] == "ok"]
     fracs += [r["frac_peak"] for r in pad if r.get("frac_peak") is not None and r["status"] == "ok"]
@@ -41,5 +41,5 @@ def dataset_info(folder: Path) -> dict[str, Any]:
         "pad_rows_by_dtype": dict(Counter(r["dtype"] for r in pad if r["status"] == "ok")),
         "max_fraction_of_peak": max(fracs) if fracs else None,
         "flagged_rows": sum(bool(r.get("flag")) for r in gemm + pad),
-        "parts": len(gemm_headers) + len(pad_headers) + len(_),
+        "parts": len(gemm_headers) + len(pad_headers) + len(retimed_headers),
     }

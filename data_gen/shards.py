@@ -155,11 +155,11 @@ def iter_rows(folder: Path, kind: str) -> Iterator[dict[str, Any]]:
     yield from rows
 
 
-def cublas_times(folder: Path) -> dict[str, float]:
-    """Problem unit -> torch.mm ms: the quiet re-time (`cublas` parts, `perfmodel gen cublas`) where the
-    folder has one, else the time measured inside the GEMM sweep."""
-    out = {r["unit"]: r["ms"] for r in iter_rows(folder, "gemm") if r["kind"] == "cublas" and r["status"] == "ok"}
-    out.update({r["unit"]: r["ms"] for r in iter_rows(folder, "cublas") if r["status"] == "ok"})
+def cublas_times(gemm_rows: Iterable[dict[str, Any]], retimed_rows: Iterable[dict[str, Any]]) -> dict[str, float]:
+    """Problem unit -> torch.mm ms: the quiet re-time (rows of the `cublas` parts, `perfmodel gen cublas`)
+    where there is one, else the time measured inside the GEMM sweep (its `cublas` rows)."""
+    out = {r["unit"]: r["ms"] for r in gemm_rows if r["kind"] == "cublas" and r["status"] == "ok"}
+    out.update({r["unit"]: r["ms"] for r in retimed_rows if r["status"] == "ok"})
     return out
 
 

@@ -365,3 +365,16 @@ def test_truncated_gzip_keeps_complete_units(tmp_path):
     assert 0 < len(done) < 50
     assert done == {f"u{u:02d}" for u in range(len(done))}
     assert_units_intact(rows, 4, 200)
+
+
+def test_cublas_times_prefer_the_quiet_retime():
+    from data_gen.shards import cublas_times
+
+    gemm = [{"unit": "a", "kind": "cublas", "status": "ok", "ms": 0.2},
+            {"unit": "b", "kind": "cublas", "status": "ok", "ms": 0.3},
+            {"unit": "a", "kind": "triton", "status": "ok", "ms": 0.1},
+            {"unit": "c", "kind": "cublas", "status": "fail:wrong_result", "ms": 0.4}]
+    retimed = [{"unit": "a", "kind": "cublas", "status": "ok", "ms": 0.05},
+               {"unit": "b", "kind": "cublas", "status": "fail:wrong_result", "ms": 9.0}]
+    assert cublas_times(gemm, retimed) == {"a": 0.05, "b": 0.3}
+    assert cublas_times(gemm, []) == {"a": 0.2, "b": 0.3}

@@ -56,7 +56,7 @@ def load_gemm(folder: Path) -> GemmTable:
     rows, _ = read_dataset(Path(folder), "gemm")
     if not rows:
         raise FileNotFoundError(f"data: no gemm shards in {folder}")
-    cublas_ms = cublas_times(Path(folder))
+    cublas_ms = cublas_times(rows, read_dataset(Path(folder), "cublas")[0])
     keys: dict[str, int] = {}
     problems, modes, cublas = [], [], []
     pidx, cfgs, ms = [], [], []
