@@ -15,7 +15,7 @@ import torch
 
 from perfmodel.schema import SCHEMA_VERSION, GemmProblem
 
-from .measure import TOLERANCE, Bench, TimingSettings, fraction_of_peak, relative_error, validate
+from .measure import Bench, TimingSettings, relative_error
 from .runtime import cublas_tf32, device_header, make_operands, resolve_spec
 from .shards import iter_rows
 
@@ -33,21 +33,16 @@ def dataset_problems(folder: Path) -> list[tuple[str, GemmProblem]]:
 
 
 def measure(p: GemmProblem, bench: Bench, spec, clock) -> dict[str, Any]:
-    from .gemm_sweep import _ref_fp32
+    from .gemm_sweep import reference, timed_row
 
     a, b = make_operands(p, bench.device)
-    ref = torch.mm(a.double(), b.double()).float() if p.m * p.n * p.k <= 2**30 else _ref_fp32(a, b)
+    ref = reference(p, a, b)
     with cublas_tf32(p.allow_tf32):
         fn = lambda: torch.mm(a, b)  # noqa: E731
         err = relative_error(fn(), ref, torch.linalg.vector_norm(ref)).item()
         clocks: list[float | None] = []
         (ms, reps), = bench.time_many([fn], on_busy=lambda: clocks.append(clock.sm_clock_mhz()))
-    frac = fraction_of_peak(p.flops, p.min_bytes, ms, p.dtype, p.allow_tf32, spec, clocks[0])
-    status, flag = validate(frac)
-    if not err <= TOLERANCE[(p.dtype, p.allow_tf32)]:
-        status = "fail:wrong_result"
-    return {**p.as_dict(), "kind": "cublas", "status": status, "flag": flag, "ms": round(ms, 6), "reps": reps,
-            "rel_err": float(f"{err:.3g}"), "frac_peak": round(frac, 5), "sm_clock_mhz": clocks[0]}
+    return timed_row(p, {**p.as_dict(), "kind": "cublas"}, ms, reps, err, spec, clocks[0])
 
 
 def run(out_dir: Path, source: Path, spec_name: str | None = None, timing: TimingSettings = TimingSettings(),

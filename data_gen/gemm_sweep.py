@@ -205,10 +205,9 @@ def measure_problem(p: GemmProblem, cfgs: list[tuple[GemmConfig, str]], bench: B
                     clock) -> list[dict[str, Any]]:
     """Rows for one problem: one cuBLAS row and one row per config (ok, failed or rejected)."""
     a, b = make_operands(p, bench.device)
-    ref = torch.mm(a.double(), b.double()).float() if p.m * p.n * p.k <= 2**30 else _ref_fp32(a, b)
+    ref = reference(p, a, b)
     ref_norm = torch.linalg.vector_norm(ref)
     c = torch.empty((p.m, p.n), device=bench.device, dtype=a.dtype)
-    tol = TOLERANCE[(p.dtype, p.allow_tf32)]
     base = p.as_dict()
 
     with cublas_tf32(p.allow_tf32):
@@ -234,20 +233,27 @@ def measure_problem(p: GemmProblem, cfgs: list[tuple[GemmConfig, str]], bench: B
     sm_clock = clocks[0] if clocks else None
     err_values = torch.stack([err_cublas, *errs]).tolist() if errs else [err_cublas.item()]
 
-    def finish(row: dict[str, Any], ms: float, reps: int, err: float) -> dict[str, Any]:
-        frac = fraction_of_peak(p.flops, p.min_bytes, ms, p.dtype, p.allow_tf32, spec, sm_clock)
-        status, flag = validate(frac)
-        if not err <= tol:
-            status = "fail:wrong_result"
-        return {**row, "status": status, "flag": flag, "ms": round(ms, 6), "reps": reps,
-                "rel_err": float(f"{err:.3g}"), "frac_peak": round(frac, 5), "sm_clock_mhz": sm_clock}
-
-    out = [finish({**base, "kind": "cublas"}, *timed[0], err_values[0])]
+    out = [timed_row(p, {**base, "kind": "cublas"}, *timed[0], err_values[0], spec, sm_clock)]
     for (cfg, row), (ms, reps), err in zip(runnable, timed[1:], err_values[1:]):
-        out.append(finish(row, ms, reps, err))
+        out.append(timed_row(p, row, ms, reps, err, spec, sm_clock))
     return out + rows
 
 
-def _ref_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def reference(p: GemmProblem, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The correctness reference of a problem: fp64 mm, or an fp32 one (tf32 off) for the largest."""
+    if p.m * p.n * p.k <= 2**30:
+        return torch.mm(a.double(), b.double()).float()
     with cublas_tf32(False):
         return torch.mm(a.float(), b.float())
+
+
+def timed_row(p: GemmProblem, row: dict[str, Any], ms: float, reps: int, err: float, spec: DeviceSpec,
+              sm_clock: float | None) -> dict[str, Any]:
+    """row completed with a timing: physical-limit status and flag at the measured clock, and a
+    wrong result (error above the mode's tolerance) as a failure."""
+    frac = fraction_of_peak(p.flops, p.min_bytes, ms, p.dtype, p.allow_tf32, spec, sm_clock)
+    status, flag = validate(frac)
+    if not err <= TOLERANCE[(p.dtype, p.allow_tf32)]:
+        status = "fail:wrong_result"
+    return {**row, "status": status, "flag": flag, "ms": round(ms, 6), "reps": reps,
+            "rel_err": float(f"{err:.3g}"), "frac_peak": round(frac, 5), "sm_clock_mhz": sm_clock}
