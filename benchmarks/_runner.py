@@ -28,3 +28,25 @@ def run_worker(variant: str, cmd: list[str], env: dict[str, str], res_file: Path
     res = json.loads(res_file.read_text())
     res["process_s"] = wall
     return res
+
+
+def resolve_model(model: Path, synthetic: bool, tmp: Path, repo: Path, synthetic_label: str
+                  ) -> tuple[Path, str] | None:
+    """(model folder, label for the results) of a benchmark run: a random-weight model written under
+    tmp with synthetic, else model (labelled relative to the repo, no machine path); None if missing."""
+    if synthetic:
+        from serve._synthetic import write_synthetic_model
+
+        return write_synthetic_model(tmp / "synthetic", onnx=False), synthetic_label
+    if not (model / "metadata.json").is_file():
+        return None
+    resolved = model.resolve()
+    return model, str(resolved.relative_to(repo)) if resolved.is_relative_to(repo) else model.name
+
+
+def save_results(out: Path, results: dict[str, Any], text: str) -> None:
+    """Print the markdown table and write it (out with .md) next to the JSON results (out)."""
+    print(text)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1))
+    out.with_suffix(".md").write_text(text + "\n")

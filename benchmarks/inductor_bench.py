@@ -37,7 +37,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/_runner.py
 
-from _runner import run_worker  # noqa: E402
+from _runner import resolve_model, run_worker, save_results  # noqa: E402
 
 # (name, M, K, N, dtype): C[M, N] = A[M, K] @ B[K, N]
 SHAPES = [
@@ -225,10 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.merge:
         parts = [json.loads(f.read_text()) for f in args.merge]
         results = {**parts[0], "variants": [v for part in parts for v in part["variants"]]}
-        text = markdown(results)
-        print(text)
-        args.out.write_text(json.dumps(results, indent=1))
-        args.out.with_suffix(".md").write_text(text + "\n")
+        save_results(args.out, results, markdown(results))
         return 0
     variants = [v for v in args.variants.split(",") if v]
     bad = [v for v in variants if v not in VARIANTS]
@@ -236,21 +233,14 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--variants: unknown {bad}")
     with tempfile.TemporaryDirectory(prefix="perfmodel-inductor-bench-") as tmpdir:
         tmp = Path(tmpdir)
-        label = str(args.model.resolve().relative_to(REPO)) if args.model.resolve().is_relative_to(REPO) else args.model.name
-        if args.synthetic:
-            from serve._synthetic import write_synthetic_model
-
-            args.model = write_synthetic_model(tmp / "synthetic", onnx=False)
-            label = "SYNTHETIC (random weights: the kept configs mean nothing)"
-        elif not (args.model / "metadata.json").is_file():
+        found = resolve_model(args.model, args.synthetic, tmp, REPO,
+                              "SYNTHETIC (random weights: the kept configs mean nothing)")
+        if found is None:
             print(f"inductor_bench: no model at {args.model}; pass --model or --synthetic", file=sys.stderr)
             return 2
+        args.model, label = found
         results = {"model": label, "top_k": args.top_k, "variants": [_run_variant(v, args, tmp) for v in variants]}
-    text = markdown(results)
-    print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=1))
-    args.out.with_suffix(".md").write_text(text + "\n")
+    save_results(args.out, results, markdown(results))
     return 0
 
 

@@ -39,7 +39,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/_runner.py
 
-from _runner import run_worker  # noqa: E402
+from _runner import resolve_model, run_worker, save_results  # noqa: E402
 
 # (M, N, K, dtype): square, a small-M GEMM where cuBLAS shines, an LLM MLP, decode, an unaligned one.
 SHAPES = [
@@ -175,22 +175,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     with tempfile.TemporaryDirectory(prefix="perfmodel-triton-bench-") as tmpdir:
         tmp = Path(tmpdir)
-        label = str(args.model.resolve().relative_to(REPO)) if args.model.resolve().is_relative_to(REPO) else args.model.name
-        if args.synthetic:
-            from serve._synthetic import write_synthetic_model
-
-            args.model = write_synthetic_model(tmp / "synthetic", onnx=False)
-            label = "SYNTHETIC (random weights: the pruned choices mean nothing)"
-        elif not (args.model / "metadata.json").is_file():
+        found = resolve_model(args.model, args.synthetic, tmp, REPO,
+                              "SYNTHETIC (random weights: the pruned choices mean nothing)")
+        if found is None:
             print(f"triton_hook_bench: no model at {args.model}; pass --model or --synthetic", file=sys.stderr)
             return 2
+        args.model, label = found
         results = {"model": label, "n_configs": args.configs, "top_k": args.top_k,
                    "variants": [_run_variant(v, args, tmp) for v in VARIANTS]}
-    text = markdown(results)
-    print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=1))
-    args.out.with_suffix(".md").write_text(text + "\n")
+    save_results(args.out, results, markdown(results))
     return 0
 
 
