@@ -62,7 +62,8 @@ def config_sample(dtype: str, allow_tf32: bool, layout: tuple[bool, bool], spec:
     space = pruned_space(dtype, spec)
     fitting = set(space)
     defaults = [c for c in inductor_default_configs() if c in fitting][:n]
-    rest = [c for c in space if c not in set(defaults)]
+    chosen = set(defaults)
+    rest = [c for c in space if c not in chosen]
     if dtype == "float32" and not allow_tf32:
         rest = [c for c in rest if fma_per_thread(c) <= IEEE_MAX_FMA_PER_THREAD]
     return defaults + stratified_sample(rest, max(0, n - len(defaults)), seed)
