@@ -26,10 +26,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         g = gsub.add_parser(name, help=f"the {name} sweep" if name != "cublas" else
                             "re-time torch.mm for every GEMM problem of --source, in a quiet process")
         g.add_argument("--out", type=Path, default=Path("data/h100"), help="dataset folder (resumes if it has parts)")
-        g.add_argument("--shard", type=parse_shard, default=(0, 1), help="i/n: this machine's share of the sweep")
-        g.add_argument("--seed", type=int, default=0)
+        if name != "cublas":  # the re-time takes its problems from --source, on one GPU
+            g.add_argument("--shard", type=parse_shard, default=(0, 1), help="i/n: this machine's share of the sweep")
+            g.add_argument("--seed", type=int, default=0)
+            g.add_argument("--max-problems", type=int, default=None, help="stop after this many new problems")
         g.add_argument("--device-spec", default=None, help="datasheet spec name (default: matched from the GPU)")
-        g.add_argument("--max-problems", type=int, default=None, help="stop after this many new problems")
         g.add_argument("--budget-ms", type=float, default=0.8, help="GPU ms of timed runs per config")
         g.add_argument("--pre-sleep-us", type=float, default=100.0,
                        help="GPU spin before each timed run, hiding host launch latency (0: none)")
@@ -104,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
 
     if not torch.cuda.is_available():
         raise RuntimeError("gen: needs a CUDA GPU (none is visible)")
-    rc = _multi_gpu(args)
+    rc = _multi_gpu(args) if args.gen_kind != "cublas" else None
     if rc is not None:
         return rc
     from .measure import TimingSettings
