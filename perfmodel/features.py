@@ -36,9 +36,11 @@ def problems_tensor(problems: Sequence[GemmProblem], device: torch.device | str 
 
 
 def configs_tensor(configs: Sequence[GemmConfig], device: torch.device | str = "cpu") -> torch.Tensor:
-    """(C, len(CONFIG_COLUMNS)) float64."""
-    rows = [(c.block_m, c.block_n, c.block_k, c.group_m, c.num_stages, c.num_warps) for c in configs]
-    return torch.from_numpy(np.array(rows, dtype=np.float64).reshape(-1, len(CONFIG_COLUMNS))).to(device)
+    """(C, len(CONFIG_COLUMNS)) float64. Joins each config's cached packed row (GemmConfig.packed):
+    ~10x faster than converting the fields of a few hundred configs per call (a hot path in serving)."""
+    buf = bytearray(b"".join([c.packed for c in configs]))
+    return torch.frombuffer(buf, dtype=torch.float64).reshape(-1, len(CONFIG_COLUMNS)).to(device) if buf \
+        else torch.empty(0, len(CONFIG_COLUMNS), dtype=torch.float64, device=device)
 
 
 def pad_tensor(problems: Sequence[PadProblem], device: torch.device | str = "cpu") -> torch.Tensor:
@@ -57,10 +59,6 @@ def _stack(cols: list[torch.Tensor], lead: torch.Size) -> torch.Tensor:
     return out.reshape(len(cols), -1).T
 
 
-def _cdiv(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return torch.ceil(a / b)
-
-
 class FeatureEncoder:
     """Problem (+ config) columns -> raw feature matrix (float32), for one device.
 
@@ -75,6 +73,7 @@ class FeatureEncoder:
         self.kind = kind
         self.version = ENCODER_VERSION
         self.names = list(self._names())
+        self._build_maps()
 
     def _names(self) -> tuple[str, ...]:
         problem = ("log_m", "log_n", "log_k", "dtype_bytes", "is_bf16", "allow_tf32", "fp32_ieee",
@@ -97,74 +96,142 @@ class FeatureEncoder:
     def __len__(self) -> int:
         return len(self.names)
 
-    def _peak(self, dbytes: torch.Tensor, tf32: torch.Tensor) -> torch.Tensor:
-        s = self.spec
-        fp16 = s.peak_flops("float16")
-        return torch.where(dbytes == 2, torch.full_like(dbytes, fp16),
-                           torch.where(tf32 > 0, torch.full_like(dbytes, s.peak_flops("float32", True)),
-                                       torch.full_like(dbytes, s.peak_flops("float32"))))
+    # ------------------------------------------------------------------------------------------------
+    # Most features are logs of products and ratios of a few quantities, so they are computed as linear
+    # maps (small matmuls) of a handful of logs. Serving one problem is bound by per-op dispatch (5-10 us
+    # an op on a small CPU), not by arithmetic: this form needs ~50 ops where a feature-by-feature one
+    # needs ~150. Only concatenation, no in-place writes, so the ONNX exporter traces it with dynamic
+    # shapes. tests/test_features.py checks every feature against a feature-by-feature reference.
+    def _build_maps(self) -> None:
+        s, f64 = self.spec, torch.float64
+        L = math.log
+        # Problem: [log m, log n, log k, log dtype_bytes, log(mk + kn + mn), log peak FLOP/s, 1] ->
+        # [log m, log n, log k, log total GB, log total GFLOP, log flops/byte, log compute ms,
+        #  log memory ms, log SM count, log peak TFLOP/s, log DRAM GB/s]
+        a = torch.zeros(7, 11, dtype=f64)
+        a[0, 0] = a[1, 1] = a[2, 2] = 1
+        a[4, 3] = a[3, 3] = 1; a[6, 3] = -L(1e9)                                           # total GB
+        a[0:3, 4] = 1; a[6, 4] = L(2) - L(1e9)                                              # total GFLOP
+        a[0:3, 5] = 1; a[3:5, 5] = -1; a[6, 5] = L(2)                                       # flops per byte
+        a[0:3, 6] = 1; a[5, 6] = -1; a[6, 6] = L(2) + L(1e3)                                # compute ms
+        a[3:5, 7] = 1; a[6, 7] = L(1e3) - L(s.peak_bytes_per_s())                           # memory ms
+        a[6, 8] = L(s.sm_count)
+        a[5, 9] = 1; a[6, 9] = -L(1e12)                                                     # peak TFLOP/s
+        a[6, 10] = L(s.dram_bw_gbs)
+        self._problem_map = a
+        # peak FLOP/s by key 2 * dtype_bytes + allow_tf32 (fp16/bf16 ignore the tf32 flag)
+        peaks = torch.ones(10, dtype=f64)
+        peaks[4] = peaks[5] = s.peak_flops("float16")
+        peaks[8], peaks[9] = s.peak_flops("float32"), s.peak_flops("float32", True)
+        self._log_peaks = peaks.log()
+        self._peak_key = torch.tensor([2.0, 0.0, 1.0], dtype=f64)   # . (dtype_bytes, is_bf16, allow_tf32)
+        self._mods = torch.tensor([[16.0], [8.0]], dtype=f64)
+        if self.kind != "gemm":
+            return
+        # GEMM, three linear parts summed into the 20 config features:
+        # cross  [log tiles_m, log tiles_n, log k_iters, log tiled load bytes, log full waves, log grouped rows]
+        # config [log bm, log bn, log bk, log group_m, log(bm + bn), log warps, stages, warps, 1]
+        # problem [log m, log n, log k, log dtype_bytes]
+        z = torch.zeros(6, 20, dtype=f64)
+        z[0:2, 6] = 1                                   # log tiles
+        z[0:2, 7] = 1                                   # log waves (- log SMs below)
+        z[0:2, 9] = 1                                   # tile waste mn
+        z[2, 10] = 1                                    # tile waste k
+        z[2, 11] = 1                                    # log k iters
+        z[3, 16] = z[3, 17] = 1                         # tiled load GB, ms
+        z[4, 18] = 1                                    # log full waves
+        z[5, 19] = 1                                    # log grouped rows
+        c = torch.zeros(9, 20, dtype=f64)
+        c[0, 0] = c[1, 1] = c[2, 2] = c[3, 3] = 1       # log block m/n/k, log group_m
+        c[6, 4] = c[7, 5] = 1                           # stages, warps (not log'd)
+        c[8, 7] = -L(s.sm_count)
+        c[0:2, 9] = 1
+        c[2, 10] = 1
+        c[4, 12] = c[2, 12] = 1; c[8, 12] = -L(1024)    # log smem per stage KB (+ log dtype_bytes)
+        c[0:2, 14] = 1; c[5, 14] = -1; c[8, 14] = -L(32)  # log accumulator registers per thread
+        c[0:2, 15] = 1; c[4, 15] = -1                   # log tile intensity
+        c[8, 16] = -L(1e9)
+        c[8, 17] = L(1e3) - L(s.peak_bytes_per_s() * 4)  # L2 bandwidth ~4x DRAM, as a scale only
+        q = torch.zeros(4, 20, dtype=f64)
+        q[0:2, 9] = -1                                  # tile waste mn: / (m n)
+        q[2, 10] = -1                                   # tile waste k: / k
+        q[3, 12] = 1                                    # smem per stage: * dtype_bytes
+        self._cross_map, self._config_map, self._dims_map = z, c, q
+        self._onehot_fill = torch.zeros(20, dtype=f64)
+        self._onehot_fill[8] = 1                        # last wave fill
+        self._onehot_smem = torch.zeros(20, dtype=f64)
+        self._onehot_smem[13] = 1                       # smem fraction
+        self._sm = torch.tensor(float(s.sm_count), dtype=f64)
+        self._smem_optin = torch.tensor(float(s.shared_memory_per_block_optin), dtype=f64)
 
-    def _problem_feats(self, m, n, k, db, bf16, tf32, tl, tr) -> list[torch.Tensor]:
-        s = self.spec
-        flops = 2 * m * n * k
-        nbytes = (m * k + k * n + m * n) * db
-        peak = self._peak(db, tf32)
-        compute_ms = flops / peak * 1e3
-        memory_ms = nbytes / s.peak_bytes_per_s() * 1e3
-        ones = torch.ones_like(m)
-        return [
-            m.log(), n.log(), k.log(), db, bf16, tf32, ((db == 4) & (tf32 == 0)).to(m.dtype), tl, tr,
-            (nbytes / 1e9).log(), (flops / 1e9).log(), (flops / nbytes).log(),
-            (m % 16 == 0).to(m.dtype), (n % 16 == 0).to(m.dtype), (k % 16 == 0).to(m.dtype),
-            (m % 8 == 0).to(m.dtype), (n % 8 == 0).to(m.dtype), (k % 8 == 0).to(m.dtype),
-            torch.maximum(compute_ms, memory_ms).log(), compute_ms.log(), memory_ms.log(),
-            ones * math.log(s.sm_count), (peak / 1e12).log(), ones * math.log(s.dram_bw_gbs),
-        ]
+    def _problem_block(self, p: torch.Tensor) -> torch.Tensor:
+        """(..., 8) problem columns (float64) -> (..., 24) problem features (float64), in name order."""
+        mnk = p[..., 0:3]
+        pair_sum = (mnk * mnk.roll(-1, -1)).sum(-1, keepdim=True)             # mn + nk + km
+        key = p[..., 3:6] @ self._peak_key                                     # 2 * dtype_bytes + allow_tf32
+        log_peak = self._log_peaks[key.long()].unsqueeze(-1)
+        logs = torch.cat([p[..., 0:4], pair_sum], -1).log()
+        lin = torch.cat([logs, log_peak], -1) @ self._problem_map[:6] + self._problem_map[6]
+        roofline = lin[..., 6:8].amax(-1, keepdim=True)
+        flags = (mnk.unsqueeze(-2) % self._mods == 0).flatten(-2)             # m,n,k % 16, then % 8
+        fp32_ieee = (key == 8).unsqueeze(-1)
+        return torch.cat([lin[..., 0:3], p[..., 3:6], fp32_ieee.to(p.dtype), p[..., 6:8], lin[..., 3:6],
+                          flags.to(p.dtype), roofline, lin[..., 6:11]], -1)
 
-    def encode_cross(self, problems: torch.Tensor, configs: torch.Tensor) -> torch.Tensor:
-        """Every problem (P, 8) with every config (C, 6) -> (P * C, F), problem-major."""
-        return self.encode(problems[:, None, :], configs[None, :, :])
+    def encode_cross(self, problems: torch.Tensor, configs: torch.Tensor,
+                     config_part: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """Every problem (P, 8) with every config (C, 6) -> (P * C, F), problem-major.
+        config_part: self.config_part(configs), when the caller keeps it."""
+        return self.encode(problems[:, None, :], configs[None, :, :],
+                           None if config_part is None else tuple(t.unsqueeze(0) for t in config_part))
 
-    def encode(self, problems: torch.Tensor, configs: torch.Tensor | None = None) -> torch.Tensor:
+    def encode(self, problems: torch.Tensor, configs: torch.Tensor | None = None,
+               config_part: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """problems (..., 8) [and configs (..., 6)], leading dims broadcastable -> (N, F) float32."""
         if self.kind == "pad":
             return self.encode_pad(problems)
         p = problems.to(torch.float64)
         if self.kind == "cublas":
-            cols = self._problem_feats(*p.unbind(-1))
-            return torch.stack(cols, -1).reshape(-1, len(self.names)).to(torch.float32)
+            return self._problem_block(p).reshape(-1, len(self.names)).to(torch.float32)
         if configs is None:
             raise ValueError("configs: required for a GEMM encoder")
         c = configs.to(torch.float64)
         lead = torch.broadcast_shapes(p.shape[:-1], c.shape[:-1])
-        # Problem-only and config-only features are computed on the unexpanded rows (P and C of them,
-        # not P * C) and broadcast when stacked: most ops then touch a handful of elements.
-        m, n, k, db, bf16, tf32, tl, tr = p.contiguous().unbind(-1)
-        bm, bn, bk, gm, st, wp = c.contiguous().unbind(-1)
         if self.kind == "pr156851":
+            m, n, k, db = p.unbind(-1)[:4]
+            bm, bn, bk, _, st, wp = c.unbind(-1)
             flops = 2 * m * n * k
             nbytes = (m * k + k * n + m * n) * db
             cols = [db * 8, m, n, k, nbytes / 1e9, flops / 1e9, flops / nbytes, bk, bm, bn, st, wp]
             return _stack([x.log() for x in cols], lead)
-        s = self.spec
-        tiles_m, tiles_n = _cdiv(m, bm), _cdiv(n, bn)
-        tiles = tiles_m * tiles_n
-        waves = tiles / s.sm_count
-        full_waves = _cdiv(tiles, torch.full_like(tiles, s.sm_count))
-        k_iters = _cdiv(k, bk)
-        smem_stage = (bm + bn) * bk * db
-        # Bytes the tiled kernel loads from L2/DRAM: A is re-read per column of tiles, B per row of tiles.
-        tiled_load = (m * k * tiles_n + k * n * tiles_m) * db + m * n * db
-        tiled_load_ms = tiled_load / (s.peak_bytes_per_s() * 4) * 1e3  # L2 bandwidth ~4x DRAM, as a scale only
-        cols = self._problem_feats(m, n, k, db, bf16, tf32, tl, tr) + [
-            bm.log(), bn.log(), bk.log(), gm.log(), st, wp,
-            tiles.log(), waves.log(), tiles / (full_waves * s.sm_count),
-            (tiles_m * bm * tiles_n * bn / (m * n)).log(), (k_iters * bk / k).log(),
-            k_iters.log(), (smem_stage / 1024).log(), smem_stage * st / s.shared_memory_per_block_optin,
-            (bm * bn / (wp * 32)).log(), (bm * bn / (bm + bn)).log(),
-            (tiled_load / 1e9).log(), tiled_load_ms.log(), full_waves.log(), torch.minimum(gm, tiles_m).log(),
-        ]
-        return _stack(cols, lead)
+        # Problem-only and config-only parts are computed on the unexpanded rows (P and C of them, not
+        # P * C); only the tile counts and what depends on them are per (problem, config).
+        cfg_part, cfg_smem = self.config_part(c) if config_part is None else config_part
+        tiles_mnk = torch.ceil(p[..., 0:3] / c[..., 0:3])                     # tiles_m, tiles_n, k_iters
+        tiles = tiles_mnk[..., 0:1] * tiles_mnk[..., 1:2]
+        full_waves = torch.ceil(tiles / self._sm)
+        # Bytes the tiled kernel loads from L2/DRAM: A is re-read per column of tiles, B per row of
+        # tiles, plus the output: (k n tiles_m + m k tiles_n + m n) * dtype_bytes.
+        mnk, db = p[..., 0:3], p[..., 3:4]
+        rolled = mnk * mnk.roll(-1, -1) * db                                   # mn, nk, km (* bytes)
+        tiled_load = (tiles_mnk[..., 0:2] * rolled[..., 1:3]).sum(-1, keepdim=True) + rolled[..., 0:1]
+        grouped = torch.minimum(c[..., 3:4], tiles_mnk[..., 0:1])
+        cross_logs = torch.cat([tiles_mnk, tiled_load, full_waves, grouped], -1).log()
+        g = (cross_logs @ self._cross_map + cfg_part + p[..., 0:4].log() @ self._dims_map
+             + tiles / (full_waves * self._sm) * self._onehot_fill + cfg_smem * db * self._onehot_smem)
+        x = torch.cat([self._problem_block(p).to(torch.float32).expand(*lead, 24),
+                       g.to(torch.float32).expand(*lead, 20)], -1)
+        return x.reshape(-1, len(self.names))
+
+    def config_part(self, configs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The config-only part of a GEMM encoding, (..., 20) and (..., 1): a caller that encodes many
+        problems against one config set may compute it once and pass it to encode(config_part=...)."""
+        c = configs.to(torch.float64)
+        bm_plus_bn = c[..., 0:1] + c[..., 1:2]
+        config_in = torch.cat([torch.cat([c[..., 0:4], bm_plus_bn, c[..., 5:6]], -1).log(), c[..., 4:6]], -1)
+        part = config_in @ self._config_map[:8] + self._config_map[8]
+        smem = bm_plus_bn * c[..., 2:3] * c[..., 4:5] / self._smem_optin      # smem fraction / dtype_bytes
+        return part, smem
 
     def encode_pad(self, pads: torch.Tensor) -> torch.Tensor:
         """pads (N, len(PAD_COLUMNS)) -> (N, F)."""
@@ -178,9 +245,11 @@ class FeatureEncoder:
         # Copies made by padding (zero-filled new operands), unless prepadded.
         copy_a = torch.where(((mp != m) | (kp != k)) & (ppl == 0), (mp * kp + m * k) * db, torch.zeros_like(m))
         copy_b = torch.where(((kp != k) | (np_ != n)) & (ppr == 0), (kp * np_ + k * n) * db, torch.zeros_like(m))
-        padded = self._problem_feats(mp, np_, kp, db, bf16, tf32, torch.zeros_like(tl), torch.zeros_like(tr))
-        cols = self._problem_feats(m, n, k, db, bf16, tf32, tl, tr) + [
+        zero = torch.zeros_like(tl)
+        padded_roofline = self._problem_block(torch.stack([mp, np_, kp, db, bf16, tf32, zero, zero], -1))[..., 18]
+        extra = torch.stack([
             ppl, ppr, ((copy_a + copy_b) / 1e9 + 1e-9).log(), mp / m - 1, kp / k - 1, np_ / n - 1,
-            padded[18], ((mp % 16 == 0) & (kp % 16 == 0) & (np_ % 16 == 0)).to(m.dtype),
-        ]
-        return torch.stack(cols, -1).reshape(-1, len(self.names)).to(torch.float32)
+            padded_roofline, ((mp % 16 == 0) & (kp % 16 == 0) & (np_ % 16 == 0)).to(m.dtype),
+        ], -1)
+        cols = torch.cat([self._problem_block(torch.stack([m, n, k, db, bf16, tf32, tl, tr], -1)), extra], -1)
+        return cols.reshape(-1, len(self.names)).to(torch.float32)

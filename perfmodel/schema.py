@@ -5,7 +5,9 @@ Every value is validated on construction; errors name the field. Nothing is clam
 from __future__ import annotations
 
 import math
+import struct
 from dataclasses import dataclass, fields
+from functools import cached_property
 from typing import Any
 
 SCHEMA_VERSION = 1
@@ -128,6 +130,14 @@ class GemmConfig:
 
     def as_dict(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @cached_property
+    def packed(self) -> bytes:
+        """The six fields as float64 bytes, in field order, computed once per object: the encoder
+        joins these to build a config tensor without converting Python ints on every call.
+        (cached_property writes the instance __dict__ directly, so it works on a frozen dataclass.)"""
+        return struct.pack("6d", self.block_m, self.block_n, self.block_k, self.group_m, self.num_stages,
+                           self.num_warps)
 
     def triton_kwargs(self) -> dict[str, int]:
         """The names of the Triton template (and Inductor's Config.all_kwargs())."""

@@ -16,6 +16,7 @@ import math
 import os
 import tempfile
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -39,6 +40,12 @@ _SERVING_THREADS = 4
 # Rows compared between the torch and ONNX graphs when an ONNX model is loaded (stale-export check).
 _ONNX_CHECK_ROWS = 8
 _ONNX_CHECK_RTOL = 1e-3
+# Config sets whose tensor and config-only encoding are kept (autotuners rank one list for many shapes).
+_CONFIG_CACHE_SIZE = 32
+# Ranking screens with the small "screen" head first when the model has one, and runs the full gemm
+# head on the screen's best `screen_keep` configs per problem (metadata; this default otherwise) --
+# only when there are more than twice as many configs, else the full head scores them all.
+_DEFAULT_SCREEN_KEEP = 48
 
 
 @dataclass(frozen=True)
@@ -255,9 +262,16 @@ class Predictor:
         self.backend = backend
         self.source = source
         self._run = runner
+        self._encoder = bundle.encoders["gemm"]
         # The default config space per dtype: built once here, read-only afterwards (thread-safe).
         self._default_configs = {d: tuple(pruned_space(d, bundle.spec)) for d in DTYPES}
-        self._default_tensors = {d: configs_tensor(c) for d, c in self._default_configs.items()}
+        self._default_tensors = {}
+        for d, cfgs in self._default_configs.items():
+            ct = configs_tensor(cfgs)
+            self._default_tensors[d] = (ct, self._encoder.config_part(ct))
+        self._config_cache: OrderedDict[bytes, tuple[torch.Tensor, Any]] = OrderedDict()
+        self._config_lock = threading.Lock()
+        self.screen_keep = int(bundle.metadata.get("screen_keep", _DEFAULT_SCREEN_KEEP))
 
     # ------------------------------------------------------------------------------------ loading
     @classmethod
@@ -319,6 +333,10 @@ class Predictor:
     def has_pad(self) -> bool:
         return "pad" in self.bundle.heads
 
+    @property
+    def has_screen(self) -> bool:
+        return "screen" in self.bundle.heads
+
     def default_configs(self, dtype: str) -> tuple[GemmConfig, ...]:
         """The model device's pruned config space for a dtype (the configs used when none are given)."""
         if dtype not in self._default_configs:
@@ -326,9 +344,10 @@ class Predictor:
         return self._default_configs[dtype]
 
     # ---------------------------------------------------------------------------------- predicting
-    def _configs(self, configs: Any, dtype: str) -> tuple[Sequence[GemmConfig], torch.Tensor]:
+    def _configs(self, configs: Any, dtype: str) -> tuple[Sequence[GemmConfig], torch.Tensor, Any]:
+        """(configs, their tensor, their config-only encoding); the last two cached per config set."""
         if configs is None:
-            return self._default_configs[dtype], self._default_tensors[dtype]
+            return (self._default_configs[dtype], *self._default_tensors[dtype])
         if isinstance(configs, (GemmConfig, str, bytes, dict)) or not isinstance(configs, Iterable):
             raise TypeError(f"configs: expected a sequence of GemmConfig, got {type(configs).__name__}")
         configs = list(configs)
@@ -337,7 +356,19 @@ class Predictor:
         for i, c in enumerate(configs):
             if not isinstance(c, GemmConfig):
                 raise TypeError(f"configs[{i}]: expected a GemmConfig, got {type(c).__name__} ({c!r})")
-        return configs, configs_tensor(configs)
+        key = b"".join([c.packed for c in configs])
+        with self._config_lock:
+            hit = self._config_cache.get(key)
+            if hit is not None:
+                self._config_cache.move_to_end(key)
+        if hit is None:
+            ct = configs_tensor(configs)
+            hit = (ct, self._encoder.config_part(ct))
+            with self._config_lock:
+                self._config_cache[key] = hit
+                while len(self._config_cache) > _CONFIG_CACHE_SIZE:
+                    self._config_cache.popitem(last=False)
+        return (configs, *hit)
 
     def _ms(self, head: str, x: torch.Tensor, what: str) -> np.ndarray:
         ms = np.exp(self._run(head, x))
@@ -350,12 +381,9 @@ class Predictor:
         """Predicted milliseconds of each config on prob: 1-D float64 array, one per config.
         configs None: the pruned space of the model's device for prob.dtype."""
         prob = _check_problem(prob)
-        _, ct = self._configs(configs, prob.dtype)
-        return self._predict_one(prob, ct)
-
-    def _predict_one(self, prob: GemmProblem, ct: torch.Tensor) -> np.ndarray:
-        with torch.inference_mode():  # no autograd bookkeeping on ~100 small encoder ops
-            x = self.bundle.encoders["gemm"].encode_cross(problems_tensor([prob]), ct)  # (C, F)
+        _, ct, part = self._configs(configs, prob.dtype)
+        with torch.inference_mode():  # no autograd bookkeeping on the encoder's small ops
+            x = self._encoder.encode_cross(problems_tensor([prob]), ct, part)  # (C, F)
         return self._ms("gemm", x, f"prob {prob}")
 
     def predict_many(self, problems: Sequence[GemmProblem],
@@ -363,14 +391,38 @@ class Predictor:
         """[len(problems), len(configs)] predicted ms, every problem with every config in one pass.
         configs None needs problems of one dtype (the default space depends on it)."""
         problems = _check_problems(problems)
+        cfgs, ct, part = self._configs(configs, self._common_dtype(problems, configs))
+        with torch.inference_mode():
+            x = self._encoder.encode_cross(problems_tensor(problems), ct, part)  # (P * C, F)
+        return self._ms("gemm", x, "problems").reshape(len(problems), len(cfgs))
+
+    @staticmethod
+    def _common_dtype(problems: list[GemmProblem], configs: Any) -> str:
         dtypes = {p.dtype for p in problems}
         if configs is None and len(dtypes) > 1:
             raise ValueError(f"configs: problems mix dtypes {sorted(dtypes)}, whose default config spaces "
                              "differ; pass configs explicitly")
-        cfgs, ct = self._configs(configs, problems[0].dtype)
+        return problems[0].dtype
+
+    def _best(self, problems: list[GemmProblem], ct: torch.Tensor, part: Any, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The k configs predicted fastest for each problem: (indices, ms), each (P, k), fastest first,
+        ties in the given order. With a screen head and more than 2 * max(screen_keep, k) configs, the
+        screen scores every config and the gemm head only its best max(screen_keep, k) per problem."""
+        n_cfg = len(ct)
+        k = min(k, n_cfg)
+        keep = max(self.screen_keep, k)
         with torch.inference_mode():
-            x = self.bundle.encoders["gemm"].encode_cross(problems_tensor(problems), ct)  # (P * C, F)
-        return self._ms("gemm", x, "problems").reshape(len(problems), len(cfgs))
+            x = self._encoder.encode_cross(problems_tensor(problems), ct, part)  # (P * C, F)
+        if not self.has_screen or n_cfg <= 2 * keep:
+            ms = self._ms("gemm", x, "problems").reshape(len(problems), n_cfg)
+            order = np.argsort(ms, axis=1, kind="stable")[:, :k]
+            return order, np.take_along_axis(ms, order, 1)
+        screen = self._run("screen", x).reshape(len(problems), n_cfg)
+        cand = np.sort(np.argpartition(screen, keep - 1, axis=1)[:, :keep], axis=1)  # given order, for ties
+        rows = (np.arange(len(problems))[:, None] * n_cfg + cand).ravel()
+        ms = self._ms("gemm", x[torch.from_numpy(rows)], "problems").reshape(len(problems), keep)
+        order = np.argsort(ms, axis=1, kind="stable")[:, :k]
+        return np.take_along_axis(cand, order, 1), np.take_along_axis(ms, order, 1)
 
     def rank(self, prob: GemmProblem, configs: Sequence[GemmConfig] | None = None,
              top_k: int = 5) -> list[tuple[GemmConfig, float]]:
@@ -378,10 +430,18 @@ class Predictor:
         Fewer when fewer configs are given; ties keep the given order."""
         top_k = _check_top_k(top_k)
         prob = _check_problem(prob)
-        cfgs, ct = self._configs(configs, prob.dtype)
-        ms = self._predict_one(prob, ct)
-        order = np.argsort(ms, kind="stable")[:top_k]
-        return [(cfgs[i], float(ms[i])) for i in order]
+        cfgs, ct, part = self._configs(configs, prob.dtype)
+        idx, ms = self._best([prob], ct, part, top_k)
+        return [(cfgs[i], float(t)) for i, t in zip(idx[0].tolist(), ms[0].tolist())]
+
+    def rank_many(self, problems: Sequence[GemmProblem], configs: Sequence[GemmConfig] | None = None,
+                  top_k: int = 5) -> list[list[tuple[GemmConfig, float]]]:
+        """rank() for many problems in one batched pass: one list per problem."""
+        top_k = _check_top_k(top_k)
+        problems = _check_problems(problems)
+        cfgs, ct, part = self._configs(configs, self._common_dtype(problems, configs))
+        idx, ms = self._best(problems, ct, part, top_k)
+        return [[(cfgs[i], float(t)) for i, t in zip(ri, rm)] for ri, rm in zip(idx.tolist(), ms.tolist())]
 
     def predict_cublas(self, prob: GemmProblem) -> float:
         """Predicted ms of torch.mm (cuBLAS) on prob. RuntimeError if the model has no cuBLAS head."""
@@ -410,17 +470,16 @@ class Predictor:
         if not (math.isfinite(margin) and margin >= 0):
             raise ValueError(f"margin: must be finite and >= 0, got {margin}")
         prob = _check_problem(prob)
-        cfgs, ct = self._configs(configs, prob.dtype)
-        ms = self._predict_one(prob, ct)
-        order = np.argsort(ms, kind="stable")
-        k = min(top_k, len(order))
-        bound = ms[order[k - 1]] * (1.0 + margin)
-        while k < min(max_k, len(order)) and ms[order[k]] <= bound:
+        cfgs, ct, part = self._configs(configs, prob.dtype)
+        idx, ms = self._best([prob], ct, part, max_k)
+        idx, ms = idx[0], ms[0]
+        k = min(top_k, len(idx))
+        bound = ms[k - 1] * (1.0 + margin)
+        while k < min(max_k, len(idx)) and ms[k] <= bound:
             k += 1
-        chosen = order[:k]
         cublas_ms = self.predict_cublas(prob) if self.has_cublas else None
-        return Candidates(configs=tuple(cfgs[i] for i in chosen), predicted_ms=tuple(float(ms[i]) for i in chosen),
-                          cublas_ms=cublas_ms, prefer_cublas=cublas_ms is not None and cublas_ms < float(ms[order[0]]))
+        return Candidates(configs=tuple(cfgs[i] for i in idx[:k]), predicted_ms=tuple(float(t) for t in ms[:k]),
+                          cublas_ms=cublas_ms, prefer_cublas=cublas_ms is not None and cublas_ms < float(ms[0]))
 
     def pad(self, pp: PadProblem) -> PadDecision:
         """Whether padding pp's operands to the dtype alignment pays off (Inductor's pad_mm decision):
