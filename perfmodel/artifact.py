@@ -23,7 +23,7 @@ FORMAT = "perfmodel-artifact"
 WEIGHTS = "model.safetensors"
 METADATA = "metadata.json"
 ONNX = "model.onnx"
-HEADS = ("gemm", "cublas", "pad")  # pad is optional
+HEADS = ("gemm", "cublas", "pad", "screen")  # all but gemm are optional
 
 
 class ArtifactError(ValueError):

@@ -15,7 +15,7 @@ import torch
 from .devices import DeviceSpec
 from .schema import DTYPE_BYTES, GemmConfig, GemmProblem, PadProblem
 
-ENCODER_VERSION = 1
+ENCODER_VERSION = 2  # 2: ten layout features for the pad head
 
 PROBLEM_COLUMNS = ("m", "n", "k", "dtype_bytes", "is_bf16", "allow_tf32", "transpose_left", "transpose_right")
 CONFIG_COLUMNS = ("block_m", "block_n", "block_k", "group_m", "num_stages", "num_warps")
@@ -59,6 +59,13 @@ def _stack(cols: list[torch.Tensor], lead: torch.Size) -> torch.Tensor:
     return out.reshape(len(cols), -1).T
 
 
+def _broadcast(a: torch.Size, b: torch.Size) -> tuple[int, ...]:
+    """torch.broadcast_shapes for the two shapes encode() sees (a Python function costing ~80 us)."""
+    if len(a) == len(b) and all(x == y or x == 1 or y == 1 for x, y in zip(a, b)):
+        return tuple(y if x == 1 else x for x, y in zip(a, b))
+    return tuple(torch.broadcast_shapes(a, b))
+
+
 class FeatureEncoder:
     """Problem (+ config) columns -> raw feature matrix (float32), for one device.
 
@@ -87,7 +94,12 @@ class FeatureEncoder:
             return PR156851_FEATURES
         if self.kind == "pad":
             return problem + ("prepadded_left", "prepadded_right", "log_pad_copy_gb", "pad_m_frac", "pad_k_frac",
-                              "pad_n_frac", "log_padded_roofline_ms", "padded_all_aligned")
+                              "pad_n_frac", "log_padded_roofline_ms", "padded_all_aligned",
+                              # leading dimensions (bytes) 16-aligned, before and after padding, and the
+                              # two copies apart (a copy of a transposed operand is a strided read)
+                              "lda_aligned16", "ldb_aligned16", "ldc_aligned16", "padded_lda_aligned16",
+                              "padded_ldb_aligned16", "padded_ldc_aligned16", "log_copy_a_gb", "log_copy_b_gb",
+                              "copy_a_transposed", "copy_b_transposed")
         return problem + ("log_block_m", "log_block_n", "log_block_k", "log_group_m", "num_stages", "num_warps",
                           "log_tiles", "log_waves", "last_wave_fill", "tile_waste_mn", "tile_waste_k",
                           "log_k_iters", "log_smem_stage_kb", "smem_frac", "log_acc_regs", "log_tile_intensity",
@@ -105,34 +117,49 @@ class FeatureEncoder:
     def _build_maps(self) -> None:
         s, f64 = self.spec, torch.float64
         L = math.log
-        # Problem: [log m, log n, log k, log dtype_bytes, log(mk + kn + mn), log peak FLOP/s, 1] ->
-        # [log m, log n, log k, log total GB, log total GFLOP, log flops/byte, log compute ms,
-        #  log memory ms, log SM count, log peak TFLOP/s, log DRAM GB/s]
-        a = torch.zeros(7, 11, dtype=f64)
-        a[0, 0] = a[1, 1] = a[2, 2] = 1
-        a[4, 3] = a[3, 3] = 1; a[6, 3] = -L(1e9)                                           # total GB
-        a[0:3, 4] = 1; a[6, 4] = L(2) - L(1e9)                                              # total GFLOP
-        a[0:3, 5] = 1; a[3:5, 5] = -1; a[6, 5] = L(2)                                       # flops per byte
-        a[0:3, 6] = 1; a[5, 6] = -1; a[6, 6] = L(2) + L(1e3)                                # compute ms
-        a[3:5, 7] = 1; a[6, 7] = L(1e3) - L(s.peak_bytes_per_s())                           # memory ms
-        a[6, 8] = L(s.sm_count)
-        a[5, 9] = 1; a[6, 9] = -L(1e12)                                                     # peak TFLOP/s
-        a[6, 10] = L(s.dram_bw_gbs)
-        self._problem_map = a
+        # Problem: basis [log m, log n, log k, log dtype_bytes, log(mn + nk + km), log peak FLOP/s,
+        # log roofline ms, dtype_bytes, is_bf16, allow_tf32, transpose_left, transpose_right,
+        # m,n,k % 16 == 0, m,n,k % 8 == 0, fp32_ieee] @ block map + bias -> the 24 problem features.
+        # log compute ms and log memory ms (whose max is the roofline) come from the first six.
+        roof = torch.zeros(6, 2, dtype=f64)
+        roof[0:3, 0] = 1; roof[5, 0] = -1                                                   # compute ms
+        roof[3:5, 1] = 1                                                                    # memory ms
+        roof_bias = torch.tensor([L(2) + L(1e3), L(1e3) - L(s.peak_bytes_per_s())], dtype=f64)
+        m = torch.zeros(19, 24, dtype=f64)
+        m[0, 0] = m[1, 1] = m[2, 2] = 1                                                     # log m, n, k
+        m[7, 3] = m[8, 4] = m[9, 5] = 1                                                     # bytes, bf16, tf32
+        m[18, 6] = 1                                                                        # fp32_ieee
+        m[10, 7] = m[11, 8] = 1                                                             # transposes
+        m[3:5, 9] = 1                                                                       # total GB
+        m[0:3, 10] = 1                                                                      # total GFLOP
+        m[0:3, 11] = 1; m[3:5, 11] = -1                                                     # flops per byte
+        for j in range(6):
+            m[12 + j, 12 + j] = 1                                                           # alignment flags
+        m[6, 18] = 1                                                                        # roofline
+        m[0:6, 19] = roof[:, 0]; m[0:6, 20] = roof[:, 1]                                    # compute, memory
+        m[5, 22] = 1                                                                        # peak TFLOP/s
+        bias = torch.zeros(24, dtype=f64)
+        bias[9], bias[10], bias[11] = -L(1e9), L(2) - L(1e9), L(2)
+        bias[19], bias[20] = roof_bias[0], roof_bias[1]
+        bias[21], bias[22], bias[23] = L(s.sm_count), -L(1e12), L(s.dram_bw_gbs)
+        self._roof_map, self._roof_bias, self._block_map, self._block_bias = roof, roof_bias, m, bias
         # peak FLOP/s by key 2 * dtype_bytes + allow_tf32 (fp16/bf16 ignore the tf32 flag)
         peaks = torch.ones(10, dtype=f64)
         peaks[4] = peaks[5] = s.peak_flops("float16")
         peaks[8], peaks[9] = s.peak_flops("float32"), s.peak_flops("float32", True)
-        self._log_peaks = peaks.log()
+        self._peaks = peaks
         self._peak_key = torch.tensor([2.0, 0.0, 1.0], dtype=f64)   # . (dtype_bytes, is_bf16, allow_tf32)
         self._mods = torch.tensor([[16.0], [8.0]], dtype=f64)
         if self.kind != "gemm":
             return
         # GEMM, three linear parts summed into the 20 config features:
-        # cross  [log tiles_m, log tiles_n, log k_iters, log tiled load bytes, log full waves, log grouped rows]
+        # cross  [log tiles_m, log tiles_n, log k_iters, log tiled load bytes, log full waves, log grouped rows,
+        #         last wave fill, smem fraction]
         # config [log bm, log bn, log bk, log group_m, log(bm + bn), log warps, stages, warps, 1]
         # problem [log m, log n, log k, log dtype_bytes]
-        z = torch.zeros(6, 20, dtype=f64)
+        z = torch.zeros(8, 20, dtype=f64)
+        z[6, 8] = 1                                     # last wave fill (not log'd)
+        z[7, 13] = 1                                    # smem fraction (not log'd)
         z[0:2, 6] = 1                                   # log tiles
         z[0:2, 7] = 1                                   # log waves (- log SMs below)
         z[0:2, 9] = 1                                   # tile waste mn
@@ -157,26 +184,21 @@ class FeatureEncoder:
         q[2, 10] = -1                                   # tile waste k: / k
         q[3, 12] = 1                                    # smem per stage: * dtype_bytes
         self._cross_map, self._config_map, self._dims_map = z, c, q
-        self._onehot_fill = torch.zeros(20, dtype=f64)
-        self._onehot_fill[8] = 1                        # last wave fill
-        self._onehot_smem = torch.zeros(20, dtype=f64)
-        self._onehot_smem[13] = 1                       # smem fraction
+        self._cross_map32 = z.to(torch.float32)
         self._sm = torch.tensor(float(s.sm_count), dtype=f64)
         self._smem_optin = torch.tensor(float(s.shared_memory_per_block_optin), dtype=f64)
 
-    def _problem_block(self, p: torch.Tensor) -> torch.Tensor:
-        """(..., 8) problem columns (float64) -> (..., 24) problem features (float64), in name order."""
+    def _problem_block(self, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(..., 8) problem columns (float64) -> (..., 24) problem features (float64), in name order;
+        also (mn, nk, km) and the logs of (m, n, k, dtype_bytes, ...), which the GEMM part reuses."""
         mnk = p[..., 0:3]
-        pair_sum = (mnk * mnk.roll(-1, -1)).sum(-1, keepdim=True)             # mn + nk + km
-        key = p[..., 3:6] @ self._peak_key                                     # 2 * dtype_bytes + allow_tf32
-        log_peak = self._log_peaks[key.long()].unsqueeze(-1)
-        logs = torch.cat([p[..., 0:4], pair_sum], -1).log()
-        lin = torch.cat([logs, log_peak], -1) @ self._problem_map[:6] + self._problem_map[6]
-        roofline = lin[..., 6:8].amax(-1, keepdim=True)
-        flags = (mnk.unsqueeze(-2) % self._mods == 0).flatten(-2)             # m,n,k % 16, then % 8
-        fp32_ieee = (key == 8).unsqueeze(-1)
-        return torch.cat([lin[..., 0:3], p[..., 3:6], fp32_ieee.to(p.dtype), p[..., 6:8], lin[..., 3:6],
-                          flags.to(p.dtype), roofline, lin[..., 6:11]], -1)
+        prods = mnk * mnk.roll(-1, -1)                                          # mn, nk, km
+        key = p[..., 3:6] @ self._peak_key                                      # 2 * dtype_bytes + allow_tf32
+        logs = torch.cat([p[..., 0:4], prods.sum(-1, keepdim=True), self._peaks[key.long()].unsqueeze(-1)], -1).log()
+        roofline = (logs @ self._roof_map + self._roof_bias).amax(-1, keepdim=True)
+        flags = (mnk.unsqueeze(-2) % self._mods == 0).flatten(-2)              # m,n,k % 16, then % 8
+        basis = torch.cat([logs, roofline, p[..., 3:8], flags.to(p.dtype), (key == 8).unsqueeze(-1).to(p.dtype)], -1)
+        return basis @ self._block_map + self._block_bias, prods, logs
 
     def encode_cross(self, problems: torch.Tensor, configs: torch.Tensor,
                      config_part: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
@@ -192,11 +214,11 @@ class FeatureEncoder:
             return self.encode_pad(problems)
         p = problems.to(torch.float64)
         if self.kind == "cublas":
-            return self._problem_block(p).reshape(-1, len(self.names)).to(torch.float32)
+            return self._problem_block(p)[0].reshape(-1, len(self.names)).to(torch.float32)
         if configs is None:
             raise ValueError("configs: required for a GEMM encoder")
         c = configs.to(torch.float64)
-        lead = torch.broadcast_shapes(p.shape[:-1], c.shape[:-1])
+        lead = _broadcast(p.shape[:-1], c.shape[:-1])
         if self.kind == "pr156851":
             m, n, k, db = p.unbind(-1)[:4]
             bm, bn, bk, _, st, wp = c.unbind(-1)
@@ -207,20 +229,21 @@ class FeatureEncoder:
         # Problem-only and config-only parts are computed on the unexpanded rows (P and C of them, not
         # P * C); only the tile counts and what depends on them are per (problem, config).
         cfg_part, cfg_smem = self.config_part(c) if config_part is None else config_part
+        block, prods, logs = self._problem_block(p)
         tiles_mnk = torch.ceil(p[..., 0:3] / c[..., 0:3])                     # tiles_m, tiles_n, k_iters
         tiles = tiles_mnk[..., 0:1] * tiles_mnk[..., 1:2]
         full_waves = torch.ceil(tiles / self._sm)
         # Bytes the tiled kernel loads from L2/DRAM: A is re-read per column of tiles, B per row of
-        # tiles, plus the output: (k n tiles_m + m k tiles_n + m n) * dtype_bytes.
-        mnk, db = p[..., 0:3], p[..., 3:4]
-        rolled = mnk * mnk.roll(-1, -1) * db                                   # mn, nk, km (* bytes)
-        tiled_load = (tiles_mnk[..., 0:2] * rolled[..., 1:3]).sum(-1, keepdim=True) + rolled[..., 0:1]
+        # tiles, plus the output: (nk tiles_m + km tiles_n + mn) * dtype_bytes.
+        db = p[..., 3:4]
+        tiled_load = ((tiles_mnk[..., 0:2] * prods[..., 1:3]).sum(-1, keepdim=True) + prods[..., 0:1]) * db
         grouped = torch.minimum(c[..., 3:4], tiles_mnk[..., 0:1])
-        cross_logs = torch.cat([tiles_mnk, tiled_load, full_waves, grouped], -1).log()
-        g = (cross_logs @ self._cross_map + cfg_part + p[..., 0:4].log() @ self._dims_map
-             + tiles / (full_waves * self._sm) * self._onehot_fill + cfg_smem * db * self._onehot_smem)
-        x = torch.cat([self._problem_block(p).to(torch.float32).expand(*lead, 24),
-                       g.to(torch.float32).expand(*lead, 20)], -1)
+        cross = torch.cat([torch.cat([tiles_mnk, tiled_load, full_waves, grouped], -1).log(),
+                           tiles / (full_waves * self._sm), (cfg_smem * db).expand_as(tiles)], -1)
+        # the per-(problem, config) part in one matmul, plus the broadcast sum of the other two
+        # float32 from here (the features' type): the (P, C) arrays are the only large ones
+        g = cross.to(torch.float32) @ self._cross_map32 + (cfg_part + logs[..., 0:4] @ self._dims_map).to(torch.float32)
+        x = torch.cat([block.to(torch.float32).expand(*lead, 24), g.expand(*lead, 20)], -1)
         return x.reshape(-1, len(self.names))
 
     def config_part(self, configs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -242,14 +265,25 @@ class FeatureEncoder:
             return torch.where(d == 1, d, torch.ceil(d / al) * al)
 
         mp, kp, np_ = up(m), up(k), up(n)
+        a_changed, b_changed = (mp != m) | (kp != k), (kp != k) | (np_ != n)
         # Copies made by padding (zero-filled new operands), unless prepadded.
-        copy_a = torch.where(((mp != m) | (kp != k)) & (ppl == 0), (mp * kp + m * k) * db, torch.zeros_like(m))
-        copy_b = torch.where(((kp != k) | (np_ != n)) & (ppr == 0), (kp * np_ + k * n) * db, torch.zeros_like(m))
+        copy_a = torch.where(a_changed & (ppl == 0), (mp * kp + m * k) * db, torch.zeros_like(m))
+        copy_b = torch.where(b_changed & (ppr == 0), (kp * np_ + k * n) * db, torch.zeros_like(m))
         zero = torch.zeros_like(tl)
-        padded_roofline = self._problem_block(torch.stack([mp, np_, kp, db, bf16, tf32, zero, zero], -1))[..., 18]
+        padded_roofline = self._problem_block(torch.stack([mp, np_, kp, db, bf16, tf32, zero, zero], -1))[0][..., 18]
+        # Leading dimensions, elements: A (m, k) row-major -> k, transposed (a view of (k, m)) -> m; B (k, n)
+        # -> n, transposed -> k; C -> n. A padded operand is a fresh row-major tensor (F.pad's output);
+        # one that is not padded keeps its layout.
+        lda, ldb = torch.where(tl > 0, m, k), torch.where(tr > 0, k, n)
+        padded_lda, padded_ldb = torch.where(a_changed, kp, lda), torch.where(b_changed, np_, ldb)
+        lds = torch.stack([lda, ldb, n, padded_lda, padded_ldb, np_], -1)
+        aligned16 = (lds * db.unsqueeze(-1) % 16 == 0).to(m.dtype)
         extra = torch.stack([
             ppl, ppr, ((copy_a + copy_b) / 1e9 + 1e-9).log(), mp / m - 1, kp / k - 1, np_ / n - 1,
             padded_roofline, ((mp % 16 == 0) & (kp % 16 == 0) & (np_ % 16 == 0)).to(m.dtype),
         ], -1)
-        cols = torch.cat([self._problem_block(torch.stack([m, n, k, db, bf16, tf32, tl, tr], -1)), extra], -1)
+        copies = torch.stack([(copy_a / 1e9 + 1e-6).log(), (copy_b / 1e9 + 1e-6).log(),
+                              ((copy_a > 0) & (tl > 0)).to(m.dtype), ((copy_b > 0) & (tr > 0)).to(m.dtype)], -1)
+        cols = torch.cat([self._problem_block(torch.stack([m, n, k, db, bf16, tf32, tl, tr], -1))[0], extra,
+                          aligned16, copies], -1)
         return cols.reshape(-1, len(self.names)).to(torch.float32)

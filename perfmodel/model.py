@@ -114,6 +114,42 @@ class PerfMLP(nn.Module):
         m.net = nn.Sequential(*out)
         return m
 
+    @staticmethod
+    def ensemble(members: "list[PerfMLP]") -> "PerfMLP":
+        """K trained heads of one shape as ONE plain MLP (norm "none", hidden widths K times wider):
+        the members' folded first Linears stacked, their hidden Linears block-diagonal, and the last
+        Linear the mean of theirs; log overhead the mean of theirs. Its output is
+        floor(mean_k z_k), the members' average before the overhead floor (not the average after it:
+        the two differ only for predictions near the overhead). Serves and exports as any head."""
+        folded = [h.folded() for h in members]
+        k = len(folded)
+        lins = [[m for m in f.net if isinstance(m, nn.Linear)] for f in folded]
+        if k < 1 or any(len(l) != len(lins[0]) for l in lins):
+            raise ValueError("members: need one or more heads of the same depth")
+        first = members[0].cfg
+        hidden = tuple(sum(l[i].out_features for l in lins) for i in range(len(lins[0]) - 1))
+        out = PerfMLP(MLPConfig(first.n_inputs, hidden, "none", learn_overhead=first.learn_overhead,
+                                init_overhead_ms=first.init_overhead_ms, n_outputs=first.n_outputs))
+        big = [m for m in out.net if isinstance(m, nn.Linear)]
+        with torch.no_grad():
+            for i, lin in enumerate(big):
+                lin.weight.zero_()
+                lin.bias.zero_()
+                r = c = 0
+                for member in lins:
+                    w, b = member[i].weight, member[i].bias
+                    if i == len(big) - 1:          # output: the mean of the members'
+                        lin.weight[:, c:c + w.shape[1]] = w / k
+                        lin.bias += b / k
+                    else:                          # first: stacked; hidden: block-diagonal
+                        cols = slice(None) if i == 0 else slice(c, c + w.shape[1])
+                        lin.weight[r:r + w.shape[0], cols] = w
+                        lin.bias[r:r + w.shape[0]] = b
+                    r += w.shape[0]
+                    c += w.shape[1]
+            out.log_overhead.copy_(torch.stack([h.log_overhead.detach() for h in members]).mean(0))
+        return out.eval()
+
     @property
     def overhead_ms(self) -> torch.Tensor:
         return self.log_overhead.detach().exp()

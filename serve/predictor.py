@@ -84,18 +84,43 @@ class _TorchRunner:
             if chain is not None:
                 self.chains[name] = chain
 
+        self.log_overhead = {name: head.log_overhead.detach().numpy().astype(np.float32)
+                             for name, head in self.heads.items()}
+
     def __call__(self, head: str, x: torch.Tensor) -> np.ndarray:
+        """log ms (float64), the head's full output."""
         with torch.inference_mode():
-            chain = self.chains.get(head)
-            if chain is None:
+            if head not in self.chains:
                 return self.heads[head](x).numpy().astype(np.float64)
-            h = x
-            for i, (wt, b) in enumerate(chain):
-                h = torch.addmm(b, h, wt)
-                if i < len(chain) - 1:
-                    h.relu_()
-            out = self.heads[head].overhead_floor(h)
-            return out.numpy().astype(np.float64)
+            return self.heads[head].overhead_floor(self._chain(head, x)).numpy().astype(np.float64)
+
+    def scores(self, head: str, x: torch.Tensor) -> np.ndarray:
+        """Scores that order rows as the head's log ms do: the output before the overhead floor
+        (logaddexp(z, log overhead) is increasing in z), which ranking needs for every row while the
+        floor is only applied to the few rows returned (floor())."""
+        if head not in self.chains:
+            return self(head, x)
+        with torch.inference_mode():
+            z = self._chain(head, x)
+        return z.numpy().reshape(-1) if z.shape[-1] == 1 else z.numpy()
+
+    def floor(self, head: str, z: np.ndarray) -> np.ndarray:
+        """log ms of scores(); PerfMLP.overhead_floor in float32, as the torch head computes it."""
+        if head not in self.chains:
+            return z
+        oh = self.log_overhead[head].reshape(-1)[0] if z.ndim == 1 or z.shape[-1] != len(self.log_overhead[head]) \
+            else self.log_overhead[head]
+        z = z.astype(np.float32, copy=False)
+        return (np.maximum(z, oh) + np.log1p(np.exp(-np.abs(z - oh)))).astype(np.float64)
+
+    def _chain(self, head: str, x: torch.Tensor) -> torch.Tensor:
+        h = x
+        chain = self.chains[head]
+        for i, (wt, b) in enumerate(chain):
+            h = torch.addmm(b, h, wt)
+            if i < len(chain) - 1:
+                h.relu_()
+        return h
 
 
 def _linear_relu_chain(head: Any) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
@@ -146,6 +171,13 @@ class _OnnxRunner:
         feeds[f"{head}_x"] = np.ascontiguousarray(x.numpy(), dtype=np.float32)
         (out,) = self.session.run([f"{head}_log_ms"], feeds)
         return out.astype(np.float64)
+
+    def scores(self, head: str, x: torch.Tensor) -> np.ndarray:
+        """The graph applies the overhead floor itself: its log ms are the scores."""
+        return self(head, x)
+
+    def floor(self, head: str, z: np.ndarray) -> np.ndarray:
+        return z
 
 
 def _separate_batch_dims(model_bytes: bytes) -> bytes:
@@ -353,9 +385,10 @@ class Predictor:
         configs = list(configs)
         if not configs:
             raise ValueError("configs: empty; pass at least one GemmConfig (or None for the default space)")
-        for i, c in enumerate(configs):
-            if not isinstance(c, GemmConfig):
-                raise TypeError(f"configs[{i}]: expected a GemmConfig, got {type(c).__name__} ({c!r})")
+        if not all([type(c) is GemmConfig for c in configs]):
+            for i, c in enumerate(configs):
+                if not isinstance(c, GemmConfig):
+                    raise TypeError(f"configs[{i}]: expected a GemmConfig, got {type(c).__name__} ({c!r})")
         key = b"".join([c.packed for c in configs])
         with self._config_lock:
             hit = self._config_cache.get(key)
@@ -408,21 +441,28 @@ class Predictor:
         """The k configs predicted fastest for each problem: (indices, ms), each (P, k), fastest first,
         ties in the given order. With a screen head and more than 2 * max(screen_keep, k) configs, the
         screen scores every config and the gemm head only its best max(screen_keep, k) per problem."""
-        n_cfg = len(ct)
+        n_cfg, n_prob = len(ct), len(problems)
         k = min(k, n_cfg)
         keep = max(self.screen_keep, k)
         with torch.inference_mode():
             x = self._encoder.encode_cross(problems_tensor(problems), ct, part)  # (P * C, F)
-        if not self.has_screen or n_cfg <= 2 * keep:
-            ms = self._ms("gemm", x, "problems").reshape(len(problems), n_cfg)
-            order = np.argsort(ms, axis=1, kind="stable")[:, :k]
-            return order, np.take_along_axis(ms, order, 1)
-        screen = self._run("screen", x).reshape(len(problems), n_cfg)
-        cand = np.sort(np.argpartition(screen, keep - 1, axis=1)[:, :keep], axis=1)  # given order, for ties
-        rows = (np.arange(len(problems))[:, None] * n_cfg + cand).ravel()
-        ms = self._ms("gemm", x[torch.from_numpy(rows)], "problems").reshape(len(problems), keep)
-        order = np.argsort(ms, axis=1, kind="stable")[:, :k]
-        return np.take_along_axis(cand, order, 1), np.take_along_axis(ms, order, 1)
+        if self.has_screen and n_cfg > 2 * keep:
+            screen = self._checked(self._run.scores("screen", x), "problems (screen)").reshape(n_prob, n_cfg)
+            cand = np.sort(np.argpartition(screen, keep - 1, axis=1)[:, :keep], axis=1)  # given order, for ties
+            rows = (np.arange(n_prob)[:, None] * n_cfg + cand).ravel()
+            z = self._run.scores("gemm", x[torch.from_numpy(rows)]).reshape(n_prob, keep)
+        else:
+            cand, z = None, self._run.scores("gemm", x).reshape(n_prob, n_cfg)
+        order = np.argsort(self._checked(z, "problems"), axis=1, kind="stable")[:, :k]
+        ms = np.exp(self._run.floor("gemm", np.take_along_axis(z, order, 1)))
+        self._checked(ms, "problems")
+        return (order if cand is None else np.take_along_axis(cand, order, 1)), ms
+
+    @staticmethod
+    def _checked(values: np.ndarray, what: str) -> np.ndarray:
+        if not np.isfinite(values).all():
+            raise RuntimeError(f"{what}: the model predicted a non-finite time")
+        return values
 
     def rank(self, prob: GemmProblem, configs: Sequence[GemmConfig] | None = None,
              top_k: int = 5) -> list[tuple[GemmConfig, float]]:

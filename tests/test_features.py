@@ -104,6 +104,22 @@ def ref_pad(p: PadProblem) -> dict[str, float]:
         "log_padded_roofline_ms": padded["log_roofline_ms"],
         "padded_all_aligned": float(mp % 16 == 0 and kp % 16 == 0 and np_ % 16 == 0),
     })
+    # Leading dimensions in elements: row-major A (m x k) steps k per row; a transposed A is a view
+    # of a (k x m) tensor and steps m. B: n, or k transposed. C: n. A padded operand is a new
+    # row-major tensor; an operand that is not padded keeps its layout.
+    lda = p.m if p.transpose_left else p.k
+    ldb = p.k if p.transpose_right else p.n
+    a_padded, b_padded = (mp, kp) != (p.m, p.k), (kp, np_) != (p.k, p.n)
+    out.update({
+        "lda_aligned16": float(lda * db % 16 == 0), "ldb_aligned16": float(ldb * db % 16 == 0),
+        "ldc_aligned16": float(p.n * db % 16 == 0),
+        "padded_lda_aligned16": float((kp if a_padded else lda) * db % 16 == 0),
+        "padded_ldb_aligned16": float((np_ if b_padded else ldb) * db % 16 == 0),
+        "padded_ldc_aligned16": float(np_ * db % 16 == 0),
+        "log_copy_a_gb": math.log(copy_a / 1e9 + 1e-6), "log_copy_b_gb": math.log(copy_b / 1e9 + 1e-6),
+        "copy_a_transposed": float(copy_a > 0 and p.transpose_left),
+        "copy_b_transposed": float(copy_b > 0 and p.transpose_right),
+    })
     return out
 
 

@@ -322,7 +322,8 @@ def test_training_writes_a_loadable_model_folder(trained):
     for name in ("model.safetensors", "model.onnx", "metadata.json", "MODEL_CARD.md"):
         assert (out / name).is_file(), name
     bundle = artifact.load(out)
-    assert set(bundle.heads) == {"gemm", "cublas", "pad"}
+    assert set(bundle.heads) == {"gemm", "cublas", "pad", "screen"}
+    assert bundle.encoders["screen"].kind == "gemm" and bundle.metadata["screen_keep"] >= 1
     assert bundle.metadata["fast_dev_run"] is True
     assert bundle.metadata["dataset"]["gemm_problems"] == 32
     assert sum(bundle.metadata["split"].values()) == 32

@@ -23,6 +23,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--rank-tau", type=float, default=d.rank_tau, help="focus of that term on fast configs (0: uniform)")
     t.add_argument("--problems-per-batch", type=int, default=d.problems_per_batch)
     t.add_argument("--small-head-epochs", type=int, default=d.small_head_epochs)
+    t.add_argument("--screen-hidden", default=",".join(map(str, d.screen_hidden)),
+                   help="hidden widths of the screen head ('' for none: rank scores every config with the gemm head)")
+    t.add_argument("--screen-epochs", type=int, default=d.screen_epochs)
+    t.add_argument("--pad-members", type=int, default=d.pad_members, help="seeds averaged into the pad head")
+    t.add_argument("--screen-keep", type=int, default=d.screen_keep,
+                   help="configs per problem that the gemm head scores after the screen")
     t.add_argument("--seed", type=int, default=d.seed)
     t.add_argument("--no-baselines", action="store_true", help="skip training the PR 156851 baseline")
     t.add_argument("--accelerator", default=d.accelerator, help="Lightning accelerator: cpu, gpu, auto")
@@ -51,7 +57,9 @@ def run(args: argparse.Namespace) -> int:
         hidden = tuple(int(h) for h in args.hidden.split(","))
         s = TrainSettings(data=args.data, out=args.out, epochs=args.epochs, hidden=hidden, norm=args.norm, lr=args.lr,
                           rank_weight=args.rank_weight, rank_tau=args.rank_tau, problems_per_batch=args.problems_per_batch,
-                          small_head_epochs=args.small_head_epochs, seed=args.seed, baselines=not args.no_baselines,
+                          small_head_epochs=args.small_head_epochs, seed=args.seed,
+                          screen_hidden=tuple(int(h) for h in args.screen_hidden.split(",") if h.strip()),
+                          screen_epochs=args.screen_epochs, screen_keep=args.screen_keep, pad_members=args.pad_members, baselines=not args.no_baselines,
                           accelerator=args.accelerator, devices=_devices(args.devices), strategy=args.strategy,
                           tracking_uri=args.tracking_uri, experiment=args.experiment,
                           register_name=args.register_name or None, alias=args.alias,

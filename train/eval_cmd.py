@@ -22,8 +22,14 @@ def evaluate_bundle(bundle: artifact.ModelBundle, data) -> dict:
     test = gemm.subset(split == 2)
     P, C = torch.from_numpy(test.problems[test.problem_idx]), torch.from_numpy(test.configs)
     with torch.inference_mode():
-        pred = bundle.heads["gemm"](bundle.encoders["gemm"].encode(P, C)).double().numpy()
-        results = {"perfmodel": ev.summarize(test, pred)}
+        x = bundle.encoders["gemm"].encode(P, C)
+        pred = bundle.heads["gemm"](x).double().numpy()
+        screen = bundle.heads["screen"](x).double().numpy() if "screen" in bundle.heads else None
+        keep = int(bundle.metadata.get("screen_keep", 48))
+        results = {"perfmodel": ev.rank_path(test, pred, screen, keep)}
+        if screen is not None:
+            results["perfmodel, gemm head on every config"] = ev.summarize(test, pred)
+            full_space = full_space_agreement(bundle, test, keep)
         if "PR 156851 model" in bundle.metadata.get("baselines", {}):
             results["PR 156851 model (training run)"] = bundle.metadata["baselines"]["PR 156851 model"]
         results["analytic (Triton-style)"] = ev.summarize(test, np.log(estimate_ms(P, C, bundle.spec).numpy()))
@@ -41,7 +47,34 @@ def evaluate_bundle(bundle: artifact.ModelBundle, data) -> dict:
             pt = PadTable(pads.pads[ps], pads.orig_ms[ps], pads.padded_ms[ps], pads.modes[ps])
             px = bundle.encoders["pad"].encode_pad(torch.from_numpy(pt.pads))
             pmet = ev.pad_metrics(pt, bundle.heads["pad"](px).double().numpy(), bundle.pad_threshold)
+        if screen is not None:
+            cmet.update(full_space)
     return {"results": results, "cublas": cmet, "pad": pmet, "test_problems": int(len(test.problems))}
+
+
+def full_space_agreement(bundle: artifact.ModelBundle, test, keep: int) -> dict[str, float]:
+    """Over each test problem's whole pruned config space (1,199-1,431 configs, most never measured):
+    the gemm head's predicted time of its own best config / of the rank path's pick (screen, then the
+    gemm head on the screen's best `keep`). 1.0 = the screen never costs the rank path anything, in the
+    gemm head's own terms; measured efficiency on the space is not available."""
+    from perfmodel.configs import pruned_space
+    from perfmodel.features import configs_tensor
+
+    enc, gemm, screen = bundle.encoders["gemm"], bundle.heads["gemm"], bundle.heads["screen"]
+    ratios = []
+    spaces = {}
+    for prob in test.problems:
+        dtype = {2: "float16", 4: "float32"}[int(prob[3])] if not prob[4] else "bfloat16"
+        if dtype not in spaces:
+            spaces[dtype] = configs_tensor(pruned_space(dtype, bundle.spec))
+        ct = spaces[dtype]
+        x = enc.encode_cross(torch.from_numpy(prob[None, :]), ct)
+        g, s = gemm(x).double().numpy(), screen(x).double().numpy()
+        kept = np.argsort(s, kind="stable")[:keep] if len(ct) > 2 * keep else np.arange(len(ct))
+        ratios.append(np.exp(g.min() - g[kept].min()))
+    r = np.asarray(ratios)
+    return {"screen/full_space_top1_vs_gemm_head": float(np.exp(np.log(r).mean())),
+            "screen/full_space_worst": float(r.min()), "screen/full_space_same_pick": float((r == 1.0).mean())}
 
 
 def run_eval(args: argparse.Namespace) -> int:

@@ -50,10 +50,23 @@ def per_problem(table: GemmTable, score: np.ndarray) -> dict[str, np.ndarray]:
     return {"top1": top1, "top5": top5, "spearman": rho}
 
 
+def screened(table: GemmTable, pred_log_ms: np.ndarray, screen_log_ms: np.ndarray, keep: int) -> np.ndarray:
+    """The scores of the serving rank path (Predictor._best): in a problem with more than 2 * keep
+    rows, only the screen head's best `keep` rows keep the gemm head's score; the rest rank last."""
+    out = pred_log_ms.copy()
+    order = np.argsort(table.problem_idx, kind="stable")
+    bounds = np.searchsorted(table.problem_idx[order], np.arange(len(table.problems) + 1))
+    for i in range(len(table.problems)):
+        rows = order[bounds[i]:bounds[i + 1]]
+        if len(rows) > 2 * keep:
+            out[rows[np.argsort(screen_log_ms[rows], kind="stable")[keep:]]] = np.inf
+    return out
+
+
 def summarize(table: GemmTable, pred_log_ms: np.ndarray) -> dict[str, float]:
     """Metrics of one model's predictions (log ms per row), overall and per dtype mode."""
     pp = per_problem(table, pred_log_ms)
-    pred = np.exp(pred_log_ms)
+    pred = np.exp(np.minimum(pred_log_ms, 50.0))
     ape = np.abs(pred - table.ms) / table.ms
     out: dict[str, float] = {}
     masks = {"all": np.ones(len(table.problems), bool)} | {m: table.modes == m for m in MODES}
@@ -73,6 +86,16 @@ def summarize(table: GemmTable, pred_log_ms: np.ndarray) -> dict[str, float]:
     if fp32.any():
         out["fp32_all/top1_eff"] = _geomean(pp["top1"][fp32])
         out["fp32_all/top5_eff"] = _geomean(pp["top5"][fp32])
+    return out
+
+
+def rank_path(table: GemmTable, pred_log_ms: np.ndarray, screen_log_ms: np.ndarray | None, keep: int) -> dict[str, float]:
+    """summarize() of the gemm head, with the top-k efficiencies (and worst problems) of the serving
+    rank path -- the screen head, then the gemm head on its best `keep` -- when there is a screen."""
+    out = summarize(table, pred_log_ms)
+    if screen_log_ms is not None:
+        path = summarize(table, screened(table, pred_log_ms, screen_log_ms, keep))
+        out.update({k: v for k, v in path.items() if "/top1" in k or "/top5" in k or "/worst" in k})
     return out
 
 
