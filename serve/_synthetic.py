@@ -6,6 +6,7 @@ BatchNorm carries non-trivial running statistics, so that folding and standardis
 """
 from __future__ import annotations
 
+import copy
 import random
 from pathlib import Path
 
@@ -50,8 +51,10 @@ def _randomise_batchnorm(head: PerfMLP, gen: torch.Generator) -> None:
 
 
 def make_synthetic_bundle(seed: int = 0, hidden: tuple[int, ...] = (256, 256, 256, 256),
-                          with_pad: bool = True, with_cublas: bool = True) -> ModelBundle:
-    """An H100 bundle whose heads have random weights (seeded) and realistic normalisation."""
+                          with_pad: bool = True, with_cublas: bool = True, screen: str | None = "copy") -> ModelBundle:
+    """An H100 bundle whose heads have random weights (seeded) and realistic normalisation.
+    screen: "copy" (a screen head identical to the gemm head: ranking must then equal the full
+    ranking), "random" (its own random weights, 2 x 64), or None (no screen head)."""
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
     rng = random.Random(seed)
@@ -72,7 +75,14 @@ def make_synthetic_bundle(seed: int = 0, hidden: tuple[int, ...] = (256, 256, 25
         head.set_normalisation(x.mean(0), x.std(0))
         _randomise_batchnorm(head, gen)
         heads[kind], encoders[kind] = head.eval(), enc
-    return ModelBundle(spec, heads, encoders, {"pad_threshold": 1.1, "synthetic": True, "seed": seed})
+        if kind == "gemm" and screen == "copy":
+            heads["screen"], encoders["screen"] = copy.deepcopy(head).eval(), enc
+        elif kind == "gemm" and screen == "random":
+            small = PerfMLP(MLPConfig(n_inputs=len(enc), hidden=(64, 64)))
+            small.set_normalisation(x.mean(0), x.std(0))
+            _randomise_batchnorm(small, gen)
+            heads["screen"], encoders["screen"] = small.eval(), enc
+    return ModelBundle(spec, heads, encoders, {"pad_threshold": 1.1, "synthetic": True, "seed": seed, "screen_keep": 48})
 
 
 def write_synthetic_model(folder: Path, seed: int = 0, onnx: bool = True, **kwargs) -> Path:

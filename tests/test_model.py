@@ -327,3 +327,30 @@ def test_no_pickle_anywhere(saved, monkeypatch):
     want, got = _predict(bundle, feats), _predict(loaded, feats)
     for name in want:
         assert torch.equal(got[name], want[name])
+
+
+def test_ensemble_is_the_members_average_before_the_floor():
+    gen = torch.Generator().manual_seed(3)
+    members = []
+    for i in range(3):
+        torch.manual_seed(i)
+        h = PerfMLP(MLPConfig(n_inputs=7, hidden=(16, 8, 8), n_outputs=2))
+        h.set_normalisation(torch.randn(7, generator=gen), torch.rand(7, generator=gen) + 0.5)
+        for m in h.net:
+            if isinstance(m, torch.nn.BatchNorm1d):
+                m.running_mean.normal_(generator=gen)
+                m.running_var.uniform_(0.5, 2.0, generator=gen)
+        with torch.no_grad():
+            h.log_overhead.fill_(-5.0 - i)
+        members.append(h.eval())
+    ens = PerfMLP.ensemble(members)
+    assert ens.cfg.hidden == (48, 24, 24) and ens.cfg.norm == "none" and ens.cfg.n_outputs == 2
+    x = torch.randn(50, 7, generator=gen) * 3
+    with torch.no_grad():
+        pre = torch.stack([m.net((x - m.x_mean) / m.x_std) for m in members]).mean(0)
+        np.testing.assert_allclose(ens.net(x).numpy(), pre.numpy(), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(ens(x).numpy(), ens.overhead_floor(pre).numpy(), rtol=1e-5, atol=1e-5)
+        assert torch.allclose(ens.log_overhead, torch.tensor([-6.0, -6.0]))
+        assert torch.all(ens(x) >= ens.log_overhead - 1e-6)
+    with pytest.raises(ValueError, match="members"):
+        PerfMLP.ensemble([members[0], PerfMLP(MLPConfig(n_inputs=7, hidden=(4,), n_outputs=2))])

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from perfmodel import GemmConfig, GemmProblem, PadDecision, PadProblem
 from perfmodel.artifact import ArtifactError
 from perfmodel.configs import pruned_space
+from perfmodel.features import configs_tensor, problems_tensor
 from serve import Candidates, Predictor
 from serve._synthetic import write_synthetic_model
 
@@ -459,3 +460,72 @@ def test_torch_fast_path_skips_other_heads() -> None:
     unfolded = PerfMLP(MLPConfig(5, (8,), "none"))
     unfolded.set_normalisation(torch.ones(5), torch.full((5,), 2.0))
     assert _linear_relu_chain(unfolded) is None  # standardisation not folded into the first Linear
+
+
+# -------------------------------------------------------------------------------- screened ranking
+def test_screen_identical_to_gemm_gives_the_full_ranking(pt: Predictor, ox: Predictor) -> None:
+    """The fixture's screen head is a copy of its gemm head, so screening (1,431 configs > 2 x 48)
+    must not change the ranking: rank == the full predict()'s order, and its times."""
+    assert pt.has_screen and len(pt.default_configs("float16")) > 2 * pt.screen_keep
+    for p in (pt, ox):
+        for prob in (PROB, GemmProblem(37, 5000, 129, "bfloat16"), GemmProblem(1000, 64, 4096, "float32", allow_tf32=True)):
+            full = p.predict(prob)
+            order = np.argsort(full, kind="stable")[:7]
+            ranked = p.rank(prob, top_k=7)
+            assert [c for c, _ in ranked] == [p.default_configs(prob.dtype)[i] for i in order]
+            np.testing.assert_allclose([t for _, t in ranked], full[order], rtol=1e-5)
+
+
+def test_random_screen_keeps_the_gemm_best_of_what_it_kept(tmp_path: Path) -> None:
+    """With an unrelated (random) screen, rank returns the gemm head's best among the screen's best
+    screen_keep configs: checked against the heads called directly."""
+    folder = write_synthetic_model(tmp_path / "m", seed=4, onnx=False, screen="random")
+    p = Predictor.load(folder)
+    cfgs = p.default_configs("float16")
+    with torch.inference_mode():
+        x = p.bundle.encoders["gemm"].encode_cross(problems_tensor([PROB]), configs_tensor(cfgs))
+        screen = p.bundle.heads["screen"](x).numpy()
+        gemm = p.bundle.heads["gemm"](x).double().numpy()
+    kept = np.sort(np.argsort(screen, kind="stable")[:p.screen_keep])
+    want = kept[np.argsort(gemm[kept], kind="stable")[:5]]
+    ranked = p.rank(PROB, top_k=5)
+    assert [c for c, _ in ranked] == [cfgs[i] for i in want]
+    np.testing.assert_allclose([t for _, t in ranked], np.exp(gemm[want]), rtol=1e-5)
+    # a top_k beyond screen_keep widens what the gemm head scores instead of truncating
+    assert len(p.rank(PROB, top_k=p.screen_keep + 10)) == p.screen_keep + 10
+
+
+def test_rank_many_matches_rank(pt: Predictor, ox: Predictor) -> None:
+    probs = [PROB, GemmProblem(37, 5000, 129, "float16"), GemmProblem(8, 8, 8, "float16")]
+    for p in (pt, ox):
+        for configs in (None, CFGS):
+            many = p.rank_many(probs, configs, top_k=4)
+            one = [p.rank(q, configs, top_k=4) for q in probs]
+            assert [[c for c, _ in r] for r in many] == [[c for c, _ in r] for r in one]
+            # batched matmuls may round differently from one problem's
+            np.testing.assert_allclose([[t for _, t in r] for r in many], [[t for _, t in r] for r in one], rtol=1e-5)
+    with pytest.raises(ValueError, match="configs"):
+        pt.rank_many([PROB, GemmProblem(8, 8, 8, "float32")], top_k=2)
+    with pytest.raises(TypeError, match="top_k"):
+        pt.rank_many([PROB], CFGS, top_k=1.5)
+
+
+def test_torch_floor_matches_the_head(pt: Predictor) -> None:
+    """Ranking orders rows by the output before the overhead floor and floors only the rows it
+    returns, in numpy: that must agree with the head's own (torch) output."""
+    with torch.inference_mode():
+        x = pt.bundle.encoders["gemm"].encode_cross(problems_tensor([PROB, GemmProblem(1, 1, 1)]),
+                                                    configs_tensor(pt.default_configs("float16")))
+    z = pt._run.scores("gemm", x)
+    np.testing.assert_allclose(pt._run.floor("gemm", z), pt._run("gemm", x), rtol=1e-6, atol=1e-7)
+    assert np.all(pt._run.floor("gemm", z) >= float(pt.bundle.heads["gemm"].log_overhead) - 1e-6)
+
+
+def test_config_cache_serves_each_set_its_own(pt: Predictor) -> None:
+    a, b = CFGS, list(reversed(CFGS))
+    first = pt.predict(PROB, a)
+    np.testing.assert_allclose(pt.predict(PROB, b), first[::-1], rtol=1e-6)
+    np.testing.assert_array_equal(pt.predict(PROB, a), first)
+    for i in range(40):  # more sets than the cache holds
+        pt.predict(PROB, CFGS[: 1 + i % len(CFGS)] + [GemmConfig(16, 16, 16, 1 + 0 * i, 1 + i % 5, 2)])
+    np.testing.assert_array_equal(pt.predict(PROB, a), first)
