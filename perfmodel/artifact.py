@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -130,25 +131,65 @@ def sha256_file(path: Path) -> str:
 
 
 class _OnnxHeads(torch.nn.Module):
-    """All heads in one graph: one input and one output (log ms) per head."""
+    """All heads in one graph: one input and one output (log ms) per head. With a screen head, also
+    the whole screened ranking of `rank_problems` x `rank_configs` (RANK_INPUTS -> RANK_OUTPUTS): the
+    GEMM encoding, the screen on every config, its best `keep` per problem, and the gemm head on those
+    -- one onnxruntime call, where the torch backend dispatches ~100 small ops."""
 
-    def __init__(self, heads: dict[str, PerfMLP]) -> None:
+    def __init__(self, heads: dict[str, PerfMLP], encoder: FeatureEncoder | None = None, keep: int = 0) -> None:
         super().__init__()
         self.names = list(heads)
         self.heads = torch.nn.ModuleList(heads[n].folded() for n in self.names)
+        self.encoder, self.keep = encoder, keep
+        if encoder is not None:
+            self.gemm, self.screen = self.heads[self.names.index("gemm")], self.heads[self.names.index("screen")]
 
     def forward(self, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return tuple(h(x) for h, x in zip(self.heads, xs))
+        n = len(self.names)
+        out = tuple(h(x) for h, x in zip(self.heads, xs[:n]))
+        if self.encoder is None:
+            return out
+        problems, configs, cfg_part, cfg_smem = xs[n:]
+        x = self.encoder.encode_cross(problems, configs, (cfg_part, cfg_smem))       # (P * C, F)
+        n_cfg = configs.shape[0]
+        screen = self.screen.net(x).reshape(-1, n_cfg)                               # (P, C), before the floor
+        _, kept = torch.topk(screen, self.keep, dim=1, largest=False, sorted=False)  # (P, keep)
+        rows = kept + torch.arange(screen.shape[0]).unsqueeze(1) * n_cfg
+        # before the overhead floor (increasing, so the order is the same): the caller floors the few
+        # rows it returns -- the floor is ~8 more graph nodes, each a few us on a small CPU
+        scores = self.gemm.net(x[rows.reshape(-1)]).reshape(-1, self.keep)
+        return out + (kept, scores)
+
+
+RANK_INPUTS = ("rank_problems", "rank_configs", "rank_config_part", "rank_config_smem")
+RANK_OUTPUTS = ("rank_kept", "rank_scores")  # scores: the gemm head's output before its overhead floor
 
 
 def export_onnx(bundle: ModelBundle, path: Path) -> Path:
-    """A single-file ONNX graph (no external data) with inputs <head>_x and outputs <head>_log_ms."""
-    mod = _OnnxHeads(bundle.heads).eval()
+    """A single-file ONNX graph (no external data) with inputs <head>_x and outputs <head>_log_ms,
+    and, when the bundle has a screen head, the screened ranking (RANK_INPUTS -> RANK_OUTPUTS)."""
+    rank = "screen" in bundle.heads
+    keep = int(bundle.metadata.get("screen_keep", 48))
+    enc = bundle.encoders["gemm"]
+    mod = _OnnxHeads(bundle.heads, enc if rank else None, keep).eval()
     xs = tuple(torch.randn(4, len(bundle.encoders[n])) for n in mod.names)
     names_in = [f"{n}_x" for n in mod.names]
     names_out = [f"{n}_log_ms" for n in mod.names]
     # One batch dimension per head: a shared name would force every input to the same row count.
     axes = {**{f"{n}_x": {0: f"{n}_batch"} for n in mod.names}, **{f"{n}_log_ms": {0: f"{n}_batch"} for n in mod.names}}
-    torch.onnx.export(mod, xs, str(path), input_names=names_in, output_names=names_out,
-                      dynamic_axes=axes, opset_version=17, dynamo=False)
+    if rank:
+        # traced with 2 problems and 3 * keep configs, so that neither count is frozen at 1
+        gen = torch.Generator().manual_seed(0)
+        problems = torch.tensor([[4096.0, 4096, 4096, 2, 0, 0, 0, 0], [1000.0, 37, 129, 4, 0, 1, 1, 0]], dtype=torch.float64)
+        configs = torch.tensor([16.0, 32, 64, 128, 256], dtype=torch.float64)[torch.randint(0, 5, (3 * keep, 3), generator=gen)]
+        configs = torch.cat([configs, torch.tensor([[8.0, 3, 4]], dtype=torch.float64).expand(3 * keep, 3)], 1)
+        xs = xs + (problems, configs, *enc.config_part(configs))
+        names_in += list(RANK_INPUTS)
+        names_out += list(RANK_OUTPUTS)
+        axes.update({"rank_problems": {0: "rank_p"}, "rank_configs": {0: "rank_c"}, "rank_config_part": {0: "rank_c"},
+                     "rank_config_smem": {0: "rank_c"}, "rank_kept": {0: "rank_p"}, "rank_scores": {0: "rank_p"}})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)  # shape guards of the traced encoder
+        torch.onnx.export(mod, xs, str(path), input_names=names_in, output_names=names_out,
+                          dynamic_axes=axes, opset_version=17, dynamo=False)
     return Path(path)

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from perfmodel.artifact import ONNX, ArtifactError, ModelBundle, load as load_bundle
+from perfmodel.artifact import ONNX, RANK_INPUTS, RANK_OUTPUTS, ArtifactError, ModelBundle, load as load_bundle
 from perfmodel.configs import pruned_space
 from perfmodel.features import configs_tensor, pad_tensor, problems_tensor
 from perfmodel.schema import DTYPES, GemmConfig, GemmProblem, PadDecision, PadProblem
@@ -108,10 +108,7 @@ class _TorchRunner:
         """log ms of scores(); PerfMLP.overhead_floor in float32, as the torch head computes it."""
         if head not in self.chains:
             return z
-        oh = self.log_overhead[head].reshape(-1)[0] if z.ndim == 1 or z.shape[-1] != len(self.log_overhead[head]) \
-            else self.log_overhead[head]
-        z = z.astype(np.float32, copy=False)
-        return (np.maximum(z, oh) + np.log1p(np.exp(-np.abs(z - oh)))).astype(np.float64)
+        return _overhead_floor(z, self.log_overhead[head])
 
     def _chain(self, head: str, x: torch.Tensor) -> torch.Tensor:
         h = x
@@ -150,9 +147,16 @@ class _OnnxRunner:
         opts.inter_op_num_threads = 1
         opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        self.rank_session, self.rank_keep = None, None
+        self.log_overhead = {name: head.log_overhead.detach().numpy() for name, head in bundle.heads.items()}
         try:
             model = _separate_batch_dims(path.read_bytes())
-            self.session = ort.InferenceSession(model, sess_options=opts, providers=["CPUExecutionProvider"])
+            heads_graph, rank_graph = _split_rank_graph(model)
+            self.session = ort.InferenceSession(heads_graph, sess_options=opts, providers=["CPUExecutionProvider"])
+            if rank_graph is not None:
+                # its own session: onnxruntime runs every node of a graph whatever outputs are asked for
+                self.rank_session = ort.InferenceSession(rank_graph, sess_options=opts, providers=["CPUExecutionProvider"])
+                self.rank_keep = int(self.rank_session.get_outputs()[1].shape[1])
         except Exception as exc:  # onnxruntime raises its own (non-public) exception types for bad graphs
             raise ArtifactError(f"{path}: not a loadable ONNX model ({type(exc).__name__}: {exc})") from None
         self.widths = {}
@@ -176,8 +180,43 @@ class _OnnxRunner:
         """The graph applies the overhead floor itself: its log ms are the scores."""
         return self(head, x)
 
+    def rank(self, problems: torch.Tensor, configs: torch.Tensor, part: Any) -> tuple[np.ndarray, np.ndarray]:
+        """The graph's screened ranking: (kept config indices, their log ms), each (P, rank_keep), unsorted.
+        The graph returns the gemm head's output before the overhead floor; it is applied here."""
+        kept, scores = self.rank_session.run(list(RANK_OUTPUTS), {
+            "rank_problems": problems.numpy(), "rank_configs": configs.numpy(),
+            "rank_config_part": part[0].numpy(), "rank_config_smem": part[1].numpy()})
+        return kept, _overhead_floor(scores, self.log_overhead["gemm"])
+
     def floor(self, head: str, z: np.ndarray) -> np.ndarray:
+        """scores() are already floored (in the heads' graph)."""
         return z
+
+
+def _overhead_floor(z: np.ndarray, log_overhead: np.ndarray) -> np.ndarray:
+    """PerfMLP.overhead_floor in numpy float32, as the torch head computes it; (log ms) float64."""
+    z = z.astype(np.float32, copy=False)
+    oh = log_overhead.astype(np.float32).reshape(-1)[0]
+    return (np.maximum(z, oh) + np.log1p(np.exp(-np.abs(z - oh)))).astype(np.float64)
+
+
+def _split_rank_graph(model_bytes: bytes) -> tuple[bytes, bytes | None]:
+    """(the heads' graph, the screened-ranking graph or None) of a model.onnx: two sessions, so that
+    neither call runs the other's nodes. Graphs without the ranking (older exports) pass through."""
+    try:
+        import onnx
+        from onnx.utils import Extractor
+    except ImportError:
+        return model_bytes, None
+    model = onnx.load_from_string(model_bytes)
+    inputs = [i.name for i in model.graph.input]
+    if not all(name in inputs for name in RANK_INPUTS):
+        return model_bytes, None
+    extractor = Extractor(model)
+    heads = extractor.extract_model([n for n in inputs if n not in RANK_INPUTS],
+                                    [o.name for o in model.graph.output if o.name not in RANK_OUTPUTS])
+    rank = extractor.extract_model(list(RANK_INPUTS), list(RANK_OUTPUTS))
+    return heads.SerializeToString(), rank.SerializeToString()
 
 
 def _separate_batch_dims(model_bytes: bytes) -> bytes:
@@ -385,11 +424,14 @@ class Predictor:
         configs = list(configs)
         if not configs:
             raise ValueError("configs: empty; pass at least one GemmConfig (or None for the default space)")
-        if not all([type(c) is GemmConfig for c in configs]):
+        try:  # GemmConfig.packed: 48 bytes per config; anything else fails here or on the length
+            key = b"".join([c.packed for c in configs])
+        except (AttributeError, TypeError):
+            key = b""
+        if len(key) != 48 * len(configs):
             for i, c in enumerate(configs):
                 if not isinstance(c, GemmConfig):
                     raise TypeError(f"configs[{i}]: expected a GemmConfig, got {type(c).__name__} ({c!r})")
-        key = b"".join([c.packed for c in configs])
         with self._config_lock:
             hit = self._config_cache.get(key)
             if hit is not None:
@@ -444,9 +486,15 @@ class Predictor:
         n_cfg, n_prob = len(ct), len(problems)
         k = min(k, n_cfg)
         keep = max(self.screen_keep, k)
+        pt = problems_tensor(problems)
+        screened = self.has_screen and n_cfg > 2 * keep
+        if screened and getattr(self._run, "rank_keep", None) == keep:  # onnx: the whole path in one call
+            cand, z = self._run.rank(pt, ct, part)
+            order = np.lexsort((cand, self._checked(z, "problems")))[:, :k]  # by time, ties in the given order
+            return np.take_along_axis(cand, order, 1), np.exp(np.take_along_axis(z, order, 1))
         with torch.inference_mode():
-            x = self._encoder.encode_cross(problems_tensor(problems), ct, part)  # (P * C, F)
-        if self.has_screen and n_cfg > 2 * keep:
+            x = self._encoder.encode_cross(pt, ct, part)  # (P * C, F)
+        if screened:
             screen = self._checked(self._run.scores("screen", x), "problems (screen)").reshape(n_prob, n_cfg)
             cand = np.sort(np.argpartition(screen, keep - 1, axis=1)[:, :keep], axis=1)  # given order, for ties
             rows = (np.arange(n_prob)[:, None] * n_cfg + cand).ravel()
@@ -553,3 +601,18 @@ def _check_onnx_matches(bundle: ModelBundle, runner: _OnnxRunner, path: Path) ->
             if got.shape != want.shape or not np.allclose(got, want, rtol=_ONNX_CHECK_RTOL, atol=1e-4):
                 raise ArtifactError(f"{path}: head {name!r} of the ONNX graph disagrees with the folder's "
                                     "weights (stale export?); re-run `perfmodel export-onnx`")
+        if runner.rank_session is not None:
+            if "screen" not in bundle.heads or runner.rank_keep != int(bundle.metadata.get("screen_keep", _DEFAULT_SCREEN_KEEP)):
+                raise ArtifactError(f"{path}: the ONNX ranking graph does not match the folder's screen head or "
+                                    "screen_keep; re-run `perfmodel export-onnx`")
+            enc = bundle.encoders["gemm"]
+            problems = torch.tensor([[3000.0, 1000, 777, 2, 0, 0, 0, 1]], dtype=torch.float64)
+            configs = configs_tensor(pruned_space("float16", bundle.spec))
+            kept, log_ms = runner.rank(problems, configs, enc.config_part(configs))
+            x = enc.encode_cross(problems, configs)
+            want = bundle.heads["gemm"](x[torch.from_numpy(kept[0])]).numpy()
+            screen = bundle.heads["screen"](x).numpy()
+            if not np.allclose(log_ms[0], want, rtol=_ONNX_CHECK_RTOL, atol=1e-4) or \
+                    screen[kept[0]].max() > np.sort(screen)[runner.rank_keep - 1] + 1e-4:
+                raise ArtifactError(f"{path}: the ONNX ranking graph disagrees with the folder's weights "
+                                    "(stale export?); re-run `perfmodel export-onnx`")
