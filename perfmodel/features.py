@@ -150,6 +150,7 @@ class FeatureEncoder:
         self._peaks = peaks
         self._peak_key = torch.tensor([2.0, 0.0, 1.0], dtype=f64)   # . (dtype_bytes, is_bf16, allow_tf32)
         self._mods = torch.tensor([[16.0], [8.0]], dtype=f64)
+        self._rotate = torch.tensor([1, 2, 0])
         if self.kind != "gemm":
             return
         # GEMM, three linear parts summed into the 20 config features:
@@ -183,22 +184,31 @@ class FeatureEncoder:
         q[0:2, 9] = -1                                  # tile waste mn: / (m n)
         q[2, 10] = -1                                   # tile waste k: / k
         q[3, 12] = 1                                    # smem per stage: * dtype_bytes
-        self._cross_map, self._config_map, self._dims_map = z, c, q
-        self._cross_map32 = z.to(torch.float32)
+        def wide(m: torch.Tensor) -> torch.Tensor:  # the 20 GEMM columns placed after the 24 problem ones
+            return torch.cat([torch.zeros(m.shape[0], 24, dtype=f64), m], 1)
+
+        self._cross_map44 = wide(z).to(torch.float32)
+        self._config_map44, self._dims_map44 = wide(c), wide(q)
+        self._block_map44 = torch.cat([self._block_map, torch.zeros(19, 20, dtype=f64)], 1)
+        self._block_bias44 = torch.cat([self._block_bias, torch.zeros(20, dtype=f64)])
         self._sm = torch.tensor(float(s.sm_count), dtype=f64)
         self._smem_optin = torch.tensor(float(s.shared_memory_per_block_optin), dtype=f64)
 
     def _problem_block(self, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(..., 8) problem columns (float64) -> (..., 24) problem features (float64), in name order;
         also (mn, nk, km) and the logs of (m, n, k, dtype_bytes, ...), which the GEMM part reuses."""
+        basis, prods, logs = self._problem_basis(p)
+        return basis @ self._block_map + self._block_bias, prods, logs
+
+    def _problem_basis(self, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         mnk = p[..., 0:3]
-        prods = mnk * mnk.roll(-1, -1)                                          # mn, nk, km
+        prods = mnk * mnk[..., self._rotate]                                   # mn, nk, km
         key = p[..., 3:6] @ self._peak_key                                      # 2 * dtype_bytes + allow_tf32
         logs = torch.cat([p[..., 0:4], prods.sum(-1, keepdim=True), self._peaks[key.long()].unsqueeze(-1)], -1).log()
         roofline = (logs @ self._roof_map + self._roof_bias).amax(-1, keepdim=True)
         flags = (mnk.unsqueeze(-2) % self._mods == 0).flatten(-2)              # m,n,k % 16, then % 8
         basis = torch.cat([logs, roofline, p[..., 3:8], flags.to(p.dtype), (key == 8).unsqueeze(-1).to(p.dtype)], -1)
-        return basis @ self._block_map + self._block_bias, prods, logs
+        return basis, prods, logs
 
     def encode_cross(self, problems: torch.Tensor, configs: torch.Tensor,
                      config_part: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
@@ -229,7 +239,7 @@ class FeatureEncoder:
         # Problem-only and config-only parts are computed on the unexpanded rows (P and C of them, not
         # P * C); only the tile counts and what depends on them are per (problem, config).
         cfg_part, cfg_smem = self.config_part(c) if config_part is None else config_part
-        block, prods, logs = self._problem_block(p)
+        basis, prods, logs = self._problem_basis(p)
         tiles_mnk = torch.ceil(p[..., 0:3] / c[..., 0:3])                     # tiles_m, tiles_n, k_iters
         tiles = tiles_mnk[..., 0:1] * tiles_mnk[..., 1:2]
         full_waves = torch.ceil(tiles / self._sm)
@@ -239,20 +249,21 @@ class FeatureEncoder:
         tiled_load = ((tiles_mnk[..., 0:2] * prods[..., 1:3]).sum(-1, keepdim=True) + prods[..., 0:1]) * db
         grouped = torch.minimum(c[..., 3:4], tiles_mnk[..., 0:1])
         cross = torch.cat([torch.cat([tiles_mnk, tiled_load, full_waves, grouped], -1).log(),
-                           tiles / (full_waves * self._sm), (cfg_smem * db).expand_as(tiles)], -1)
-        # the per-(problem, config) part in one matmul, plus the broadcast sum of the other two
-        # float32 from here (the features' type): the (P, C) arrays are the only large ones
-        g = cross.to(torch.float32) @ self._cross_map32 + (cfg_part + logs[..., 0:4] @ self._dims_map).to(torch.float32)
-        x = torch.cat([block.to(torch.float32).expand(*lead, 24), g.expand(*lead, 20)], -1)
+                           tiles / (full_waves * self._sm), cfg_smem * db], -1)
+        # All three parts are written 44 wide (zeros where they have no feature) and summed with
+        # broadcasting: no expand/concatenate of the (P, C) result. float32 from here (the features'
+        # type): the (P, C) arrays are the only large ones.
+        per_problem = (basis @ self._block_map44 + self._block_bias44 + logs[..., 0:4] @ self._dims_map44)
+        x = cross.to(torch.float32) @ self._cross_map44 + cfg_part + per_problem.to(torch.float32)
         return x.reshape(-1, len(self.names))
 
     def config_part(self, configs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The config-only part of a GEMM encoding, (..., 20) and (..., 1): a caller that encodes many
+        """The config-only part of a GEMM encoding, (..., 44) float32 and (..., 1): a caller that encodes many
         problems against one config set may compute it once and pass it to encode(config_part=...)."""
         c = configs.to(torch.float64)
         bm_plus_bn = c[..., 0:1] + c[..., 1:2]
         config_in = torch.cat([torch.cat([c[..., 0:4], bm_plus_bn, c[..., 5:6]], -1).log(), c[..., 4:6]], -1)
-        part = config_in @ self._config_map[:8] + self._config_map[8]
+        part = (config_in @ self._config_map44[:8] + self._config_map44[8]).to(torch.float32)
         smem = bm_plus_bn * c[..., 2:3] * c[..., 4:5] / self._smem_optin      # smem fraction / dtype_bytes
         return part, smem
 
