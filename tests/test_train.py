@@ -147,6 +147,28 @@ def test_per_problem_by_hand():
     np.testing.assert_allclose(pp["spearman"], [1 - 6 * 52 / 336, 1 - 6 * 4 / 60])
 
 
+def test_screened_rank_path_by_hand():
+    """Problem 0 has 7 rows > 2 * keep(3): only the screen's 3 best rows keep their gemm score, so the
+    rank path picks the gemm head's best among them; problem 1 (4 rows, not > 6) is untouched."""
+    table, score = _table()
+    gemm = np.log(score)
+    screen = np.zeros_like(gemm)
+    rows0 = np.flatnonzero(table.problem_idx == 0)
+    screen[rows0] = np.arange(len(rows0))[::-1]   # the screen prefers problem 0's last three rows
+    out = ev.screened(table, gemm, screen, keep=3)
+    kept = rows0[-3:]
+    assert np.all(np.isinf(out[rows0[:-3]])) and np.array_equal(out[kept], gemm[kept])
+    rows1 = np.flatnonzero(table.problem_idx == 1)
+    assert np.array_equal(out[rows1], gemm[rows1])
+    path = ev.rank_path(table, gemm, screen, keep=3)
+    ms0 = table.ms[kept]
+    want0 = table.ms[rows0].min() / ms0[np.argmin(gemm[kept])]
+    assert path["float16/top1_eff"] == pytest.approx(want0)
+    # MAPE and Spearman stay those of the gemm head on every row
+    assert path["all/mape"] == pytest.approx(ev.summarize(table, gemm)["all/mape"])
+    assert ev.rank_path(table, gemm, None, keep=3) == ev.summarize(table, gemm)
+
+
 def test_summarize_by_hand():
     table, score = _table()
     pred = np.log(score)  # as predicted log ms: same ranking
