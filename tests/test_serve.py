@@ -371,6 +371,11 @@ def test_concurrent_predict_matches_serial(pt: Predictor, ox: Predictor, backend
     p = pt if backend == "torch" else ox
     probs = [GemmProblem(64 * (i + 1), 4096 - 100 * i, 129 + 7 * i, "float16") for i in range(8)]
     serial = [p.predict(q) for q in probs]
+    # the screened rank path (default space: 1,431 configs) and explicit config lists (cached per set)
+    lists = [list(p.default_configs("float16")[i::3]) for i in range(3)]
+    serial_rank = [[c for c, _ in p.rank(q, top_k=4)] for q in probs]
+    serial_lists = [[[c for c, _ in p.rank(q, cfgs, top_k=3)] for cfgs in lists] for q in probs]
+    ranked: dict[tuple[int, int], tuple] = {}
     results: dict[tuple[int, int], np.ndarray] = {}
     errors: list[BaseException] = []
     start = threading.Barrier(8)
@@ -381,6 +386,8 @@ def test_concurrent_predict_matches_serial(pt: Predictor, ox: Predictor, backend
             for rep in range(4):
                 j = (i + rep) % len(probs)
                 results[(i, rep)] = p.predict(probs[j])
+                ranked[(i, rep)] = ([c for c, _ in p.rank(probs[j], top_k=4)],
+                                    [[c for c, _ in p.rank(probs[j], cfgs, top_k=3)] for cfgs in lists])
         except BaseException as exc:  # collected and re-raised in the main thread
             errors.append(exc)
 
@@ -392,7 +399,9 @@ def test_concurrent_predict_matches_serial(pt: Predictor, ox: Predictor, backend
     assert not errors
     for (i, rep), got in results.items():
         np.testing.assert_allclose(got, serial[(i + rep) % len(probs)], rtol=1e-6)
-    assert len(results) == 32
+        j = (i + rep) % len(probs)
+        assert ranked[(i, rep)] == (serial_rank[j], serial_lists[j])
+    assert len(results) == 32 and len(ranked) == 32
 
 
 # ---------------------------------------------------------------------------------- import hygiene
