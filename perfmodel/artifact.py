@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -188,8 +187,6 @@ def export_onnx(bundle: ModelBundle, path: Path) -> Path:
         names_out += list(RANK_OUTPUTS)
         axes.update({"rank_problems": {0: "rank_p"}, "rank_configs": {0: "rank_c"}, "rank_config_part": {0: "rank_c"},
                      "rank_config_smem": {0: "rank_c"}, "rank_kept": {0: "rank_p"}, "rank_scores": {0: "rank_p"}})
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", torch.jit.TracerWarning)  # shape guards of the traced encoder
-        torch.onnx.export(mod, xs, str(path), input_names=names_in, output_names=names_out,
-                          dynamic_axes=axes, opset_version=17, dynamo=False)
+    torch.onnx.export(mod, xs, str(path), input_names=names_in, output_names=names_out,
+                      dynamic_axes=axes, opset_version=17, dynamo=False)
     return Path(path)

@@ -59,13 +59,6 @@ def _stack(cols: list[torch.Tensor], lead: torch.Size) -> torch.Tensor:
     return out.reshape(len(cols), -1).T
 
 
-def _broadcast(a: torch.Size, b: torch.Size) -> tuple[int, ...]:
-    """torch.broadcast_shapes for the two shapes encode() sees (a Python function costing ~80 us)."""
-    if len(a) == len(b) and all(x == y or x == 1 or y == 1 for x, y in zip(a, b)):
-        return tuple(y if x == 1 else x for x, y in zip(a, b))
-    return tuple(torch.broadcast_shapes(a, b))
-
-
 class FeatureEncoder:
     """Problem (+ config) columns -> raw feature matrix (float32), for one device.
 
@@ -194,13 +187,13 @@ class FeatureEncoder:
         self._sm = torch.tensor(float(s.sm_count), dtype=f64)
         self._smem_optin = torch.tensor(float(s.shared_memory_per_block_optin), dtype=f64)
 
-    def _problem_block(self, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(..., 8) problem columns (float64) -> (..., 24) problem features (float64), in name order;
-        also (mn, nk, km) and the logs of (m, n, k, dtype_bytes, ...), which the GEMM part reuses."""
-        basis, prods, logs = self._problem_basis(p)
-        return basis @ self._block_map + self._block_bias, prods, logs
+    def _problem_block(self, p: torch.Tensor) -> torch.Tensor:
+        """(..., 8) problem columns (float64) -> (..., 24) problem features (float64), in name order."""
+        return self._problem_basis(p)[0] @ self._block_map + self._block_bias
 
     def _problem_basis(self, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(the 19-column basis of the problem features, (mn, nk, km), the logs of (m, n, k,
+        dtype_bytes, mn + nk + km, peak FLOP/s)); the GEMM part reuses the last two."""
         mnk = p[..., 0:3]
         prods = mnk * mnk[..., self._rotate]                                   # mn, nk, km
         key = p[..., 3:6] @ self._peak_key                                      # 2 * dtype_bytes + allow_tf32
@@ -224,12 +217,12 @@ class FeatureEncoder:
             return self.encode_pad(problems)
         p = problems.to(torch.float64)
         if self.kind == "cublas":
-            return self._problem_block(p)[0].reshape(-1, len(self.names)).to(torch.float32)
+            return self._problem_block(p).reshape(-1, len(self.names)).to(torch.float32)
         if configs is None:
             raise ValueError("configs: required for a GEMM encoder")
         c = configs.to(torch.float64)
-        lead = _broadcast(p.shape[:-1], c.shape[:-1])
         if self.kind == "pr156851":
+            lead = torch.broadcast_shapes(p.shape[:-1], c.shape[:-1])
             m, n, k, db = p.unbind(-1)[:4]
             bm, bn, bk, _, st, wp = c.unbind(-1)
             flops = 2 * m * n * k
@@ -281,7 +274,7 @@ class FeatureEncoder:
         copy_a = torch.where(a_changed & (ppl == 0), (mp * kp + m * k) * db, torch.zeros_like(m))
         copy_b = torch.where(b_changed & (ppr == 0), (kp * np_ + k * n) * db, torch.zeros_like(m))
         zero = torch.zeros_like(tl)
-        padded_roofline = self._problem_block(torch.stack([mp, np_, kp, db, bf16, tf32, zero, zero], -1))[0][..., 18]
+        padded_roofline = self._problem_block(torch.stack([mp, np_, kp, db, bf16, tf32, zero, zero], -1))[..., 18]
         # Leading dimensions, elements: A (m, k) row-major -> k, transposed (a view of (k, m)) -> m; B (k, n)
         # -> n, transposed -> k; C -> n. A padded operand is a fresh row-major tensor (F.pad's output);
         # one that is not padded keeps its layout.
@@ -295,6 +288,6 @@ class FeatureEncoder:
         ], -1)
         copies = torch.stack([(copy_a / 1e9 + 1e-6).log(), (copy_b / 1e9 + 1e-6).log(),
                               ((copy_a > 0) & (tl > 0)).to(m.dtype), ((copy_b > 0) & (tr > 0)).to(m.dtype)], -1)
-        cols = torch.cat([self._problem_block(torch.stack([m, n, k, db, bf16, tf32, tl, tr], -1))[0], extra,
+        cols = torch.cat([self._problem_block(torch.stack([m, n, k, db, bf16, tf32, tl, tr], -1)), extra,
                           aligned16, copies], -1)
         return cols.reshape(-1, len(self.names)).to(torch.float32)
