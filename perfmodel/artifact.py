@@ -24,6 +24,8 @@ WEIGHTS = "model.safetensors"
 METADATA = "metadata.json"
 ONNX = "model.onnx"
 HEADS = ("gemm", "cublas", "pad", "screen")  # all but gemm are optional
+# Configs per problem that the gemm head scores after the screen head (metadata "screen_keep").
+DEFAULT_SCREEN_KEEP = 48
 
 
 class ArtifactError(ValueError):
@@ -40,6 +42,11 @@ class ModelBundle:
     @property
     def pad_threshold(self) -> float:
         return float(self.metadata.get("pad_threshold", 1.0))
+
+    @property
+    def screen_keep(self) -> int:
+        """How many configs per problem the gemm head scores after the screen head."""
+        return int(self.metadata.get("screen_keep", DEFAULT_SCREEN_KEEP))
 
 
 def spec_from_dict(d: dict[str, Any]) -> DeviceSpec:
@@ -168,7 +175,7 @@ def export_onnx(bundle: ModelBundle, path: Path) -> Path:
     """A single-file ONNX graph (no external data) with inputs <head>_x and outputs <head>_log_ms,
     and, when the bundle has a screen head, the screened ranking (RANK_INPUTS -> RANK_OUTPUTS)."""
     rank = "screen" in bundle.heads
-    keep = int(bundle.metadata.get("screen_keep", 48))
+    keep = bundle.screen_keep
     enc = bundle.encoders["gemm"]
     mod = _OnnxHeads(bundle.heads, enc if rank else None, keep).eval()
     xs = tuple(torch.randn(4, len(bundle.encoders[n])) for n in mod.names)

@@ -82,7 +82,7 @@ def make_synthetic_bundle(seed: int = 0, hidden: tuple[int, ...] = (256, 256, 25
             small.set_normalisation(x.mean(0), x.std(0))
             _randomise_batchnorm(small, gen)
             heads["screen"], encoders["screen"] = small.eval(), enc
-    return ModelBundle(spec, heads, encoders, {"pad_threshold": 1.1, "synthetic": True, "seed": seed, "screen_keep": 48})
+    return ModelBundle(spec, heads, encoders, {"pad_threshold": 1.1, "synthetic": True, "seed": seed})
 
 
 def write_synthetic_model(folder: Path, seed: int = 0, onnx: bool = True, **kwargs) -> Path:

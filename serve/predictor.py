@@ -42,10 +42,6 @@ _ONNX_CHECK_ROWS = 8
 _ONNX_CHECK_RTOL = 1e-3
 # Config sets whose tensor and config-only encoding are kept (autotuners rank one list for many shapes).
 _CONFIG_CACHE_SIZE = 32
-# Ranking screens with the small "screen" head first when the model has one, and runs the full gemm
-# head on the screen's best `screen_keep` configs per problem (metadata; this default otherwise) --
-# only when there are more than twice as many configs, else the full head scores them all.
-_DEFAULT_SCREEN_KEEP = 48
 
 
 @dataclass(frozen=True)
@@ -352,7 +348,10 @@ class Predictor:
             self._default_tensors[d] = (ct, self._encoder.config_part(ct))
         self._config_cache: OrderedDict[bytes, tuple[torch.Tensor, Any]] = OrderedDict()
         self._config_lock = threading.Lock()
-        self.screen_keep = int(bundle.metadata.get("screen_keep", _DEFAULT_SCREEN_KEEP))
+        # Ranking screens with the small "screen" head first when the model has one, and runs the gemm
+        # head on the screen's best screen_keep configs per problem -- only when there are more than
+        # twice as many configs, else the gemm head scores them all.
+        self.screen_keep = bundle.screen_keep
 
     # ------------------------------------------------------------------------------------ loading
     @classmethod
@@ -612,7 +611,7 @@ def _check_onnx_matches(bundle: ModelBundle, runner: _OnnxRunner, path: Path) ->
                 raise ArtifactError(f"{path}: head {name!r} of the ONNX graph disagrees with the folder's "
                                     "weights (stale export?); re-run `perfmodel export-onnx`")
         if runner.rank_session is not None:
-            if "screen" not in bundle.heads or runner.rank_keep != int(bundle.metadata.get("screen_keep", _DEFAULT_SCREEN_KEEP)):
+            if "screen" not in bundle.heads or runner.rank_keep != bundle.screen_keep:
                 raise ArtifactError(f"{path}: the ONNX ranking graph does not match the folder's screen head or "
                                     "screen_keep; re-run `perfmodel export-onnx`")
             enc = bundle.encoders["gemm"]

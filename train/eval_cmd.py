@@ -25,7 +25,7 @@ def evaluate_bundle(bundle: artifact.ModelBundle, data) -> dict:
         x = bundle.encoders["gemm"].encode(P, C)
         pred = bundle.heads["gemm"](x).double().numpy()
         screen = bundle.heads["screen"](x).double().numpy() if "screen" in bundle.heads else None
-        keep = int(bundle.metadata.get("screen_keep", 48))
+        keep = bundle.screen_keep
         results = {"perfmodel": ev.rank_path(test, pred, screen, keep)}
         if screen is not None:
             results["perfmodel, gemm head on every config"] = ev.summarize(test, pred)

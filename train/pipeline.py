@@ -44,7 +44,7 @@ class TrainSettings:
     small_head_epochs: int = 150       # cuBLAS and pad heads (a few thousand rows)
     screen_hidden: tuple[int, ...] = (64, 64)  # the screen head: ranks every config cheaply for serving
     screen_epochs: int = 40
-    screen_keep: int = 48              # configs per problem the gemm head scores after the screen
+    screen_keep: int = artifact.DEFAULT_SCREEN_KEEP  # configs per problem the gemm head scores after the screen
     pad_members: int = 5               # the pad head averages this many seeds (one MLP, PerfMLP.ensemble)
     baselines: bool = True             # also train/evaluate the PR 156851 baseline
     accelerator: str = "cpu"
