@@ -80,8 +80,7 @@ class _TorchRunner:
             if chain is not None:
                 self.chains[name] = chain
 
-        self.log_overhead = {name: head.log_overhead.detach().numpy().astype(np.float32)
-                             for name, head in self.heads.items()}
+        self.log_overhead = {name: head.log_overhead.detach().numpy() for name, head in self.heads.items()}
 
     def __call__(self, head: str, x: torch.Tensor) -> np.ndarray:
         """log ms (float64), the head's full output."""
@@ -137,31 +136,28 @@ class _OnnxRunner:
         if not path.is_file():
             raise FileNotFoundError(f"path_or_uri: {path.parent} has no {path.name} for backend='onnx' "
                                     f"(write it with `perfmodel export-onnx --model {path.parent}`)")
-        opts = ort.SessionOptions()
-        # Small batches (one problem x a few hundred configs): a few threads, no inter-op pool.
-        opts.intra_op_num_threads = min(_SERVING_THREADS, os.cpu_count() or 1)
-        opts.inter_op_num_threads = 1
-        # No busy-waiting between calls: the predictor runs inside a compiler process, between other
-        # work (torch's own threads among it) that spinning pool threads would slow down.
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        def session(graph: bytes, threads: int) -> Any:
+            opts = ort.SessionOptions()
+            opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
+            # No busy-waiting between calls: the predictor runs inside a compiler process, between
+            # other work (torch's own threads among it) that spinning pool threads would slow down.
+            opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            return ort.InferenceSession(graph, sess_options=opts, providers=["CPUExecutionProvider"])
+
         self.rank_session, self.rank_keep = None, None
         self.log_overhead = {name: head.log_overhead.detach().numpy() for name, head in bundle.heads.items()}
         try:
             model = _separate_batch_dims(path.read_bytes())
             heads_graph, rank_graph = _split_rank_graph(model)
-            self.session = ort.InferenceSession(heads_graph, sess_options=opts, providers=["CPUExecutionProvider"])
+            # Small batches (one problem x a few hundred configs): a few threads, no inter-op pool.
+            self.session = session(heads_graph, min(_SERVING_THREADS, os.cpu_count() or 1))
             if rank_graph is not None:
                 # Its own session (onnxruntime runs every node of a graph whatever outputs are asked
                 # for), on one thread: ~90 small nodes per call, where waking a pool thread costs more
                 # than it saves (measured: 1 thread 470-550 us, 2 threads 525-690 us per 368-config rank).
-                rank_opts = ort.SessionOptions()
-                rank_opts.intra_op_num_threads = rank_opts.inter_op_num_threads = 1
-                rank_opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-                rank_opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-                self.rank_session = ort.InferenceSession(rank_graph, sess_options=rank_opts,
-                                                         providers=["CPUExecutionProvider"])
+                self.rank_session = session(rank_graph, 1)
                 self.rank_keep = int(self.rank_session.get_outputs()[1].shape[1])
         except Exception as exc:  # onnxruntime raises its own (non-public) exception types for bad graphs
             raise ArtifactError(f"{path}: not a loadable ONNX model ({type(exc).__name__}: {exc})") from None
@@ -455,11 +451,7 @@ class Predictor:
         return (configs, *hit)
 
     def _ms(self, head: str, x: torch.Tensor, what: str) -> np.ndarray:
-        ms = np.exp(self._run(head, x))
-        if not np.all(np.isfinite(ms)) or not np.all(ms > 0):
-            # Never clamp: a non-finite prediction means the model left its valid range.
-            raise RuntimeError(f"{what}: the model predicted a non-finite or non-positive time")
-        return ms
+        return self._checked(np.exp(self._run(head, x)), what, positive=True)
 
     def predict(self, prob: GemmProblem, configs: Sequence[GemmConfig] | None = None) -> np.ndarray:
         """Predicted milliseconds of each config on prob: 1-D float64 array, one per config.
@@ -500,7 +492,8 @@ class Predictor:
         if screened and getattr(self._run, "rank_keep", None) == keep:  # onnx: the whole path in one call
             cand, z = self._run.rank(pt, ct, part)
             order = np.lexsort((cand, self._checked(z, "problems")))[:, :k]  # by time, ties in the given order
-            return np.take_along_axis(cand, order, 1), np.exp(np.take_along_axis(z, order, 1))
+            return np.take_along_axis(cand, order, 1), self._checked(np.exp(np.take_along_axis(z, order, 1)),
+                                                                     "problems", positive=True)
         with torch.inference_mode():
             x = self._encoder.encode_cross(pt, ct, part)  # (P * C, F)
         if screened:
@@ -511,14 +504,15 @@ class Predictor:
         else:
             cand, z = None, self._run.scores("gemm", x).reshape(n_prob, n_cfg)
         order = np.argsort(self._checked(z, "problems"), axis=1, kind="stable")[:, :k]
-        ms = np.exp(self._run.floor("gemm", np.take_along_axis(z, order, 1)))
-        self._checked(ms, "problems")
+        ms = self._checked(np.exp(self._run.floor("gemm", np.take_along_axis(z, order, 1))), "problems", positive=True)
         return (order if cand is None else np.take_along_axis(cand, order, 1)), ms
 
     @staticmethod
-    def _checked(values: np.ndarray, what: str) -> np.ndarray:
-        if not np.isfinite(values).all():
-            raise RuntimeError(f"{what}: the model predicted a non-finite time")
+    def _checked(values: np.ndarray, what: str, positive: bool = False) -> np.ndarray:
+        """values (scores, or ms with positive=True), unchanged. Never clamp: a non-finite prediction
+        means the model left its valid range."""
+        if not np.isfinite(values).all() or (positive and not (values > 0).all()):
+            raise RuntimeError(f"{what}: the model predicted a non-finite or non-positive time")
         return values
 
     def rank(self, prob: GemmProblem, configs: Sequence[GemmConfig] | None = None,
