@@ -24,6 +24,12 @@ class GemmTable:
     ms: np.ndarray              # (N,) measured median ms
     cublas_ms: np.ndarray       # (P,) torch.mm ms (NaN if missing)
 
+    def problem_rows(self) -> list[np.ndarray]:
+        """The row indices of each problem, in row order (empty for a problem without rows)."""
+        order = np.argsort(self.problem_idx, kind="stable")
+        bounds = np.searchsorted(self.problem_idx[order], np.arange(len(self.problems) + 1))
+        return [order[bounds[i]:bounds[i + 1]] for i in range(len(self.problems))]
+
     def subset(self, problem_mask: np.ndarray) -> "GemmTable":
         keep = np.flatnonzero(problem_mask)
         remap = -np.ones(len(self.problems), dtype=np.int64)

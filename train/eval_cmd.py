@@ -63,8 +63,8 @@ def full_space_agreement(bundle: artifact.ModelBundle, test, keep: int) -> dict[
     enc, gemm, screen = bundle.encoders["gemm"], bundle.heads["gemm"], bundle.heads["screen"]
     ratios = []
     spaces = {}
-    for prob in test.problems:
-        dtype = {2: "float16", 4: "float32"}[int(prob[3])] if not prob[4] else "bfloat16"
+    for prob, mode in zip(test.problems, test.modes):
+        dtype = "float32" if mode == "tf32" else str(mode)
         if dtype not in spaces:
             spaces[dtype] = configs_tensor(pruned_space(dtype, bundle.spec))
         ct = spaces[dtype]

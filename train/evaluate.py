@@ -35,10 +35,7 @@ def per_problem(table: GemmTable, score: np.ndarray) -> dict[str, np.ndarray]:
     Spearman(score, ms). Lower score = predicted faster."""
     P = len(table.problems)
     top1, top5, rho = np.full(P, np.nan), np.full(P, np.nan), np.full(P, np.nan)
-    order = np.argsort(table.problem_idx, kind="stable")
-    bounds = np.searchsorted(table.problem_idx[order], np.arange(P + 1))
-    for i in range(P):
-        rows = order[bounds[i]:bounds[i + 1]]
+    for i, rows in enumerate(table.problem_rows()):
         if len(rows) == 0:
             continue
         ms, s = table.ms[rows], score[rows]
@@ -54,10 +51,7 @@ def screened(table: GemmTable, pred_log_ms: np.ndarray, screen_log_ms: np.ndarra
     """The scores of the serving rank path (Predictor._best): in a problem with more than 2 * keep
     rows, only the screen head's best `keep` rows keep the gemm head's score; the rest rank last."""
     out = pred_log_ms.copy()
-    order = np.argsort(table.problem_idx, kind="stable")
-    bounds = np.searchsorted(table.problem_idx[order], np.arange(len(table.problems) + 1))
-    for i in range(len(table.problems)):
-        rows = order[bounds[i]:bounds[i + 1]]
+    for rows in table.problem_rows():
         if len(rows) > 2 * keep:
             out[rows[np.argsort(screen_log_ms[rows], kind="stable")[keep:]]] = np.inf
     return out
@@ -111,10 +105,8 @@ def random_choice(table: GemmTable) -> dict[str, float]:
     np.add.at(t1, table.problem_idx, np.log(best[table.problem_idx] / table.ms))
     t1 = np.exp(t1 / np.bincount(table.problem_idx, minlength=P))
     t5 = np.ones(P)
-    order = np.argsort(table.problem_idx, kind="stable")
-    bounds = np.searchsorted(table.problem_idx[order], np.arange(P + 1))
-    for i in range(P):
-        ms = table.ms[order[bounds[i]:bounds[i + 1]]]
+    for i, rows in enumerate(table.problem_rows()):
+        ms = table.ms[rows]
         draws = [ms[rng.choice(len(ms), size=min(5, len(ms)), replace=False)].min() for _ in range(200)]
         t5[i] = best[i] / np.exp(np.mean(np.log(draws)))
     for name in ("all",) + MODES:
