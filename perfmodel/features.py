@@ -141,8 +141,17 @@ class FeatureEncoder:
         peaks[4] = peaks[5] = s.peak_flops("float16")
         peaks[8], peaks[9] = s.peak_flops("float32"), s.peak_flops("float32", True)
         self._peaks = peaks
-        self._peak_key = torch.tensor([2.0, 0.0, 1.0], dtype=f64)   # . (dtype_bytes, is_bf16, allow_tf32)
-        self._mods = torch.tensor([[16.0], [8.0]], dtype=f64)
+        # p @ _peak_key: 2 * dtype_bytes + allow_tf32, the peak's index (fp16/bf16 ignore the tf32 flag)
+        self._peak_key = torch.zeros(len(PROBLEM_COLUMNS), 1, dtype=f64)
+        self._peak_key[3, 0], self._peak_key[5, 0] = 2, 1
+        # p @ _flag_map: m/16, n/16, k/16, m/8, n/8, k/8 and (2 * dtype_bytes + allow_tf32)/8, each an integer
+        # exactly when its flag holds (dyadic scalings: exact in float64). The last is fp32 without tf32:
+        # that key is 8; fp16/bf16 give 4 or 5, fp32 with tf32 9.
+        flag_map = torch.zeros(len(PROBLEM_COLUMNS), 7, dtype=f64)
+        for j, mod in enumerate((16, 16, 16, 8, 8, 8)):
+            flag_map[j % 3, j] = 1 / mod
+        flag_map[3, 6], flag_map[5, 6] = 2 / 8, 1 / 8
+        self._flag_map = flag_map
         self._rotate = torch.tensor([1, 2, 0])
         if self.kind != "gemm":
             return
@@ -152,7 +161,7 @@ class FeatureEncoder:
         # config [log bm, log bn, log bk, log group_m, log(bm + bn), log warps, stages, warps, 1]
         # problem [log m, log n, log k, log dtype_bytes]
         z = torch.zeros(8, 20, dtype=f64)
-        z[6, 8] = 1                                     # last wave fill (not log'd)
+        z[6, 8] = 1 / s.sm_count                        # last wave fill: tiles / (full waves * SMs), not log'd
         z[7, 13] = 1                                    # smem fraction (not log'd)
         z[0:2, 6] = 1                                   # log tiles
         z[0:2, 7] = 1                                   # log waves (- log SMs below)
@@ -181,8 +190,12 @@ class FeatureEncoder:
             return torch.cat([torch.zeros(m.shape[0], 24, dtype=f64), m], 1)
 
         self._cross_map44 = wide(z).to(torch.float32)
-        self._config_map44, self._dims_map44 = wide(c), wide(q)
-        self._block_map44 = torch.cat([self._block_map, torch.zeros(19, 20, dtype=f64)], 1)
+        self._config_map44 = wide(c)
+        # the problem part: basis @ block map, plus its first four columns (log m, n, k, dtype_bytes) @ q
+        self._problem_map44 = torch.cat([self._block_map, torch.zeros(19, 20, dtype=f64)], 1)
+        self._problem_map44[0:4] += wide(q)
+        self._load_map = torch.zeros(3, 3, dtype=f64)                 # (mn, nk, km) db -> (nk, km, 0) db
+        self._load_map[1, 0] = self._load_map[2, 1] = 1
         self._block_bias44 = torch.cat([self._block_bias, torch.zeros(20, dtype=f64)])
         self._sm = torch.tensor(float(s.sm_count), dtype=f64)
         self._smem_optin = torch.tensor(float(s.shared_memory_per_block_optin), dtype=f64)
@@ -192,16 +205,16 @@ class FeatureEncoder:
         return self._problem_basis(p)[0] @ self._block_map + self._block_bias
 
     def _problem_basis(self, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(the 19-column basis of the problem features, (mn, nk, km), the logs of (m, n, k,
-        dtype_bytes, mn + nk + km, peak FLOP/s)); the GEMM part reuses the last two."""
+        """(the 19-column basis of the problem features, (mn, nk, km), (m, n, k)); the GEMM part
+        reuses the last two."""
         mnk = p[..., 0:3]
         prods = mnk * mnk[..., self._rotate]                                   # mn, nk, km
-        key = p[..., 3:6] @ self._peak_key                                      # 2 * dtype_bytes + allow_tf32
-        logs = torch.cat([p[..., 0:4], prods.sum(-1, keepdim=True), self._peaks[key.long()].unsqueeze(-1)], -1).log()
+        peak = self._peaks[(p @ self._peak_key).long()]                         # (..., 1)
+        logs = torch.cat([p[..., 0:4], prods.sum(-1, keepdim=True), peak], -1).log()
         roofline = (logs @ self._roof_map + self._roof_bias).amax(-1, keepdim=True)
-        flags = (mnk.unsqueeze(-2) % self._mods == 0).flatten(-2)              # m,n,k % 16, then % 8
-        basis = torch.cat([logs, roofline, p[..., 3:8], flags.to(p.dtype), (key == 8).unsqueeze(-1).to(p.dtype)], -1)
-        return basis, prods, logs
+        q = p @ self._flag_map
+        flags = (q == q.floor()).to(p.dtype)                                    # m,n,k % 16, % 8; fp32_ieee
+        return torch.cat([logs, roofline, p[..., 3:8], flags], -1), prods, mnk
 
     def encode_cross(self, problems: torch.Tensor, configs: torch.Tensor,
                      config_part: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
@@ -232,22 +245,23 @@ class FeatureEncoder:
         # Problem-only and config-only parts are computed on the unexpanded rows (P and C of them, not
         # P * C); only the tile counts and what depends on them are per (problem, config).
         cfg_part, cfg_smem = self.config_part(c) if config_part is None else config_part
-        basis, prods, logs = self._problem_basis(p)
-        tiles_mnk = torch.ceil(p[..., 0:3] / c[..., 0:3])                     # tiles_m, tiles_n, k_iters
-        tiles = tiles_mnk[..., 0:1] * tiles_mnk[..., 1:2]
+        basis, prods, mnk = self._problem_basis(p)
+        tiles_mnk = torch.ceil(mnk / c[..., 0:3])                              # tiles_m, tiles_n, k_iters
+        tiles = tiles_mnk[..., 0:2].prod(-1, keepdim=True)
         full_waves = torch.ceil(tiles / self._sm)
         # Bytes the tiled kernel loads from L2/DRAM: A is re-read per column of tiles, B per row of
-        # tiles, plus the output: (nk tiles_m + km tiles_n + mn) * dtype_bytes.
+        # tiles, plus the output: (tiles_m nk + tiles_n km + mn) * dtype_bytes.
         db = p[..., 3:4]
-        tiled_load = ((tiles_mnk[..., 0:2] * prods[..., 1:3]).sum(-1, keepdim=True) + prods[..., 0:1]) * db
+        load_coef = (prods * db) @ self._load_map                              # nk db, km db, 0
+        tiled_load = (tiles_mnk * load_coef).sum(-1, keepdim=True) + prods[..., 0:1] * db
         grouped = torch.minimum(c[..., 3:4], tiles_mnk[..., 0:1])
         cross = torch.cat([torch.cat([tiles_mnk, tiled_load, full_waves, grouped], -1).log(),
-                           tiles / (full_waves * self._sm), cfg_smem * db], -1)
+                           tiles / full_waves, cfg_smem * db], -1)
         # All three parts are written 44 wide (zeros where they have no feature) and summed with
         # broadcasting: no expand/concatenate of the (P, C) result. float32 from here (the features'
         # type): the (P, C) arrays are the only large ones.
-        per_problem = (basis @ self._block_map44 + self._block_bias44 + logs[..., 0:4] @ self._dims_map44)
-        x = cross.to(torch.float32) @ self._cross_map44 + cfg_part + per_problem.to(torch.float32)
+        per_problem = (basis @ self._problem_map44 + self._block_bias44).to(torch.float32)
+        x = cross.to(torch.float32) @ self._cross_map44 + cfg_part + per_problem
         return x.reshape(-1, len(self.names))
 
     def config_part(self, configs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
