@@ -145,7 +145,7 @@ class _OnnxHeads(torch.nn.Module):
     def __init__(self, heads: dict[str, PerfMLP], encoder: FeatureEncoder | None = None, keep: int = 0) -> None:
         super().__init__()
         self.names = list(heads)
-        self.heads = torch.nn.ModuleList(heads[n].folded() for n in self.names)
+        self.heads = torch.nn.ModuleList(heads[n].for_serving() for n in self.names)
         self.encoder, self.keep = encoder, keep
         if encoder is not None:
             self.gemm, self.screen = self.heads[self.names.index("gemm")], self.heads[self.names.index("screen")]
@@ -160,15 +160,20 @@ class _OnnxHeads(torch.nn.Module):
         n_cfg = configs.shape[0]
         screen = self.screen.net(x).reshape(-1, n_cfg)                               # (P, C), before the floor
         _, kept = torch.topk(screen, self.keep, dim=1, largest=False, sorted=False)  # (P, keep)
+        # in config order, so that the sort by time below (onnxruntime's TopK puts the lower index first
+        # among equal values) breaks ties by it
+        kept = torch.sort(kept, dim=1)[0]
         rows = kept + torch.arange(screen.shape[0]).unsqueeze(1) * n_cfg
-        # before the overhead floor (increasing, so the order is the same): the caller floors the few
-        # rows it returns -- the floor is ~8 more graph nodes, each a few us on a small CPU
-        scores = self.gemm.net(x[rows.reshape(-1)]).reshape(-1, self.keep)
-        return out + (kept, scores)
+        log_ms = self.gemm.overhead_floor(self.gemm.net(x[rows.reshape(-1)])).reshape(-1, self.keep)
+        log_ms, order = torch.topk(log_ms, self.keep, dim=1, largest=False, sorted=True)
+        return out + (kept.gather(1, order), log_ms)
 
 
 RANK_INPUTS = ("rank_problems", "rank_configs", "rank_config_part", "rank_config_smem")
-RANK_OUTPUTS = ("rank_kept", "rank_scores")  # scores: the gemm head's output before its overhead floor
+# Per problem, the screen's best `keep` configs (indices) and their log ms by the gemm head, fastest
+# first, ties in config order. (Exports before this version returned "rank_scores", unsorted and
+# before the overhead floor; loaders ignore such a ranking graph.)
+RANK_OUTPUTS = ("rank_kept", "rank_log_ms")
 
 
 def export_onnx(bundle: ModelBundle, path: Path) -> Path:
@@ -193,7 +198,7 @@ def export_onnx(bundle: ModelBundle, path: Path) -> Path:
         names_in += list(RANK_INPUTS)
         names_out += list(RANK_OUTPUTS)
         axes.update({"rank_problems": {0: "rank_p"}, "rank_configs": {0: "rank_c"}, "rank_config_part": {0: "rank_c"},
-                     "rank_config_smem": {0: "rank_c"}, "rank_kept": {0: "rank_p"}, "rank_scores": {0: "rank_p"}})
+                     "rank_config_smem": {0: "rank_c"}, "rank_kept": {0: "rank_p"}, "rank_log_ms": {0: "rank_p"}})
     torch.onnx.export(mod, xs, str(path), input_names=names_in, output_names=names_out,
                       dynamic_axes=axes, opset_version=17, dynamo=False)
     return Path(path)

@@ -23,6 +23,7 @@ class MLPConfig:
     learn_overhead: bool = True  # False reproduces PR 156851's fixed overhead
     init_overhead_ms: float = 0.00541  # PR 156851's constant: the lowest H100 Triton runtime it saw
     n_outputs: int = 1
+    members: int = 1             # > 1: an average of this many heads (PerfMLP.ensemble), block-diagonal
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -114,6 +115,14 @@ class PerfMLP(nn.Module):
         m.net = nn.Sequential(*out)
         return m
 
+    def for_serving(self) -> "PerfMLP":
+        """folded(), with an ensemble's net (cfg.members > 1) run as GroupedNet: the copy that the
+        torch backend and the ONNX graph serve."""
+        m = self.folded()
+        if self.cfg.members > 1:
+            m.net = GroupedNet(self)
+        return m
+
     @staticmethod
     def ensemble(members: "list[PerfMLP]") -> "PerfMLP":
         """K trained heads of one shape as ONE plain MLP (norm "none", hidden widths K times wider):
@@ -128,8 +137,10 @@ class PerfMLP(nn.Module):
             raise ValueError("members: need one or more heads of the same depth")
         first = members[0].cfg
         hidden = tuple(sum(l[i].out_features for l in lins) for i in range(len(lins[0]) - 1))
+        if any(h.cfg.members != 1 for h in members):
+            raise ValueError("members: an ensemble of ensembles is not supported")
         out = PerfMLP(MLPConfig(first.n_inputs, hidden, "none", learn_overhead=first.learn_overhead,
-                                init_overhead_ms=first.init_overhead_ms, n_outputs=first.n_outputs))
+                                init_overhead_ms=first.init_overhead_ms, n_outputs=first.n_outputs, members=k))
         big = [m for m in out.net if isinstance(m, nn.Linear)]
         with torch.no_grad():
             for i, lin in enumerate(big):
@@ -153,3 +164,48 @@ class PerfMLP(nn.Module):
     @property
     def overhead_ms(self) -> torch.Tensor:
         return self.log_overhead.detach().exp()
+
+
+class GroupedNet(nn.Module):
+    """The network of a folded ensemble head (PerfMLP.ensemble, cfg.members = G > 1) run as its G members
+    side by side: batched matmuls over (G, rows, width) in place of the block-diagonal hidden Linears,
+    whose off-diagonal zeros make a product G times larger than the members need. Same output as the
+    head's net (before the overhead floor), to float rounding; the ONNX graph and the torch backend run it."""
+
+    def __init__(self, head: PerfMLP) -> None:
+        super().__init__()
+        g = head.cfg.members
+        folded = head.folded()
+        lins = [m for m in folded.net if isinstance(m, nn.Linear)]
+        if g < 2 or len(lins) < 2 or any(type(m) not in (nn.Linear, nn.ReLU) for m in folded.net):
+            raise ValueError("head: GroupedNet needs a folded ensemble of Linear/ReLU members (cfg.members > 1)")
+        self.members = g
+        with torch.no_grad():
+            self.register_buffer("w_first", lins[0].weight.t().contiguous())          # (F, G H)
+            self.register_buffer("b_first", lins[0].bias.clone())
+            hidden_w, hidden_b = [], []
+            for lin in lins[1:-1]:
+                out_w, in_w = lin.weight.shape[0] // g, lin.weight.shape[1] // g
+                blocks = lin.weight.reshape(g, out_w, g, in_w)
+                diag = torch.stack([blocks[i, :, i, :] for i in range(g)])              # (G, out, in)
+                off = blocks.clone()
+                for i in range(g):
+                    off[i, :, i, :] = 0
+                if off.any():
+                    raise ValueError("head: a hidden layer is not block-diagonal over its members")
+                hidden_w.append(diag.transpose(1, 2).contiguous())                      # (G, in, out)
+                hidden_b.append(lin.bias.reshape(g, 1, out_w).clone())
+            self.hidden_w, self.hidden_b = nn.ParameterList(hidden_w), nn.ParameterList(hidden_b)
+            last = lins[-1]
+            self.register_buffer("w_last", last.weight.reshape(last.weight.shape[0], g, -1).permute(1, 2, 0).contiguous())
+            self.register_buffer("b_last", last.bias.clone())
+        self.requires_grad_(False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(N, n_inputs) -> (N, n_outputs), the members' mean output before the floor."""
+        h = torch.relu(x @ self.w_first + self.b_first)                                # (N, G H)
+        # every size explicit: onnxruntime cannot infer a -1 in an empty (0-row) tensor
+        h = h.reshape(h.shape[0], self.members, self.w_first.shape[1] // self.members).transpose(0, 1)  # (G, N, H)
+        for w, b in zip(self.hidden_w, self.hidden_b):
+            h = torch.relu(torch.baddbmm(b, h, w))
+        return torch.bmm(h, self.w_last).sum(0) + self.b_last

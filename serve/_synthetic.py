@@ -51,10 +51,12 @@ def _randomise_batchnorm(head: PerfMLP, gen: torch.Generator) -> None:
 
 
 def make_synthetic_bundle(seed: int = 0, hidden: tuple[int, ...] = (256, 256, 256, 256),
-                          with_pad: bool = True, with_cublas: bool = True, screen: str | None = "copy") -> ModelBundle:
+                          with_pad: bool = True, with_cublas: bool = True, screen: str | None = "copy",
+                          members: int = 1) -> ModelBundle:
     """An H100 bundle whose heads have random weights (seeded) and realistic normalisation.
     screen: "copy" (a screen head identical to the gemm head: ranking must then equal the full
-    ranking), "random" (its own random weights, 2 x 64), or None (no screen head)."""
+    ranking), "random" (its own random weights, 2 x 64), or None (no screen head).
+    members: > 1 makes the gemm head an ensemble (PerfMLP.ensemble) of that many random heads."""
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
     rng = random.Random(seed)
@@ -71,9 +73,13 @@ def make_synthetic_bundle(seed: int = 0, hidden: tuple[int, ...] = (256, 256, 25
             x = enc.encode(problems_tensor(problems))
         else:
             x = enc.encode_pad(pad_tensor(_sample_pads(rng, 256)))
-        head = PerfMLP(MLPConfig(n_inputs=len(enc), hidden=hidden, n_outputs=2 if kind == "pad" else 1))
-        head.set_normalisation(x.mean(0), x.std(0))
-        _randomise_batchnorm(head, gen)
+        parts = []
+        for _ in range(members if kind == "gemm" else 1):
+            head = PerfMLP(MLPConfig(n_inputs=len(enc), hidden=hidden, n_outputs=2 if kind == "pad" else 1))
+            head.set_normalisation(x.mean(0), x.std(0))
+            _randomise_batchnorm(head, gen)
+            parts.append(head.eval())
+        head = parts[0] if len(parts) == 1 else PerfMLP.ensemble(parts)
         heads[kind], encoders[kind] = head.eval(), enc
         if kind == "gemm" and screen == "copy":
             heads["screen"], encoders["screen"] = copy.deepcopy(head).eval(), enc

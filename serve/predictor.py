@@ -28,6 +28,7 @@ from torch import nn
 from perfmodel.artifact import ONNX, RANK_INPUTS, RANK_OUTPUTS, ArtifactError, ModelBundle, load as load_bundle
 from perfmodel.configs import pruned_space
 from perfmodel.features import configs_tensor, pad_tensor, problems_tensor
+from perfmodel.model import GroupedNet
 from perfmodel.schema import DTYPES, GemmConfig, GemmProblem, PadDecision, PadProblem
 
 BACKENDS = ("torch", "onnx")
@@ -72,13 +73,17 @@ class _TorchRunner:
     batch on the 2-core CPU, bit-identical output. Any other head runs as its module."""
 
     def __init__(self, bundle: ModelBundle) -> None:
-        self.heads = {name: head.folded().eval() for name, head in bundle.heads.items()}
-        self.chains: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        self.heads = {name: head.for_serving().eval() for name, head in bundle.heads.items()}
+        # per head, its output before the overhead floor: an addmm chain, or an ensemble's GroupedNet
+        self.chains: dict[str, Any] = {}
         for name, head in self.heads.items():
             head.requires_grad_(False)
+            if isinstance(head.net, GroupedNet):
+                self.chains[name] = head.net
+                continue
             chain = _linear_relu_chain(head)
             if chain is not None:
-                self.chains[name] = chain
+                self.chains[name] = lambda x, chain=chain: _addmm_chain(chain, x)
 
         self.log_overhead = {name: head.log_overhead.detach().numpy() for name, head in self.heads.items()}
 
@@ -106,17 +111,22 @@ class _TorchRunner:
         return _overhead_floor(z, self.log_overhead[head])
 
     def _chain(self, head: str, x: torch.Tensor) -> torch.Tensor:
-        h = x
-        chain = self.chains[head]
-        for i, (wt, b) in enumerate(chain):
-            h = torch.addmm(b, h, wt)
-            if i < len(chain) - 1:
-                h.relu_()
-        return h
+        return self.chains[head](x)
+
+
+def _addmm_chain(chain: list[tuple[torch.Tensor, torch.Tensor]], x: torch.Tensor) -> torch.Tensor:
+    h = x
+    for i, (wt, b) in enumerate(chain):
+        h = torch.addmm(b, h, wt)
+        if i < len(chain) - 1:
+            h.relu_()
+    return h
 
 
 def _linear_relu_chain(head: Any) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
     """[(W^T, b)] of a folded head made of Linear, ReLU, ..., Linear (standardisation folded away)."""
+    if not isinstance(head.net, nn.Sequential):
+        return None
     mods = list(head.net)
     if not (torch.all(head.x_mean == 0) and torch.all(head.x_std == 1)):
         return None
@@ -183,12 +193,12 @@ class _OnnxRunner:
         return self(head, x)
 
     def rank(self, problems: torch.Tensor, configs: torch.Tensor, part: Any) -> tuple[np.ndarray, np.ndarray]:
-        """The graph's screened ranking: (kept config indices, their log ms), each (P, rank_keep), unsorted.
-        The graph returns the gemm head's output before the overhead floor; it is applied here."""
-        kept, scores = self.rank_session.run(list(RANK_OUTPUTS), {
+        """The graph's screened ranking: (kept config indices, their log ms), each (P, rank_keep),
+        fastest first, ties in config order."""
+        kept, log_ms = self.rank_session.run(list(RANK_OUTPUTS), {
             "rank_problems": problems.numpy(), "rank_configs": configs.numpy(),
             "rank_config_part": part[0].numpy(), "rank_config_smem": part[1].numpy()})
-        return kept, _overhead_floor(scores, self.log_overhead["gemm"])
+        return kept, log_ms
 
     def floor(self, head: str, z: np.ndarray) -> np.ndarray:
         """scores() are already floored (in the heads' graph)."""
@@ -212,11 +222,14 @@ def _split_rank_graph(model_bytes: bytes) -> tuple[bytes, bytes | None]:
         return model_bytes, None
     model = onnx.load_from_string(model_bytes)
     inputs = [i.name for i in model.graph.input]
-    if not all(name in inputs for name in RANK_INPUTS):
+    if not any(name in inputs for name in RANK_INPUTS):
         return model_bytes, None
+    outputs = [o.name for o in model.graph.output]
     extractor = Extractor(model)
     heads = extractor.extract_model([n for n in inputs if n not in RANK_INPUTS],
-                                    [o.name for o in model.graph.output if o.name not in RANK_OUTPUTS])
+                                    [n for n in outputs if not n.startswith("rank_")])
+    if not (all(name in inputs for name in RANK_INPUTS) and all(name in outputs for name in RANK_OUTPUTS)):
+        return heads.SerializeToString(), None  # an older ranking graph (other outputs): the heads serve
     rank = extractor.extract_model(list(RANK_INPUTS), list(RANK_OUTPUTS))
     return heads.SerializeToString(), rank.SerializeToString()
 
@@ -498,10 +511,8 @@ class Predictor:
         pt = problems_tensor(problems)
         screened = self.has_screen and n_cfg > 2 * keep
         if screened and getattr(self._run, "rank_keep", None) == keep:  # onnx: the whole path in one call
-            cand, z = self._run.rank(pt, ct, part)
-            order = np.lexsort((cand, self._checked(z, "problems")))[:, :k]  # by time, ties in the given order
-            return np.take_along_axis(cand, order, 1), self._checked(np.exp(np.take_along_axis(z, order, 1)),
-                                                                     "problems", positive=True)
+            cand, log_ms = self._run.rank(pt, ct, part)  # sorted by time, ties in the given order
+            return cand[:, :k], self._checked(np.exp(self._checked(log_ms, "problems")[:, :k]), "problems", positive=True)
         with torch.inference_mode():
             x = self._encoder.encode_cross(pt, ct, part)  # (P * C, F)
         if screened:
@@ -624,6 +635,7 @@ def _check_onnx_matches(bundle: ModelBundle, runner: _OnnxRunner, path: Path) ->
             want = bundle.heads["gemm"](x[torch.from_numpy(kept[0])]).numpy()
             screen = bundle.heads["screen"](x).numpy()
             if not np.allclose(log_ms[0], want, rtol=_ONNX_CHECK_RTOL, atol=1e-4) or \
+                    np.any(np.diff(log_ms[0]) < 0) or \
                     screen[kept[0]].max() > np.sort(screen)[runner.rank_keep - 1] + 1e-4:
                 raise ArtifactError(f"{path}: the ONNX ranking graph disagrees with the folder's weights "
                                     "(stale export?); re-run `perfmodel export-onnx`")

@@ -354,3 +354,35 @@ def test_ensemble_is_the_members_average_before_the_floor():
         assert torch.all(ens(x) >= ens.log_overhead - 1e-6)
     with pytest.raises(ValueError, match="members"):
         PerfMLP.ensemble([members[0], PerfMLP(MLPConfig(n_inputs=7, hidden=(4,), n_outputs=2))])
+
+
+def test_grouped_net_runs_an_ensemble_as_its_members():
+    """GroupedNet (batched member products, served by both backends) equals the ensemble's
+    block-diagonal net; a head whose hidden layers are not block-diagonal is refused."""
+    from perfmodel.model import GroupedNet
+
+    gen = torch.Generator().manual_seed(5)
+    members = []
+    for i in range(3):
+        torch.manual_seed(10 + i)
+        h = PerfMLP(MLPConfig(n_inputs=6, hidden=(12, 12, 12), n_outputs=2))
+        h.set_normalisation(torch.randn(6, generator=gen), torch.rand(6, generator=gen) + 0.5)
+        for m in h.net:
+            if isinstance(m, torch.nn.BatchNorm1d):
+                m.running_mean.normal_(generator=gen)
+                m.running_var.uniform_(0.5, 2.0, generator=gen)
+        members.append(h.eval())
+    ens = PerfMLP.ensemble(members)
+    assert ens.cfg.members == 3 and MLPConfig.from_dict(ens.cfg.as_dict()) == ens.cfg
+    grouped = GroupedNet(ens)
+    served = ens.for_serving()
+    assert isinstance(served.net, GroupedNet)
+    x = torch.randn(40, 6, generator=gen) * 2
+    with torch.no_grad():
+        np.testing.assert_allclose(grouped(x).numpy(), ens.net(x).numpy(), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(served(x).numpy(), ens(x).numpy(), rtol=1e-5, atol=1e-5)
+        ens.net[2].weight[0, -1] = 0.5  # a weight between members: no longer an ensemble
+    with pytest.raises(ValueError, match="block-diagonal"):
+        GroupedNet(ens)
+    with pytest.raises(ValueError, match="GroupedNet"):
+        GroupedNet(members[0])

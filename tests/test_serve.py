@@ -504,6 +504,22 @@ def test_random_screen_keeps_the_gemm_best_of_what_it_kept(tmp_path: Path) -> No
     assert len(p.rank(PROB, top_k=p.screen_keep + 10)) == p.screen_keep + 10
 
 
+def test_ensemble_gemm_head_serves_on_both_backends(tmp_path: Path) -> None:
+    """A gemm head averaged from 3 members runs as GroupedNet in the torch backend and the ONNX graph:
+    both give the bundle's own (block-diagonal) predictions, and the screened ranking the full one."""
+    folder = write_synthetic_model(tmp_path / "m", seed=6, hidden=(32, 32, 32), members=3)
+    preds = [Predictor.load(folder), Predictor.load(folder, backend="onnx")]
+    cfgs = preds[0].default_configs("float16")
+    with torch.inference_mode():
+        x = preds[0].bundle.encoders["gemm"].encode_cross(problems_tensor([PROB]), configs_tensor(cfgs))
+        want = np.exp(preds[0].bundle.heads["gemm"](x).double().numpy())
+    assert preds[0].bundle.heads["gemm"].cfg.members == 3
+    for p in preds:
+        np.testing.assert_allclose(p.predict(PROB), want, rtol=1e-4)
+        order = np.argsort(want, kind="stable")[:5]
+        assert [c for c, _ in p.rank(PROB, top_k=5)] == [cfgs[i] for i in order]
+
+
 def test_rank_many_matches_rank(pt: Predictor, ox: Predictor) -> None:
     probs = [PROB, GemmProblem(37, 5000, 129, "float16"), GemmProblem(8, 8, 8, "float16")]
     for p in (pt, ox):

@@ -27,6 +27,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="hidden widths of the screen head ('' for none: rank scores every config with the gemm head)")
     t.add_argument("--screen-epochs", type=int, default=d.screen_epochs)
     t.add_argument("--pad-members", type=int, default=d.pad_members, help="seeds averaged into the pad head")
+    t.add_argument("--gemm-members", type=int, default=d.gemm_members, help="seeds averaged into the gemm head")
     t.add_argument("--screen-keep", type=int, default=d.screen_keep,
                    help="configs per problem that the gemm head scores after the screen")
     t.add_argument("--seed", type=int, default=d.seed)
@@ -59,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
                           rank_weight=args.rank_weight, rank_tau=args.rank_tau, problems_per_batch=args.problems_per_batch,
                           small_head_epochs=args.small_head_epochs, seed=args.seed,
                           screen_hidden=tuple(int(h) for h in args.screen_hidden.split(",") if h.strip()),
-                          screen_epochs=args.screen_epochs, screen_keep=args.screen_keep, pad_members=args.pad_members, baselines=not args.no_baselines,
+                          screen_epochs=args.screen_epochs, screen_keep=args.screen_keep, pad_members=args.pad_members,
+                          gemm_members=args.gemm_members, baselines=not args.no_baselines,
                           accelerator=args.accelerator, devices=_devices(args.devices), strategy=args.strategy,
                           tracking_uri=args.tracking_uri, experiment=args.experiment,
                           register_name=args.register_name or None, alias=args.alias,

@@ -46,6 +46,7 @@ class TrainSettings:
     screen_epochs: int = 40
     screen_keep: int = artifact.DEFAULT_SCREEN_KEEP  # configs per problem the gemm head scores after the screen
     pad_members: int = 5               # the pad head averages this many seeds (one MLP, PerfMLP.ensemble)
+    gemm_members: int = 1              # the gemm head averages this many seeds (likewise)
     baselines: bool = True             # also train/evaluate the PR 156851 baseline
     accelerator: str = "cpu"
     devices: str = "auto"
@@ -90,6 +91,20 @@ def fit_head(head: PerfMLP, x: torch.Tensor, y: torch.Tensor, split: np.ndarray,
                         max_epochs=epochs, prefix=prefix, rank_tau=settings.rank_tau)
     _trainer(settings, logger, epochs).fit(module, train_dl, val_dl)
     return head.eval()
+
+
+def _fit_members(make, n: int, x: torch.Tensor, y: torch.Tensor, split: np.ndarray, groups: np.ndarray | None,
+                 settings: TrainSettings, logger, epochs: int, prefix: str, rank_weight: float) -> PerfMLP:
+    """n heads fitted from seeds seed, seed + 1, ...; their average as one MLP (PerfMLP.ensemble) when n > 1.
+    A single head keeps its metric prefix "<prefix>_", members are "<prefix>0_", "<prefix>1_", ..."""
+    if n <= 1:
+        return fit_head(make(), x, y, split, groups, settings, logger, epochs, f"{prefix}_", rank_weight)
+    members = []
+    for i in range(n):
+        torch.manual_seed(settings.seed + i)
+        members.append(fit_head(make(), x, y, split, groups, replace(settings, seed=settings.seed + i), logger,
+                                epochs, f"{prefix}{i}_", rank_weight))
+    return PerfMLP.ensemble(members)
 
 
 @torch.inference_mode()
@@ -209,8 +224,9 @@ def run(settings: TrainSettings) -> dict[str, Any]:
         mlflow.log_params({k: v for k, v in params.items() if k not in ("command",)})
         mlflow.log_param("dataset_sha256", dataset_hash(settings.data))
 
-        gemm_head = fit_head(PerfMLP(MLPConfig(len(enc), settings.hidden, settings.norm)), x, y, row_split,
-                             gemm.problem_idx, settings, logger, settings.epochs, "gemm_", settings.rank_weight)
+        gemm_head = _fit_members(lambda: PerfMLP(MLPConfig(len(enc), settings.hidden, settings.norm)),
+                                 settings.gemm_members, x, y, row_split, gemm.problem_idx, settings, logger,
+                                 settings.epochs, "gemm", settings.rank_weight)
         # The screen head learns the gemm head's predictions (distillation: it must keep the configs the
         # gemm head would rank first, not re-learn the timings), with the within-problem ranking term.
         screen_head = None
@@ -232,13 +248,9 @@ def run(settings: TrainSettings) -> dict[str, Any]:
         pad_split = split_problems(pads.modes, settings.seed)
         # Single pad heads vary by seed (1.02-1.05x of the oracle's total time on held-out problems): their
         # average is steadier, and written as one wider MLP it serves and exports like any head.
-        members = []
-        for i in range(max(1, settings.pad_members)):
-            torch.manual_seed(settings.seed + i)
-            member = PerfMLP(MLPConfig(len(penc), (128, 128, 128), settings.norm, n_outputs=2))
-            members.append(fit_head(member, px, py, pad_split, None, replace(settings, seed=settings.seed + i),
-                                    logger, settings.small_head_epochs, f"pad{i}_", 0.0))
-        pad_head = members[0] if len(members) == 1 else PerfMLP.ensemble(members)
+        pad_head = _fit_members(lambda: PerfMLP(MLPConfig(len(penc), (128, 128, 128), settings.norm, n_outputs=2)),
+                                settings.pad_members, px, py, pad_split, None, settings, logger,
+                                settings.small_head_epochs, "pad", 0.0)
 
         # ---- evaluation on held-out problems
         test = gemm.subset(split == 2)
