@@ -158,7 +158,8 @@ class _OnnxHeads(torch.nn.Module):
         problems, configs, cfg_part, cfg_smem = xs[n:]
         x = self.encoder.encode_cross(problems, configs, (cfg_part, cfg_smem))       # (P * C, F)
         n_cfg = configs.shape[0]
-        screen = self.screen.net(x).reshape(-1, n_cfg)                               # (P, C), before the floor
+        # (P, C): before the floor (the same order), unless the head floors each member before its mean
+        screen = (self.screen(x) if self.screen.floors_each_member else self.screen.net(x)).reshape(-1, n_cfg)
         _, kept = torch.topk(screen, self.keep, dim=1, largest=False, sorted=False)  # (P, keep)
         # in config order, so that the sort by time below (onnxruntime's TopK puts the lower index first
         # among equal values) breaks ties by it

@@ -24,6 +24,9 @@ class MLPConfig:
     init_overhead_ms: float = 0.00541  # PR 156851's constant: the lowest H100 Triton runtime it saw
     n_outputs: int = 1
     members: int = 1             # > 1: an average of this many heads (PerfMLP.ensemble), block-diagonal
+    # how an ensemble averages: "before_floor" (one output layer, the mean of the members' outputs, then
+    # the floor) or "after_floor" (each member's output floored by its own overhead, then the mean)
+    average: str = "before_floor"
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -57,9 +60,11 @@ class PerfMLP(nn.Module):
             if cfg.dropout > 0:
                 layers.append(nn.Dropout(cfg.dropout))
             width = h
-        layers.append(nn.Linear(width, cfg.n_outputs))
+        layers.append(nn.Linear(width, self.n_raw_outputs(cfg)))
         self.net = nn.Sequential(*layers)
-        log_oh = torch.full((cfg.n_outputs,), math.log(cfg.init_overhead_ms))
+        if cfg.average not in ("before_floor", "after_floor"):
+            raise ValueError(f"average: expected before_floor or after_floor, got {cfg.average!r}")
+        log_oh = torch.full((self.n_raw_outputs(cfg),), math.log(cfg.init_overhead_ms))
         if cfg.learn_overhead:
             self.log_overhead = nn.Parameter(log_oh)
         else:
@@ -74,12 +79,27 @@ class PerfMLP(nn.Module):
         """(N, n_inputs) raw features -> (N,) log ms (or (N, n_outputs))."""
         return self.overhead_floor(self.net((x - self.x_mean) / self.x_std))
 
+    @staticmethod
+    def n_raw_outputs(cfg: MLPConfig) -> int:
+        """Width of the network's last layer: n_outputs, or one set per member when each member is
+        floored before the average."""
+        return cfg.n_outputs * (cfg.members if cfg.average == "after_floor" else 1)
+
     def overhead_floor(self, z: torch.Tensor) -> torch.Tensor:
-        """The output layer: (N, n_outputs) network outputs -> logsumexp(z, log overhead), squeezed."""
+        """The output layer: (N, n_raw_outputs) network outputs -> logsumexp(z, log overhead) (then the
+        members' mean, for an after-floor ensemble), squeezed to (N,) when n_outputs is 1."""
         oh = self.log_overhead.expand_as(z)
         # logaddexp(z, oh), written out so that the ONNX exporter takes it (aten::logaddexp has no symbolic)
         out = torch.maximum(z, oh) + torch.log1p(torch.exp(-torch.abs(z - oh)))
+        if out.shape[-1] != self.cfg.n_outputs:  # after_floor: (N, members * n_outputs), member-major
+            out = out.reshape(out.shape[0], self.cfg.members, self.cfg.n_outputs).mean(1)  # sizes explicit: 0 rows
         return out.squeeze(-1) if self.cfg.n_outputs == 1 else out
+
+    @property
+    def floors_each_member(self) -> bool:
+        """An after-floor ensemble: its ranking score is the floored output (no pre-floor score
+        orders its rows)."""
+        return self.cfg.members > 1 and self.cfg.average == "after_floor"
 
     def folded(self) -> "PerfMLP":
         """An eval-mode copy with every BatchNorm folded into the Linear before it, and the input
@@ -124,12 +144,14 @@ class PerfMLP(nn.Module):
         return m
 
     @staticmethod
-    def ensemble(members: "list[PerfMLP]") -> "PerfMLP":
+    def ensemble(members: "list[PerfMLP]", average: str = "before_floor") -> "PerfMLP":
         """K trained heads of one shape as ONE plain MLP (norm "none", hidden widths K times wider):
-        the members' folded first Linears stacked, their hidden Linears block-diagonal, and the last
-        Linear the mean of theirs; log overhead the mean of theirs. Its output is
-        floor(mean_k z_k), the members' average before the overhead floor (not the average after it:
-        the two differ only for predictions near the overhead). Serves and exports as any head."""
+        the members' folded first Linears stacked, their hidden Linears block-diagonal.
+        average "before_floor": the last Linear the mean of theirs, log overhead the mean of theirs;
+        the output is floor(mean_k z_k). "after_floor": the last Linear keeps each member's outputs
+        and overhead; the output is mean_k floor_k(z_k), the mean of the members' log ms. The two
+        differ near the overhead, where the floor (a soft maximum) bends, and below it, where a
+        member's z is not fitted. Serves and exports as any head."""
         folded = [h.folded() for h in members]
         k = len(folded)
         lins = [[m for m in f.net if isinstance(m, nn.Linear)] for f in folded]
@@ -139,8 +161,10 @@ class PerfMLP(nn.Module):
         hidden = tuple(sum(l[i].out_features for l in lins) for i in range(len(lins[0]) - 1))
         if any(h.cfg.members != 1 for h in members):
             raise ValueError("members: an ensemble of ensembles is not supported")
+        after = average == "after_floor"
         out = PerfMLP(MLPConfig(first.n_inputs, hidden, "none", learn_overhead=first.learn_overhead,
-                                init_overhead_ms=first.init_overhead_ms, n_outputs=first.n_outputs, members=k))
+                                init_overhead_ms=first.init_overhead_ms, n_outputs=first.n_outputs, members=k,
+                                average=average))
         big = [m for m in out.net if isinstance(m, nn.Linear)]
         with torch.no_grad():
             for i, lin in enumerate(big):
@@ -149,16 +173,17 @@ class PerfMLP(nn.Module):
                 r = c = 0
                 for member in lins:
                     w, b = member[i].weight, member[i].bias
-                    if i == len(big) - 1:          # output: the mean of the members'
+                    if i == len(big) - 1 and not after:  # output: the mean of the members'
                         lin.weight[:, c:c + w.shape[1]] = w / k
                         lin.bias += b / k
-                    else:                          # first: stacked; hidden: block-diagonal
+                    else:                          # first: stacked; hidden (and after-floor output): block-diagonal
                         cols = slice(None) if i == 0 else slice(c, c + w.shape[1])
                         lin.weight[r:r + w.shape[0], cols] = w
                         lin.bias[r:r + w.shape[0]] = b
                     r += w.shape[0]
                     c += w.shape[1]
-            out.log_overhead.copy_(torch.stack([h.log_overhead.detach() for h in members]).mean(0))
+            overheads = torch.stack([h.log_overhead.detach() for h in members])
+            out.log_overhead.copy_(overheads.reshape(-1) if after else overheads.mean(0))
         return out.eval()
 
     @property
@@ -197,15 +222,26 @@ class GroupedNet(nn.Module):
                 hidden_b.append(lin.bias.reshape(g, 1, out_w).clone())
             self.hidden_w, self.hidden_b = nn.ParameterList(hidden_w), nn.ParameterList(hidden_b)
             last = lins[-1]
-            self.register_buffer("w_last", last.weight.reshape(last.weight.shape[0], g, -1).permute(1, 2, 0).contiguous())
-            self.register_buffer("b_last", last.bias.clone())
+            self.after_floor = head.floors_each_member
+            if self.after_floor:  # block-diagonal too: each member's own outputs, member-major
+                n_out = last.weight.shape[0] // g
+                blocks = last.weight.reshape(g, n_out, g, -1)
+                self.register_buffer("w_last", torch.stack([blocks[i, :, i, :] for i in range(g)]).transpose(1, 2).contiguous())
+                self.register_buffer("b_last", last.bias.reshape(g, 1, n_out).clone())
+            else:                 # the members' mean
+                self.register_buffer("w_last", last.weight.reshape(last.weight.shape[0], g, -1).permute(1, 2, 0).contiguous())
+                self.register_buffer("b_last", last.bias.clone())
         self.requires_grad_(False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """(N, n_inputs) -> (N, n_outputs), the members' mean output before the floor."""
+        """(N, n_inputs) -> the head's net output: (N, n_outputs), the members' mean before the floor,
+        or for an after-floor ensemble (N, members * n_outputs), member-major."""
         h = torch.relu(x @ self.w_first + self.b_first)                                # (N, G H)
         # every size explicit: onnxruntime cannot infer a -1 in an empty (0-row) tensor
         h = h.reshape(h.shape[0], self.members, self.w_first.shape[1] // self.members).transpose(0, 1)  # (G, N, H)
         for w, b in zip(self.hidden_w, self.hidden_b):
             h = torch.relu(torch.baddbmm(b, h, w))
+        if self.after_floor:
+            z = torch.baddbmm(self.b_last, h, self.w_last)                               # (G, N, n_out)
+            return z.transpose(0, 1).reshape(z.shape[1], self.members * self.w_last.shape[2])
         return torch.bmm(h, self.w_last).sum(0) + self.b_last

@@ -52,11 +52,12 @@ def _randomise_batchnorm(head: PerfMLP, gen: torch.Generator) -> None:
 
 def make_synthetic_bundle(seed: int = 0, hidden: tuple[int, ...] = (256, 256, 256, 256),
                           with_pad: bool = True, with_cublas: bool = True, screen: str | None = "copy",
-                          members: int = 1) -> ModelBundle:
+                          members: int = 1, average: str = "after_floor") -> ModelBundle:
     """An H100 bundle whose heads have random weights (seeded) and realistic normalisation.
     screen: "copy" (a screen head identical to the gemm head: ranking must then equal the full
     ranking), "random" (its own random weights, 2 x 64), or None (no screen head).
-    members: > 1 makes the gemm head an ensemble (PerfMLP.ensemble) of that many random heads."""
+    members: > 1 makes the gemm head an ensemble (PerfMLP.ensemble, averaged `average`) of that many
+    random heads."""
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
     rng = random.Random(seed)
@@ -79,7 +80,7 @@ def make_synthetic_bundle(seed: int = 0, hidden: tuple[int, ...] = (256, 256, 25
             head.set_normalisation(x.mean(0), x.std(0))
             _randomise_batchnorm(head, gen)
             parts.append(head.eval())
-        head = parts[0] if len(parts) == 1 else PerfMLP.ensemble(parts)
+        head = parts[0] if len(parts) == 1 else PerfMLP.ensemble(parts, average)
         heads[kind], encoders[kind] = head.eval(), enc
         if kind == "gemm" and screen == "copy":
             heads["screen"], encoders["screen"] = copy.deepcopy(head).eval(), enc

@@ -98,7 +98,7 @@ class _TorchRunner:
         """Scores that order rows as the head's log ms do: the output before the overhead floor
         (logaddexp(z, log overhead) is increasing in z), which ranking needs for every row while the
         floor is only applied to the few rows returned (floor())."""
-        if head not in self.chains:
+        if head not in self.chains or self.heads[head].floors_each_member:
             return self(head, x)
         with torch.inference_mode():
             z = self._chain(head, x)
@@ -106,7 +106,7 @@ class _TorchRunner:
 
     def floor(self, head: str, z: np.ndarray) -> np.ndarray:
         """log ms of scores(); PerfMLP.overhead_floor in float32, as the torch head computes it."""
-        if head not in self.chains:
+        if head not in self.chains or self.heads[head].floors_each_member:
             return z
         return _overhead_floor(z, self.log_overhead[head])
 

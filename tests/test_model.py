@@ -386,3 +386,33 @@ def test_grouped_net_runs_an_ensemble_as_its_members():
         GroupedNet(ens)
     with pytest.raises(ValueError, match="GroupedNet"):
         GroupedNet(members[0])
+
+
+def test_after_floor_ensemble_is_the_mean_of_the_members_log_ms():
+    """average="after_floor": each member floored by its own overhead, then the mean; GroupedNet and
+    the folded copy serve the same; never below the smallest member overhead."""
+    from perfmodel.model import GroupedNet
+
+    gen = torch.Generator().manual_seed(8)
+    members = []
+    for i in range(3):
+        torch.manual_seed(20 + i)
+        h = PerfMLP(MLPConfig(n_inputs=5, hidden=(8, 8), n_outputs=2))
+        h.set_normalisation(torch.randn(5, generator=gen), torch.rand(5, generator=gen) + 0.5)
+        with torch.no_grad():
+            h.log_overhead.copy_(torch.tensor([-1.0 - i, -0.5 * i]))
+        members.append(h.eval())
+    ens = PerfMLP.ensemble(members, average="after_floor")
+    assert ens.cfg.average == "after_floor" and ens.floors_each_member and ens.log_overhead.shape == (6,)
+    x = torch.randn(30, 5, generator=gen) * 3
+    with torch.no_grad():
+        want = torch.stack([m(x) for m in members]).mean(0)
+        for got in (ens(x), ens.for_serving()(x), ens.overhead_floor(GroupedNet(ens)(x))):
+            assert got.shape == (30, 2)
+            np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
+        # differs from the before-floor average, where members near or below their overheads bend it
+        before = PerfMLP.ensemble(members)(x)
+        assert not torch.allclose(before, want, atol=1e-3)
+        assert torch.all(ens(x) >= ens.log_overhead.reshape(3, 2).min(0).values - 1e-6)
+    with pytest.raises(ValueError, match="average"):
+        PerfMLP(MLPConfig(n_inputs=5, hidden=(8,), average="median"))

@@ -504,16 +504,17 @@ def test_random_screen_keeps_the_gemm_best_of_what_it_kept(tmp_path: Path) -> No
     assert len(p.rank(PROB, top_k=p.screen_keep + 10)) == p.screen_keep + 10
 
 
-def test_ensemble_gemm_head_serves_on_both_backends(tmp_path: Path) -> None:
+@pytest.mark.parametrize("average", ["before_floor", "after_floor"])
+def test_ensemble_gemm_head_serves_on_both_backends(tmp_path: Path, average: str) -> None:
     """A gemm head averaged from 3 members runs as GroupedNet in the torch backend and the ONNX graph:
     both give the bundle's own (block-diagonal) predictions, and the screened ranking the full one."""
-    folder = write_synthetic_model(tmp_path / "m", seed=6, hidden=(32, 32, 32), members=3)
+    folder = write_synthetic_model(tmp_path / "m", seed=6, hidden=(32, 32, 32), members=3, average=average)
     preds = [Predictor.load(folder), Predictor.load(folder, backend="onnx")]
     cfgs = preds[0].default_configs("float16")
     with torch.inference_mode():
         x = preds[0].bundle.encoders["gemm"].encode_cross(problems_tensor([PROB]), configs_tensor(cfgs))
         want = np.exp(preds[0].bundle.heads["gemm"](x).double().numpy())
-    assert preds[0].bundle.heads["gemm"].cfg.members == 3
+    assert preds[0].bundle.heads["gemm"].cfg.members == 3 and preds[0].bundle.heads["gemm"].cfg.average == average
     for p in preds:
         np.testing.assert_allclose(p.predict(PROB), want, rtol=1e-4)
         order = np.argsort(want, kind="stable")[:5]

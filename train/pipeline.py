@@ -46,7 +46,8 @@ class TrainSettings:
     screen_epochs: int = 40
     screen_keep: int = artifact.DEFAULT_SCREEN_KEEP  # configs per problem the gemm head scores after the screen
     pad_members: int = 5               # the pad head averages this many seeds (one MLP, PerfMLP.ensemble)
-    gemm_members: int = 1              # the gemm head averages this many seeds (likewise)
+    gemm_members: int = 1              # the gemm head averages this many seeds' log ms (each floored first:
+                                       # their raw outputs below the overhead are not fitted)
     baselines: bool = True             # also train/evaluate the PR 156851 baseline
     accelerator: str = "cpu"
     devices: str = "auto"
@@ -94,7 +95,8 @@ def fit_head(head: PerfMLP, x: torch.Tensor, y: torch.Tensor, split: np.ndarray,
 
 
 def _fit_members(make, n: int, x: torch.Tensor, y: torch.Tensor, split: np.ndarray, groups: np.ndarray | None,
-                 settings: TrainSettings, logger, epochs: int, prefix: str, rank_weight: float) -> PerfMLP:
+                 settings: TrainSettings, logger, epochs: int, prefix: str, rank_weight: float,
+                 average: str = "before_floor") -> PerfMLP:
     """n heads fitted from seeds seed, seed + 1, ...; their average as one MLP (PerfMLP.ensemble) when n > 1.
     A single head keeps its metric prefix "<prefix>_", members are "<prefix>0_", "<prefix>1_", ..."""
     if n <= 1:
@@ -104,7 +106,7 @@ def _fit_members(make, n: int, x: torch.Tensor, y: torch.Tensor, split: np.ndarr
         torch.manual_seed(settings.seed + i)
         members.append(fit_head(make(), x, y, split, groups, replace(settings, seed=settings.seed + i), logger,
                                 epochs, f"{prefix}{i}_", rank_weight))
-    return PerfMLP.ensemble(members)
+    return PerfMLP.ensemble(members, average)
 
 
 @torch.inference_mode()
@@ -226,7 +228,7 @@ def run(settings: TrainSettings) -> dict[str, Any]:
 
         gemm_head = _fit_members(lambda: PerfMLP(MLPConfig(len(enc), settings.hidden, settings.norm)),
                                  settings.gemm_members, x, y, row_split, gemm.problem_idx, settings, logger,
-                                 settings.epochs, "gemm", settings.rank_weight)
+                                 settings.epochs, "gemm", settings.rank_weight, average="after_floor")
         # The screen head learns the gemm head's predictions (distillation: it must keep the configs the
         # gemm head would rank first, not re-learn the timings), with the within-problem ranking term.
         screen_head = None
@@ -304,7 +306,7 @@ def run(settings: TrainSettings) -> dict[str, Any]:
             "metrics": results["perfmodel"], "baselines": {k: v for k, v in results.items() if k != "perfmodel"},
             "cublas_metrics": cmet, "pad_metrics": pmet, "pad_threshold": 1.0, "screen_keep": settings.screen_keep,
             "settings": {k: v for k, v in params.items()}, "training_command": settings.command,
-            "train_seconds": train_seconds, "learned_overhead_ms": float(gemm_head.overhead_ms[0]),
+            "train_seconds": train_seconds, "learned_overhead_ms": float(gemm_head.log_overhead.detach().mean().exp()),
             "mlflow_run_id": run.info.run_id, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
         if settings.fast_dev_run:
