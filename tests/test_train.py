@@ -320,7 +320,7 @@ def trained(tmp_path_factory, isolated):
     mp = pytest.MonkeyPatch()
     mp.chdir(tmp)  # MLflow's default artifact root is relative to the working directory
     try:
-        res = run(_settings(tmp, tmp / "model"))
+        res = run(_settings(tmp, tmp / "model", gemm_members=2))
     finally:
         mp.undo()
     return {"tmp": tmp, "res": res, "uri": f"sqlite:///{tmp}/mlflow.db"}
@@ -347,6 +347,9 @@ def test_training_writes_a_loadable_model_folder(trained):
     assert set(bundle.heads) == {"gemm", "cublas", "pad", "screen"}
     assert bundle.encoders["screen"].kind == "gemm" and bundle.metadata["screen_keep"] >= 1
     assert bundle.metadata["fast_dev_run"] is True
+    gemm = bundle.heads["gemm"].cfg  # two seeds, averaged after each one's floor
+    assert (gemm.members, gemm.average, gemm.hidden) == (2, "after_floor", (64, 64))
+    assert bundle.heads["pad"].cfg.members == 5 and bundle.heads["pad"].cfg.average == "before_floor"
     assert bundle.metadata["dataset"]["gemm_problems"] == 32
     assert sum(bundle.metadata["split"].values()) == 32
     card = (out / "MODEL_CARD.md").read_text()
