@@ -27,12 +27,14 @@ PR156851_FEATURES = ("dtype_size", "dim_m", "dim_n", "dim_k", "total_gb", "total
                      "config_block_k", "config_block_m", "config_block_n", "config_num_stages", "config_num_warps")
 
 
+def problems_array(problems: Sequence[GemmProblem]) -> np.ndarray:
+    """(P, len(PROBLEM_COLUMNS)) float64, from each problem's cached packed row (GemmProblem.packed)."""
+    return np.frombuffer(b"".join([p.packed for p in problems]), dtype=np.float64).reshape(-1, len(PROBLEM_COLUMNS))
+
+
 def problems_tensor(problems: Sequence[GemmProblem], device: torch.device | str = "cpu") -> torch.Tensor:
     """(P, len(PROBLEM_COLUMNS)) float64."""
-    rows = [(p.m, p.n, p.k, DTYPE_BYTES[p.dtype], p.dtype == "bfloat16", p.allow_tf32, p.transpose_left,
-             p.transpose_right) for p in problems]
-    # via numpy: torch.tensor on nested Python lists is several times slower (a hot path in serving)
-    return torch.from_numpy(np.array(rows, dtype=np.float64).reshape(-1, len(PROBLEM_COLUMNS))).to(device)
+    return torch.from_numpy(problems_array(problems).copy()).to(device)
 
 
 def configs_tensor(configs: Sequence[GemmConfig], device: torch.device | str = "cpu") -> torch.Tensor:

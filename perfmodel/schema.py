@@ -105,6 +105,13 @@ class GemmProblem:
     def as_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
+    @cached_property
+    def packed(self) -> bytes:
+        """The encoder's problem columns (features.PROBLEM_COLUMNS) as float64 bytes, computed once per
+        object: an autotuner asks about one problem many times."""
+        return struct.pack("8d", self.m, self.n, self.k, DTYPE_BYTES[self.dtype], self.dtype == "bfloat16",
+                           self.allow_tf32, self.transpose_left, self.transpose_right)
+
 
 @dataclass(frozen=True)
 class GemmConfig:

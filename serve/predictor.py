@@ -27,7 +27,7 @@ from torch import nn
 
 from perfmodel.artifact import ONNX, RANK_INPUTS, RANK_OUTPUTS, ArtifactError, ModelBundle, load as load_bundle
 from perfmodel.configs import pruned_space
-from perfmodel.features import configs_tensor, pad_tensor, problems_tensor
+from perfmodel.features import configs_tensor, pad_tensor, problems_array, problems_tensor
 from perfmodel.model import GroupedNet
 from perfmodel.schema import DTYPES, GemmConfig, GemmProblem, PadDecision, PadProblem
 
@@ -192,17 +192,28 @@ class _OnnxRunner:
         """The graph applies the overhead floor itself: its log ms are the scores."""
         return self(head, x)
 
-    def rank(self, problems: torch.Tensor, configs: torch.Tensor, part: Any) -> tuple[np.ndarray, np.ndarray]:
-        """The graph's screened ranking: (kept config indices, their log ms), each (P, rank_keep),
-        fastest first, ties in config order."""
-        kept, log_ms = self.rank_session.run(list(RANK_OUTPUTS), {
-            "rank_problems": problems.numpy(), "rank_configs": configs.numpy(),
-            "rank_config_part": part[0].numpy(), "rank_config_smem": part[1].numpy()})
-        return kept, log_ms
+    def rank(self, problems: np.ndarray, part: "_ConfigPart") -> tuple[np.ndarray, np.ndarray]:
+        """The graph's screened ranking of problems (P, 8) float64 against a config set: (kept config
+        indices, their log ms), each (P, rank_keep), fastest first, ties in config order."""
+        return self.rank_session.run(RANK_OUTPUTS, {"rank_problems": problems, **part.feeds})
 
     def floor(self, head: str, z: np.ndarray) -> np.ndarray:
         """scores() are already floored (in the heads' graph)."""
         return z
+
+
+class _ConfigPart(tuple):
+    """FeatureEncoder.config_part(configs) of a config set -- (config part, smem) -- with the numpy
+    arrays the ONNX ranking graph takes for it (feeds), made once per config set."""
+
+    feeds: dict[str, np.ndarray]
+
+    @classmethod
+    def of(cls, encoder: Any, ct: torch.Tensor) -> "_ConfigPart":
+        part = cls(encoder.config_part(ct))
+        part.feeds = {"rank_configs": ct.numpy(), "rank_config_part": part[0].numpy(),
+                      "rank_config_smem": part[1].numpy()}
+        return part
 
 
 def _overhead_floor(z: np.ndarray, log_overhead: np.ndarray) -> np.ndarray:
@@ -354,7 +365,7 @@ class Predictor:
         self._default_tensors = {}
         for d, cfgs in self._default_configs.items():
             ct = configs_tensor(cfgs)
-            self._default_tensors[d] = (ct, self._encoder.config_part(ct))
+            self._default_tensors[d] = (ct, _ConfigPart.of(self._encoder, ct))
         self._config_cache: OrderedDict[bytes, tuple[torch.Tensor, Any]] = OrderedDict()
         self._config_lock = threading.Lock()
         self._last_configs: tuple[list[GemmConfig], tuple[torch.Tensor, Any]] | None = None
@@ -463,7 +474,7 @@ class Predictor:
                 self._config_cache.move_to_end(key)
         if hit is None:
             ct = configs_tensor(configs)
-            hit = (ct, self._encoder.config_part(ct))
+            hit = (ct, _ConfigPart.of(self._encoder, ct))
             with self._config_lock:
                 self._config_cache[key] = hit
                 while len(self._config_cache) > _CONFIG_CACHE_SIZE:
@@ -508,11 +519,12 @@ class Predictor:
         n_cfg, n_prob = len(ct), len(problems)
         k = min(k, n_cfg)
         keep = max(self.screen_keep, k)
-        pt = problems_tensor(problems)
         screened = self.has_screen and n_cfg > 2 * keep
         if screened and getattr(self._run, "rank_keep", None) == keep:  # onnx: the whole path in one call
-            cand, log_ms = self._run.rank(pt, ct, part)  # sorted by time, ties in the given order
-            return cand[:, :k], self._checked(np.exp(self._checked(log_ms, "problems")[:, :k]), "problems", positive=True)
+            cand, log_ms = self._run.rank(problems_array(problems), part)  # sorted by time, ties in config order
+            # finite log ms at or above the floor: their exp is positive
+            return cand[:, :k], np.exp(self._checked(log_ms, "problems")[:, :k])
+        pt = problems_tensor(problems)
         with torch.inference_mode():
             x = self._encoder.encode_cross(pt, ct, part)  # (P * C, F)
         if screened:
@@ -630,7 +642,7 @@ def _check_onnx_matches(bundle: ModelBundle, runner: _OnnxRunner, path: Path) ->
             enc = bundle.encoders["gemm"]
             problems = torch.tensor([[3000.0, 1000, 777, 2, 0, 0, 0, 1]], dtype=torch.float64)
             configs = configs_tensor(pruned_space("float16", bundle.spec))
-            kept, log_ms = runner.rank(problems, configs, enc.config_part(configs))
+            kept, log_ms = runner.rank(problems.numpy(), _ConfigPart.of(enc, configs))
             x = enc.encode_cross(problems, configs)
             want = bundle.heads["gemm"](x[torch.from_numpy(kept[0])]).numpy()
             screen = bundle.heads["screen"](x).numpy()

@@ -169,6 +169,11 @@ def test_columns_match_schema_tensors():
     p, c = CASES[1]
     assert problems_tensor([p]).shape == (1, len(PROBLEM_COLUMNS))
     assert configs_tensor([c]).shape == (1, len(CONFIG_COLUMNS))
+    # the packed rows hold each problem's columns, in PROBLEM_COLUMNS order
+    probs = [p for p, _ in CASES] + [GemmProblem(3, 5, 7, "float32", allow_tf32=True, transpose_left=True)]
+    want = [[q.m, q.n, q.k, q.dtype_bytes, q.dtype == "bfloat16", q.allow_tf32, q.transpose_left, q.transpose_right]
+            for q in probs]
+    assert problems_tensor(probs).tolist() == [[float(v) for v in row] for row in want]
     pp = PadProblem(5, 6, 7, "float32")
     assert pad_tensor([pp]).shape == (1, len(PAD_COLUMNS))
     assert pad_tensor([pp])[0, PAD_COLUMNS.index("alignment")].item() == 4
