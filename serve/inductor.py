@@ -26,6 +26,7 @@ A graph already in the FX graph cache is not recompiled, so the hook only affect
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import inspect
 import threading
@@ -47,6 +48,8 @@ _EXPECTED_PARAMS = ("self", "template_choices", "kernel_inputs", "templates", "o
 
 _lock = threading.Lock()
 _installed: dict[str, Any] = {}  # "handler", "prior": guarded by _lock
+# pad_decisions() keeps the most recent decisions only: a long-lived process compiles without end.
+PAD_LOG_SIZE = 10_000
 _warned: set[str] = set()  # messages warned once: guarded by _lock
 
 
@@ -182,7 +185,8 @@ def _pad_hook(predictor: Predictor, original: Any) -> Any:
                     with no_dispatch():  # the pass runs under FakeTensorMode: the model needs real tensors
                         decision = predictor.pad(pp)
                     with _lock:
-                        _installed.setdefault("pad_decisions", []).append((pp, decision))
+                        _installed.setdefault("pad_decisions", collections.deque(maxlen=PAD_LOG_SIZE)).append(
+                            (pp, decision))
                     return decision.should_pad
         except (AttributeError, TypeError, ValueError, RuntimeError) as exc:
             _warn_once(f"pad:{type(exc).__name__}", f"could not decide padding with the model ({type(exc).__name__}: "
@@ -316,7 +320,8 @@ def is_installed() -> bool:
 
 
 def pad_decisions() -> list:
-    """(PadProblem, PadDecision) of every pad_mm decision the model made since install(pad=True)."""
+    """(PadProblem, PadDecision) of the pad_mm decisions the model made since install(pad=True), oldest
+    first: the most recent PAD_LOG_SIZE of them."""
     with _lock:
         return list(_installed.get("pad_decisions", []))
 

@@ -358,6 +358,11 @@ def test_pad_hook_decides_pad_mm_with_the_model(pt: Predictor, monkeypatch: pyte
         pp = PadProblem(63, 65, 33, "float16", transpose_right=True, prepadded_right=True)
         assert got is pt.pad(pp).should_pad
         assert si.pad_decisions() == [(pp, pt.pad(pp))]
+        monkeypatch.setattr(si, "PAD_LOG_SIZE", 2)  # the log keeps the most recent decisions only
+        si._installed.pop("pad_decisions")
+        for _ in range(3):
+            hooked(None, a, b, torch.ops.aten.mm)
+        assert si.pad_decisions() == [(pp, pt.pad(pp))] * 2
         from torch._subclasses.fake_tensor import FakeTensorMode
 
         with FakeTensorMode() as mode:  # as inside Inductor's post-grad passes
