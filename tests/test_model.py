@@ -329,20 +329,28 @@ def test_no_pickle_anywhere(saved, monkeypatch):
         assert torch.equal(got[name], want[name])
 
 
-def test_ensemble_is_the_members_average_before_the_floor():
-    gen = torch.Generator().manual_seed(3)
+def _members(gen: torch.Generator, n_inputs: int, hidden: tuple[int, ...], seed: int,
+             overheads: list[list[float]] | None = None) -> list[PerfMLP]:
+    """Three random two-output heads with realistic standardisation and BatchNorm statistics."""
     members = []
     for i in range(3):
-        torch.manual_seed(i)
-        h = PerfMLP(MLPConfig(n_inputs=7, hidden=(16, 8, 8), n_outputs=2))
-        h.set_normalisation(torch.randn(7, generator=gen), torch.rand(7, generator=gen) + 0.5)
+        torch.manual_seed(seed + i)
+        h = PerfMLP(MLPConfig(n_inputs=n_inputs, hidden=hidden, n_outputs=2))
+        h.set_normalisation(torch.randn(n_inputs, generator=gen), torch.rand(n_inputs, generator=gen) + 0.5)
         for m in h.net:
             if isinstance(m, torch.nn.BatchNorm1d):
                 m.running_mean.normal_(generator=gen)
                 m.running_var.uniform_(0.5, 2.0, generator=gen)
-        with torch.no_grad():
-            h.log_overhead.fill_(-5.0 - i)
+        if overheads is not None:
+            with torch.no_grad():
+                h.log_overhead.copy_(torch.tensor(overheads[i]))
         members.append(h.eval())
+    return members
+
+
+def test_ensemble_is_the_members_average_before_the_floor():
+    gen = torch.Generator().manual_seed(3)
+    members = _members(gen, 7, (16, 8, 8), 0, [[-5.0 - i] * 2 for i in range(3)])
     ens = PerfMLP.ensemble(members)
     assert ens.cfg.hidden == (48, 24, 24) and ens.cfg.norm == "none" and ens.cfg.n_outputs == 2
     x = torch.randn(50, 7, generator=gen) * 3
@@ -362,16 +370,7 @@ def test_grouped_net_runs_an_ensemble_as_its_members():
     from perfmodel.model import GroupedNet
 
     gen = torch.Generator().manual_seed(5)
-    members = []
-    for i in range(3):
-        torch.manual_seed(10 + i)
-        h = PerfMLP(MLPConfig(n_inputs=6, hidden=(12, 12, 12), n_outputs=2))
-        h.set_normalisation(torch.randn(6, generator=gen), torch.rand(6, generator=gen) + 0.5)
-        for m in h.net:
-            if isinstance(m, torch.nn.BatchNorm1d):
-                m.running_mean.normal_(generator=gen)
-                m.running_var.uniform_(0.5, 2.0, generator=gen)
-        members.append(h.eval())
+    members = _members(gen, 6, (12, 12, 12), 10)
     ens = PerfMLP.ensemble(members)
     assert ens.cfg.members == 3 and MLPConfig.from_dict(ens.cfg.as_dict()) == ens.cfg
     grouped = GroupedNet(ens)
@@ -394,14 +393,7 @@ def test_after_floor_ensemble_is_the_mean_of_the_members_log_ms():
     from perfmodel.model import GroupedNet
 
     gen = torch.Generator().manual_seed(8)
-    members = []
-    for i in range(3):
-        torch.manual_seed(20 + i)
-        h = PerfMLP(MLPConfig(n_inputs=5, hidden=(8, 8), n_outputs=2))
-        h.set_normalisation(torch.randn(5, generator=gen), torch.rand(5, generator=gen) + 0.5)
-        with torch.no_grad():
-            h.log_overhead.copy_(torch.tensor([-1.0 - i, -0.5 * i]))
-        members.append(h.eval())
+    members = _members(gen, 5, (8, 8), 20, [[-1.0 - i, -0.5 * i] for i in range(3)])
     ens = PerfMLP.ensemble(members, average="after_floor")
     assert ens.cfg.average == "after_floor" and ens.floors_each_member and ens.log_overhead.shape == (6,)
     x = torch.randn(30, 5, generator=gen) * 3
