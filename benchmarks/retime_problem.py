@@ -1,0 +1,94 @@
+"""GPU: re-time every dataset config of a few problems with the sweep's own measurement, side by side.
+
+For each problem given as M,N,K,MODE[,TL,TR] (MODE: float16, bfloat16, tf32, float32; TL/TR 1 for a
+transposed operand), reads its rows from the dataset and runs data_gen.gemm_sweep.measure_problem
+on the same configs, `--passes` times, in this process (L2 flush, GPU spin, median, correctness
+check as in the sweep). Prints the dataset's ms next to each pass's, and a JSON file with --out.
+
+    python benchmarks/retime_problem.py 58496,16,18,tf32,0,1 [--data data/h100] [--passes 2] [--out r.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from data_gen.gemm_sweep import measure_problem  # noqa: E402
+from data_gen.measure import Bench, TimingSettings  # noqa: E402
+from data_gen.runtime import resolve_spec  # noqa: E402
+from data_gen.shards import iter_rows  # noqa: E402
+from perfmodel.devices import ClockReader  # noqa: E402
+from perfmodel.schema import GemmConfig, GemmProblem  # noqa: E402
+
+CONFIG_FIELDS = ("block_m", "block_n", "block_k", "group_m", "num_stages", "num_warps")
+
+
+def parse_problem(text: str) -> GemmProblem:
+    parts = text.split(",")
+    if len(parts) not in (4, 6):
+        raise SystemExit(f"problem {text!r}: expected M,N,K,MODE[,TL,TR]")
+    m, n, k = map(int, parts[:3])
+    mode = parts[3]
+    tl, tr = (bool(int(x)) for x in parts[4:6]) if len(parts) == 6 else (False, False)
+    dtype = "float32" if mode == "tf32" else mode
+    return GemmProblem(m, n, k, dtype, allow_tf32=mode == "tf32", transpose_left=tl, transpose_right=tr)
+
+
+def dataset_rows(data: Path, p: GemmProblem) -> dict[str, float]:
+    """{"cublas" or config key: ms} of the problem's ok rows in the dataset."""
+    out = {}
+    want = p.as_dict()
+    for r in iter_rows(data, "gemm"):
+        if r.get("status") != "ok" or any(r.get(f) != v for f, v in want.items()):
+            continue
+        key = "cublas" if r["kind"] == "cublas" else ",".join(str(r[f]) for f in CONFIG_FIELDS)
+        out[key] = r["ms"]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("problems", nargs="+", help="M,N,K,MODE[,TL,TR]")
+    ap.add_argument("--data", type=Path, default=REPO / "data" / "h100")
+    ap.add_argument("--passes", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    spec, live = resolve_spec(None)
+    dev = torch.device("cuda")
+    bench = Bench(dev, live.get("l2_bytes") or spec.l2_bytes, TimingSettings())
+    clock = ClockReader(torch.cuda.current_device())
+    results = []
+    for text in args.problems:
+        p = parse_problem(text)
+        old = dataset_rows(args.data, p)
+        if not old:
+            raise SystemExit(f"problem {text!r}: no ok rows in {args.data}")
+        cfgs = [(GemmConfig(*map(int, key.split(","))), "") for key in old if key != "cublas"]
+        passes = []
+        for _ in range(args.passes):
+            rows = measure_problem(p, cfgs, bench, spec, clock)
+            passes.append({("cublas" if r["kind"] == "cublas" else ",".join(str(r[f]) for f in CONFIG_FIELDS)):
+                           (r["ms"], r["status"], r.get("flag")) for r in rows})
+        print(f"\n{p} ({len(cfgs)} configs)\n")
+        print("| config (BM,BN,BK,GM,stages,warps) | dataset ms | " + " | ".join(f"pass {i + 1} ms" for i in range(args.passes))
+              + " | pass 1 / dataset |")
+        print("|---|---:|" + "---:|" * args.passes + "---:|")
+        for key, ms in sorted(old.items(), key=lambda kv: kv[1]):
+            new = [ps.get(key, (None, "missing", None)) for ps in passes]
+            cells = [f"{v[0]:.4f}" if v[0] is not None else v[1] for v in new]
+            ratio = f"{new[0][0] / ms:.2f}" if new[0][0] else "-"
+            print(f"| {key} | {ms:.4f} | " + " | ".join(cells) + f" | {ratio} |")
+        results.append({"problem": p.as_dict(), "dataset": old,
+                        "passes": [{k: list(v) for k, v in ps.items()} for ps in passes]})
+    if args.out is not None:
+        args.out.write_text(json.dumps({"device": live, "results": results}, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
