@@ -86,8 +86,8 @@ def main() -> None:
             print(f"| {key} | {ms:.4f} | " + " | ".join(cells) + f" | {ratio} |")
         results.append({"problem": p.as_dict(), "dataset": old,
                         "passes": [{k: list(v) for k, v in ps.items()} for ps in passes]})
-    if args.out is not None:
-        args.out.write_text(json.dumps({"device": live, "results": results}, indent=1, default=str))
+        if args.out is not None:  # after every problem: a run cut short keeps what it measured
+            args.out.write_text(json.dumps({"device": live, "results": results}, indent=1, default=str))
 
 
 if __name__ == "__main__":
