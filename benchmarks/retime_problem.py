@@ -40,6 +40,11 @@ def parse_problem(text: str) -> GemmProblem:
     return GemmProblem(m, n, k, dtype, allow_tf32=mode == "tf32", transpose_left=tl, transpose_right=tr)
 
 
+def row_key(r: dict) -> str:
+    """"cublas", or a Triton row's config as BM,BN,BK,GM,stages,warps."""
+    return "cublas" if r["kind"] == "cublas" else ",".join(str(r[f]) for f in CONFIG_FIELDS)
+
+
 def dataset_rows(data: Path, p: GemmProblem) -> dict[str, float]:
     """{"cublas" or config key: ms} of the problem's ok rows in the dataset."""
     out = {}
@@ -47,8 +52,7 @@ def dataset_rows(data: Path, p: GemmProblem) -> dict[str, float]:
     for r in iter_rows(data, "gemm"):
         if r.get("status") != "ok" or any(r.get(f) != v for f, v in want.items()):
             continue
-        key = "cublas" if r["kind"] == "cublas" else ",".join(str(r[f]) for f in CONFIG_FIELDS)
-        out[key] = r["ms"]
+        out[row_key(r)] = r["ms"]
     return out
 
 
@@ -73,8 +77,7 @@ def main() -> None:
         passes = []
         for _ in range(args.passes):
             rows = measure_problem(p, cfgs, bench, spec, clock)
-            passes.append({("cublas" if r["kind"] == "cublas" else ",".join(str(r[f]) for f in CONFIG_FIELDS)):
-                           (r["ms"], r["status"], r.get("flag")) for r in rows})
+            passes.append({row_key(r): (r["ms"], r["status"], r.get("flag")) for r in rows})
         print(f"\n{p} ({len(cfgs)} configs)\n")
         print("| config (BM,BN,BK,GM,stages,warps) | dataset ms | " + " | ".join(f"pass {i + 1} ms" for i in range(args.passes))
               + " | pass 1 / dataset |")

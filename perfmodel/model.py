@@ -210,24 +210,14 @@ class GroupedNet(nn.Module):
             self.register_buffer("b_first", lins[0].bias.clone())
             hidden_w, hidden_b = [], []
             for lin in lins[1:-1]:
-                out_w, in_w = lin.weight.shape[0] // g, lin.weight.shape[1] // g
-                blocks = lin.weight.reshape(g, out_w, g, in_w)
-                diag = torch.stack([blocks[i, :, i, :] for i in range(g)])              # (G, out, in)
-                off = blocks.clone()
-                for i in range(g):
-                    off[i, :, i, :] = 0
-                if off.any():
-                    raise ValueError("head: a hidden layer is not block-diagonal over its members")
-                hidden_w.append(diag.transpose(1, 2).contiguous())                      # (G, in, out)
-                hidden_b.append(lin.bias.reshape(g, 1, out_w).clone())
+                hidden_w.append(_member_blocks(lin.weight, g, "a hidden layer"))                # (G, in, out)
+                hidden_b.append(lin.bias.reshape(g, 1, -1).clone())
             self.hidden_w, self.hidden_b = nn.ParameterList(hidden_w), nn.ParameterList(hidden_b)
             last = lins[-1]
             self.after_floor = head.floors_each_member
             if self.after_floor:  # block-diagonal too: each member's own outputs, member-major
-                n_out = last.weight.shape[0] // g
-                blocks = last.weight.reshape(g, n_out, g, -1)
-                self.register_buffer("w_last", torch.stack([blocks[i, :, i, :] for i in range(g)]).transpose(1, 2).contiguous())
-                self.register_buffer("b_last", last.bias.reshape(g, 1, n_out).clone())
+                self.register_buffer("w_last", _member_blocks(last.weight, g, "the output layer"))
+                self.register_buffer("b_last", last.bias.reshape(g, 1, -1).clone())
             else:                 # the members' mean
                 self.register_buffer("w_last", last.weight.reshape(last.weight.shape[0], g, -1).permute(1, 2, 0).contiguous())
                 self.register_buffer("b_last", last.bias.clone())
@@ -245,3 +235,16 @@ class GroupedNet(nn.Module):
             z = torch.baddbmm(self.b_last, h, self.w_last)                               # (G, N, n_out)
             return z.transpose(0, 1).reshape(z.shape[1], self.members * self.w_last.shape[2])
         return torch.bmm(h, self.w_last).sum(0) + self.b_last
+
+
+def _member_blocks(weight: torch.Tensor, g: int, what: str) -> torch.Tensor:
+    """The g diagonal blocks of a block-diagonal Linear weight (g out, g in), as (g, in, out) for
+    batched products; ValueError if a weight lies off the diagonal blocks."""
+    blocks = weight.reshape(g, weight.shape[0] // g, g, weight.shape[1] // g)
+    diag = torch.stack([blocks[i, :, i, :] for i in range(g)])                          # (G, out, in)
+    off = blocks.clone()
+    for i in range(g):
+        off[i, :, i, :] = 0
+    if off.any():
+        raise ValueError(f"head: {what} is not block-diagonal over its members")
+    return diag.transpose(1, 2).contiguous()

@@ -84,7 +84,9 @@ class _TorchRunner:
             chain = _linear_relu_chain(head)
             if chain is not None:
                 self.chains[name] = lambda x, chain=chain: _addmm_chain(chain, x)
-
+        # Heads whose output before the floor orders rows as their log ms do (scores() and floor());
+        # an after-floor ensemble has no such single output.
+        self.prefloor = {name for name in self.chains if not self.heads[name].floors_each_member}
         self.log_overhead = {name: head.log_overhead.detach().numpy() for name, head in self.heads.items()}
 
     def __call__(self, head: str, x: torch.Tensor) -> np.ndarray:
@@ -92,26 +94,23 @@ class _TorchRunner:
         with torch.inference_mode():
             if head not in self.chains:
                 return self.heads[head](x).numpy().astype(np.float64)
-            return self.heads[head].overhead_floor(self._chain(head, x)).numpy().astype(np.float64)
+            return self.heads[head].overhead_floor(self.chains[head](x)).numpy().astype(np.float64)
 
     def scores(self, head: str, x: torch.Tensor) -> np.ndarray:
         """Scores that order rows as the head's log ms do: the output before the overhead floor
         (logaddexp(z, log overhead) is increasing in z), which ranking needs for every row while the
         floor is only applied to the few rows returned (floor())."""
-        if head not in self.chains or self.heads[head].floors_each_member:
+        if head not in self.prefloor:
             return self(head, x)
         with torch.inference_mode():
-            z = self._chain(head, x)
+            z = self.chains[head](x)
         return z.numpy().reshape(-1) if z.shape[-1] == 1 else z.numpy()
 
     def floor(self, head: str, z: np.ndarray) -> np.ndarray:
         """log ms of scores(); PerfMLP.overhead_floor in float32, as the torch head computes it."""
-        if head not in self.chains or self.heads[head].floors_each_member:
+        if head not in self.prefloor:
             return z
         return _overhead_floor(z, self.log_overhead[head])
-
-    def _chain(self, head: str, x: torch.Tensor) -> torch.Tensor:
-        return self.chains[head](x)
 
 
 def _addmm_chain(chain: list[tuple[torch.Tensor, torch.Tensor]], x: torch.Tensor) -> torch.Tensor:
@@ -157,7 +156,6 @@ class _OnnxRunner:
             return ort.InferenceSession(graph, sess_options=opts, providers=["CPUExecutionProvider"])
 
         self.rank_session, self.rank_keep = None, None
-        self.log_overhead = {name: head.log_overhead.detach().numpy() for name, head in bundle.heads.items()}
         try:
             model = _separate_batch_dims(path.read_bytes())
             heads_graph, rank_graph = _split_rank_graph(model)
