@@ -6,11 +6,17 @@ on the same configs, `--passes` times, in this process (L2 flush, GPU spin, medi
 check as in the sweep). Prints the dataset's ms next to each pass's, and a JSON file with --out.
 
     python benchmarks/retime_problem.py 58496,16,18,tf32,0,1 [--data data/h100] [--passes 2] [--out r.json]
+
+--stress N runs N niced busy-loop processes meanwhile (a stand-in for the sweep's compile workers), and
+--no-stall-check keeps the runs the host enqueued slower than the GPU spin, as the sweeps before the
+check did (data_gen/measure.py).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing as mp
+import os
 import sys
 from pathlib import Path
 
@@ -56,16 +62,27 @@ def dataset_rows(data: Path, p: GemmProblem) -> dict[str, float]:
     return out
 
 
+def _spin() -> None:
+    os.nice(10)  # as the sweep's compile workers
+    while True:
+        pass
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("problems", nargs="+", help="M,N,K,MODE[,TL,TR]")
     ap.add_argument("--data", type=Path, default=REPO / "data" / "h100")
     ap.add_argument("--passes", type=int, default=2)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--stress", type=int, default=0, help="busy-loop processes (niced) running meanwhile")
+    ap.add_argument("--no-stall-check", action="store_true", help="keep runs enqueued slower than the GPU spin")
     args = ap.parse_args()
     spec, live = resolve_spec(None)
     dev = torch.device("cuda")
-    bench = Bench(dev, live.get("l2_bytes") or spec.l2_bytes, TimingSettings())
+    bench = Bench(dev, live.get("l2_bytes") or spec.l2_bytes, TimingSettings(stall_check=not args.no_stall_check))
+    stress = [mp.get_context("spawn").Process(target=_spin, daemon=True) for _ in range(args.stress)]
+    for proc in stress:
+        proc.start()
     clock = ClockReader(torch.cuda.current_device())
     results = []
     for text in args.problems:
@@ -77,17 +94,21 @@ def main() -> None:
         passes = []
         for _ in range(args.passes):
             rows = measure_problem(p, cfgs, bench, spec, clock)
-            passes.append({row_key(r): (r["ms"], r["status"], r.get("flag")) for r in rows})
+            passes.append({row_key(r): (r["ms"], r["status"], r.get("flag"), r.get("host_stalls")) for r in rows})
         print(f"\n{p} ({len(cfgs)} configs)\n")
         print("| config (BM,BN,BK,GM,stages,warps) | dataset ms | " + " | ".join(f"pass {i + 1} ms" for i in range(args.passes))
               + " | pass 1 / dataset |")
         print("|---|---:|" + "---:|" * args.passes + "---:|")
         for key, ms in sorted(old.items(), key=lambda kv: kv[1]):
-            new = [ps.get(key, (None, "missing", None)) for ps in passes]
+            new = [ps.get(key, (None, "missing", None, None)) for ps in passes]
             cells = [f"{v[0]:.4f}" if v[0] is not None else v[1] for v in new]
             ratio = f"{new[0][0] / ms:.2f}" if new[0][0] else "-"
             print(f"| {key} | {ms:.4f} | " + " | ".join(cells) + f" | {ratio} |")
-        results.append({"problem": p.as_dict(), "dataset": old,
+        stalls = [sum(v[3] or 0 for v in ps.values()) for ps in passes]
+        print(f"\nruns enqueued slower than the GPU spin, per pass: {stalls}"
+              + ("" if not args.no_stall_check else " (kept: --no-stall-check)"))
+        results.append({"problem": p.as_dict(), "dataset": old, "stress": args.stress,
+                        "stall_check": not args.no_stall_check,
                         "passes": [{k: list(v) for k, v in ps.items()} for ps in passes]})
         if args.out is not None:  # after every problem: a run cut short keeps what it measured
             args.out.write_text(json.dumps({"device": live, "results": results}, indent=1, default=str))

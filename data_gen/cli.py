@@ -46,6 +46,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
             g.add_argument("--max-per-group", type=int, default=None, help="cap new problems per compile group")
             g.add_argument("--time-limit", type=float, default=None, help="stop cleanly after this many seconds")
             g.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1), help="compile processes")
+            g.add_argument("--problems-from", type=Path, default=None,
+                           help="only the problems of this dataset folder (re-times it: same problems, same configs)")
         elif name == "pad":
             g.add_argument("--n", type=int, default=3200, help="pad problems")
         else:
@@ -114,7 +116,16 @@ def run(args: argparse.Namespace) -> int:
     if args.gen_kind == "gemm":
         from .gemm_sweep import GemmSweepSettings, run as run_gemm
 
-        settings = GemmSweepSettings(n_random=args.n_random, configs_per_group=args.configs, seed=args.seed,
+        only = None
+        if args.problems_from is not None:
+            from .shards import iter_rows
+
+            if not args.problems_from.is_dir():
+                raise FileNotFoundError(f"--problems-from: no dataset folder at {args.problems_from}")
+            only = frozenset(r["unit"] for r in iter_rows(args.problems_from, "gemm"))
+            if not only:
+                raise ValueError(f"--problems-from: {args.problems_from} has no gemm rows")
+        settings = GemmSweepSettings(n_random=args.n_random, only_units=only, configs_per_group=args.configs, seed=args.seed,
                                      compile_workers=args.workers, max_problems=args.max_problems, timing=timing,
                                      configs_unaligned=args.configs_unaligned, max_per_group=args.max_per_group,
                                      modes=tuple(args.modes.split(',')) if args.modes else None, time_limit_s=args.time_limit)

@@ -42,7 +42,7 @@ def measure(p: GemmProblem, bench: Bench, spec, clock) -> dict[str, Any]:
         err = relative_error(fn(), ref, torch.linalg.vector_norm(ref)).item()
         clocks: list[float | None] = []
         (ms, reps), = bench.time_many([fn], on_busy=lambda: clocks.append(clock.sm_clock_mhz()))
-    return timed_row(p, {**p.as_dict(), "kind": "cublas"}, ms, reps, err, spec, clocks[0])
+    return timed_row(p, {**p.as_dict(), "kind": "cublas"}, ms, reps, err, spec, clocks[0], bench.last_stalls[0])
 
 
 def run(out_dir: Path, source: Path, spec_name: str | None = None, timing: TimingSettings = TimingSettings(),

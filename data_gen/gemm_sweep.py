@@ -41,6 +41,8 @@ class GemmSweepSettings:
     seed: int = 0
     compile_workers: int = max(1, (os.cpu_count() or 2) - 1)
     max_problems: int | None = None
+    # Only these problems (unit ids), e.g. those of an earlier dataset, to re-time it (--problems-from).
+    only_units: frozenset[str] | None = None
     budget: Budget = field(default_factory=Budget)
     timing: TimingSettings = field(default_factory=TimingSettings)
 
@@ -115,7 +117,8 @@ def run(out_dir: Path, spec_name: str | None = None, settings: GemmSweepSettings
     header = device_header(live, spec) | {"schema_version": SCHEMA_VERSION, "kernel_hash": kernel.kernel_source_hash(),
                                           "sweep": {"seed": settings.seed, "n_random": settings.n_random,
                                                     "configs_per_group": settings.configs_per_group,
-                                                    "timing": vars(settings.timing)}}
+                                                    "timing": vars(settings.timing),
+                                                    "only_units": units_digest(settings.only_units)}}
     problems = gemm_problems(settings.n_random, spec, settings.seed, settings.budget)
     i, n = shard
     problems = [p for j, p in enumerate(problems) if j % n == i]
@@ -124,6 +127,12 @@ def run(out_dir: Path, spec_name: str | None = None, settings: GemmSweepSettings
     writer = ShardWriter(out_dir, KIND, header, shard=f"{i:02d}of{n:02d}")
     todo = [p for p in problems if problem_id(p) not in writer.done
             and (settings.modes is None or mode_name(p) in settings.modes)]
+    if settings.only_units is not None:
+        missing = settings.only_units - {problem_id(p) for p in problems}
+        if missing and shard == (0, 1):
+            raise ValueError(f"only_units: {len(missing)} of the {len(settings.only_units)} problems are not in this "
+                             f"sweep's problem list (was it made with another --n-random or --seed?)")
+        todo = [p for p in todo if problem_id(p) in settings.only_units]
     if settings.max_problems is not None:
         todo = todo[: settings.max_problems]
     groups: dict[tuple, list[GemmProblem]] = {}
@@ -142,7 +151,7 @@ def run(out_dir: Path, spec_name: str | None = None, settings: GemmSweepSettings
 
     stats = {"problems": 0, "rows": 0, "ok_rows": 0, "failed_rows": 0, "rejected_rows": 0,
              "kernels_compiled": 0, "compile_s": 0.0, "timing_s": 0.0, "timed_configs": 0,
-             "resumed_existing_rows": writer.n_existing_rows}
+             "resumed_existing_rows": writer.n_existing_rows, "host_stalls": 0}
     if not todo:
         writer.close()
         return stats
@@ -183,6 +192,7 @@ def run(out_dir: Path, spec_name: str | None = None, settings: GemmSweepSettings
                 writer.write_unit(problem_id(p), rows)
                 stats["problems"] += 1
                 stats["rows"] += len(rows)
+                stats["host_stalls"] += sum(r.get("host_stalls", 0) for r in rows)
                 for r in rows:
                     if r["kind"] != "triton":
                         continue
@@ -200,6 +210,15 @@ def run(out_dir: Path, spec_name: str | None = None, settings: GemmSweepSettings
     stats["timed_configs_per_s"] = stats["timed_configs"] / max(stats["timing_s"], 1e-9)
     stats["wall_s"] = time.perf_counter() - t_compile0
     return stats
+
+
+def units_digest(units: frozenset[str] | None) -> str | None:
+    """A short digest of a problem-id set (the sweep header records which problems it was limited to)."""
+    if units is None:
+        return None
+    import hashlib
+
+    return f"{len(units)}:" + hashlib.sha1(",".join(sorted(units)).encode()).hexdigest()[:12]
 
 
 def measure_problem(p: GemmProblem, cfgs: list[tuple[GemmConfig, str]], bench: Bench, spec: DeviceSpec,
@@ -232,11 +251,12 @@ def measure_problem(p: GemmProblem, cfgs: list[tuple[GemmConfig, str]], bench: B
         clocks: list[float | None] = []
         timed = bench.time_many([cublas, *fns], on_busy=lambda: clocks.append(clock.sm_clock_mhz()))
     sm_clock = clocks[0] if clocks else None
+    stalls = bench.last_stalls
     err_values = torch.stack([err_cublas, *errs]).tolist() if errs else [err_cublas.item()]
 
-    out = [timed_row(p, {**base, "kind": "cublas"}, *timed[0], err_values[0], spec, sm_clock)]
-    for (cfg, row), (ms, reps), err in zip(runnable, timed[1:], err_values[1:]):
-        out.append(timed_row(p, row, ms, reps, err, spec, sm_clock))
+    out = [timed_row(p, {**base, "kind": "cublas"}, *timed[0], err_values[0], spec, sm_clock, stalls[0])]
+    for (cfg, row), (ms, reps), err, st in zip(runnable, timed[1:], err_values[1:], stalls[1:]):
+        out.append(timed_row(p, row, ms, reps, err, spec, sm_clock, st))
     return out + rows
 
 
@@ -249,12 +269,14 @@ def reference(p: GemmProblem, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def timed_row(p: GemmProblem, row: dict[str, Any], ms: float, reps: int, err: float, spec: DeviceSpec,
-              sm_clock: float | None) -> dict[str, Any]:
+              sm_clock: float | None, host_stalls: int = 0) -> dict[str, Any]:
     """row completed with a timing: physical-limit status and flag at the measured clock, and a
-    wrong result (error above the mode's tolerance) as a failure."""
+    wrong result (error above the mode's tolerance) as a failure. host_stalls: runs left out because
+    the host enqueued them slower than the GPU spin (data_gen/measure.py)."""
     frac = fraction_of_peak(p.flops, p.min_bytes, ms, p.dtype, p.allow_tf32, spec, sm_clock)
     status, flag = validate(frac)
     if not err <= TOLERANCE[(p.dtype, p.allow_tf32)]:
         status = "fail:wrong_result"
     return {**row, "status": status, "flag": flag, "ms": round(ms, 6), "reps": reps,
-            "rel_err": float(f"{err:.3g}"), "frac_peak": round(frac, 5), "sm_clock_mhz": sm_clock}
+            "rel_err": float(f"{err:.3g}"), "frac_peak": round(frac, 5), "sm_clock_mhz": sm_clock,
+            "host_stalls": host_stalls}

@@ -4,10 +4,15 @@ Timing follows triton.testing.do_bench: CUDA events around each run, the L2 flus
 twice the L2 zeroed) before each, warm-up first, the median reported. Many callables are timed in
 one batch: one pass of single runs sizes each callable's repetitions to a time budget, a second
 pass runs them; the host syncs twice per batch, not per run.
+
+A GPU spin before each run hides the host's launch latency, as long as the host enqueues the run
+within the spin. A run whose enqueue took longer (the host descheduled, e.g. by the sweep's compile
+workers) may have timed an idle GPU: it is discarded and re-run (`Bench.last_stalls` counts them).
 """
 from __future__ import annotations
 
 import statistics
+import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -31,6 +36,10 @@ class TimingSettings:
     # GPU spin before each timed run (see Bench._run). Without it, host launch latency is timed on short
     # kernels: benchmarks/launch_gap_check.py measured 0.04-0.2 ms instead of ~5 us on the H100.
     pre_sleep_us: float = 100.0
+    # Rounds of min_reps extra runs for a callable left with fewer than min_reps runs enqueued within
+    # the spin. After them, its median is over every run, stalled ones included (counted all the same).
+    stall_retries: int = 5
+    stall_check: bool = True  # False: keep every run, as the sweeps before the check did
 
 
 class Bench:
@@ -42,6 +51,7 @@ class Bench:
             torch.cuda.get_device_properties(device), "clock_rate") else 2e9
         self._sleep_cycles = int(settings.pre_sleep_us * 1e-6 * clock_hz)
         self.flush_ms = self._measure_flush()
+        self.last_stalls: list[int] = []  # per callable of the last time_many: runs enqueued too slowly
 
     def flush(self) -> None:
         self._flush_buf.zero_()
@@ -57,10 +67,13 @@ class Bench:
         torch.cuda.synchronize()
         return ev[0].elapsed_time(ev[1]) / 10
 
-    def _run(self, fn: Callable[[], object], reps: int) -> list[tuple[torch.cuda.Event, torch.cuda.Event]]:
-        pairs = []
+    def _run(self, fn: Callable[[], object], reps: int) -> list[tuple[torch.cuda.Event, torch.cuda.Event, bool]]:
+        """(start, end, stalled) per run; stalled: the host took longer than the spin to enqueue it."""
+        out = []
+        limit_s = self.settings.pre_sleep_us * 1e-6 if self.settings.stall_check else 0.0
         for _ in range(reps):
             self.flush()
+            t0 = time.perf_counter()  # the spin starts no earlier than this
             if self.settings.pre_sleep_us > 0:
                 # Keep the GPU busy while the host enqueues start, fn and end: otherwise a slow launch
                 # (a Python launcher, a busy CPU) leaves the GPU idle between the events and is timed.
@@ -69,26 +82,35 @@ class Bench:
             start.record()
             fn()
             end.record()
-            pairs.append((start, end))
-        return pairs
+            out.append((start, end, limit_s > 0 and time.perf_counter() - t0 > limit_s))
+        return out
 
     def time_many(self, fns: Sequence[Callable[[], object]], on_busy: Callable[[], None] | None = None
                   ) -> list[tuple[float, int]]:
-        """(median ms, number of timed runs) per callable. Each has been warmed up by the caller."""
+        """(median ms, number of runs in the median) per callable. Each has been warmed up by the caller.
+        Runs the host did not enqueue within the GPU spin are re-run and left out (`last_stalls`)."""
         s = self.settings
         first = [self._run(fn, 1) for fn in fns]
         torch.cuda.synchronize()
-        samples = [[a.elapsed_time(b) for a, b in runs] for runs in first]
-        reps = [max(s.min_reps - 1, min(s.max_reps - 1, int(s.budget_ms / (t[0] + self.flush_ms + s.pre_sleep_us * 1e-3))))
-                for t in samples]
-        second = [self._run(fn, r) for fn, r in zip(fns, reps)]
+        t_first = [first[i][0][0].elapsed_time(first[i][0][1]) for i in range(len(fns))]
+        reps = [max(s.min_reps - 1, min(s.max_reps - 1, int(s.budget_ms / (t + self.flush_ms + s.pre_sleep_us * 1e-3))))
+                for t in t_first]
+        runs = [f + self._run(fn, r) for f, fn, r in zip(first, fns, reps)]
         if on_busy is not None:
             on_busy()  # e.g. read the SM clock while the GPU is working
+        for _ in range(s.stall_retries):
+            short = [i for i, rs in enumerate(runs) if sum(not st for *_, st in rs) < s.min_reps]
+            if not short:
+                break
+            for i in short:
+                runs[i] += self._run(fns[i], s.min_reps)
         torch.cuda.synchronize()
-        out = []
-        for smp, runs in zip(samples, second):
-            smp = smp + [a.elapsed_time(b) for a, b in runs]
+        out, self.last_stalls = [], []
+        for rs in runs:
+            clean = [a.elapsed_time(b) for a, b, st in rs if not st]
+            smp = clean if len(clean) >= s.min_reps else [a.elapsed_time(b) for a, b, _ in rs]
             out.append((statistics.median(smp), len(smp)))
+            self.last_stalls.append(sum(st for *_, st in rs))
         return out
 
 

@@ -62,7 +62,8 @@ def measure(p: PadProblem, bench: Bench, spec, clock) -> dict[str, Any]:
         status = "fail:wrong_result"
     return {**p.as_dict(), "padded_m": mp, "padded_k": kp, "padded_n": np_, "orig_ms": round(orig_ms, 6),
             "padded_ms": round(pad_ms, 6), "reps": min(n1, n2), "rel_err": float(f"{err:.3g}"),
-            "frac_peak": round(frac, 5), "status": status, "flag": flag, "sm_clock_mhz": clocks[0]}
+            "frac_peak": round(frac, 5), "status": status, "flag": flag, "sm_clock_mhz": clocks[0],
+            "host_stalls": sum(bench.last_stalls)}
 
 
 def run(out_dir: Path, n: int = 3200, seed: int = 0, spec_name: str | None = None, shard: tuple[int, int] = (0, 1),

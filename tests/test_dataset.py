@@ -162,3 +162,29 @@ def test_every_problem_retimed_in_a_quiet_process(gemm, retimed, info):
         assert r["kind"] == "cublas" and r["status"] == "ok" and r["ms"] > 0, r
         assert all(r[f] == g[f] for f in ("m", "n", "k", "dtype", "allow_tf32", "transpose_left", "transpose_right"))
     assert info["cublas_retimed_problems"] == info["gemm_problems"]
+
+
+def test_sweep_regenerates_the_shipped_problems_and_configs(gemm):
+    # `perfmodel gen gemm --problems-from data/h100` re-times the dataset: the sweep's problem list and
+    # per-group config samples (seeded) must give back exactly the shipped problems and their configs.
+    from data_gen.gemm_sweep import config_sample, is_aligned, spec_key
+    from data_gen.problems import Budget, gemm_problems, problem_id
+
+    spec = get_spec("h100-sxm")
+    rows, headers = gemm
+    sweep = headers[0]["sweep"]
+    problems = {problem_id(p): p for p in gemm_problems(sweep["n_random"], spec, sweep["seed"], Budget())}
+    shipped = defaultdict(set)
+    for r in rows:
+        if r["kind"] == "triton":
+            shipped[r["unit"]].add(GemmConfig(*(r[f] for f in ("block_m", "block_n", "block_k", "group_m",
+                                                                 "num_stages", "num_warps"))))
+    assert shipped and set(shipped) <= set(problems)
+    samples = {}
+    for unit, cfgs in shipped.items():
+        p = problems[unit]
+        key = spec_key(p)
+        if key not in samples:
+            n = sweep["configs_per_group"] if is_aligned(key) else 40
+            samples[key] = set(config_sample(p.dtype, p.allow_tf32, (p.transpose_left, p.transpose_right), spec, n))
+        assert cfgs == samples[key], p

@@ -145,3 +145,83 @@ def test_nan_time_rejected():
 def test_validate_thresholds(value, expected):
     assert (REJECT_ABOVE, FLAG_ABOVE, FLAG_BELOW) == (1.0, 0.9, 0.01)
     assert validate(value) == expected
+
+
+# ---- Bench.time_many: runs the host enqueued slower than the GPU spin (synthetic clocks) ----
+
+class _FakeEvent:
+    """A CUDA event stand-in: the elapsed time of an (start, end) pair is the value the test's fn set."""
+    current = 0.0
+
+    def __init__(self, enable_timing: bool = True) -> None:
+        self.ms = None
+
+    def record(self) -> None:
+        self.ms = _FakeEvent.current
+
+    def elapsed_time(self, end: "_FakeEvent") -> float:
+        return end.ms
+
+
+def _fake_bench(monkeypatch, pre_sleep_us: float = 2000.0, **kw):
+    import torch
+
+    from data_gen.measure import Bench, TimingSettings
+
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: None)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    bench = Bench.__new__(Bench)  # no GPU: no flush buffer, a fixed flush time
+    bench.settings = TimingSettings(pre_sleep_us=pre_sleep_us, **kw)
+    bench.flush = lambda: None
+    bench.flush_ms = 0.01
+    bench._sleep_cycles = 0
+    bench.last_stalls = []
+    return bench
+
+
+def _kernel(times_ms, stall_calls=()):
+    """fn whose n-th call 'runs' times_ms[n] (the value its end event records) and, on the calls in
+    stall_calls, holds the host for 5 ms between its start and end events, beyond the 2 ms spin."""
+    import time
+
+    calls = []
+
+    def fn():
+        n = len(calls)
+        calls.append(n)
+        _FakeEvent.current = times_ms[min(n, len(times_ms) - 1)]
+        if n in stall_calls:
+            time.sleep(0.005)
+    return fn, calls
+
+
+def test_time_many_drops_runs_enqueued_slower_than_the_spin(monkeypatch):
+    bench = _fake_bench(monkeypatch, budget_ms=0.0, min_reps=3)
+    # 3 runs (min_reps), the middle two stalled and timed 10x slow: without the check the median is 1.0
+    fn, calls = _kernel([0.1, 1.0, 1.0, 0.1, 0.1, 0.1], stall_calls={1, 2})
+    (ms, n), = bench.time_many([fn])
+    assert bench.last_stalls == [2]
+    assert len(calls) == 6  # one extra round of min_reps runs replaced them
+    assert (ms, n) == (0.1, 4)
+
+
+def test_time_many_without_stalls_is_the_plain_median(monkeypatch):
+    bench = _fake_bench(monkeypatch, budget_ms=0.0, min_reps=3)
+    fn, calls = _kernel([0.3, 0.1, 0.2])
+    assert bench.time_many([fn]) == [(0.2, 3)]
+    assert bench.last_stalls == [0] and len(calls) == 3
+
+
+def test_time_many_keeps_stalled_runs_when_retries_run_out(monkeypatch):
+    bench = _fake_bench(monkeypatch, budget_ms=0.0, min_reps=3, stall_retries=1)
+    fn, calls = _kernel([0.5] * 6, stall_calls=set(range(6)))
+    (ms, n), = bench.time_many([fn])
+    assert (ms, n) == (0.5, 6) and bench.last_stalls == [6] and len(calls) == 6
+
+
+def test_time_many_check_is_off_without_a_spin(monkeypatch):
+    bench = _fake_bench(monkeypatch, pre_sleep_us=0.0, budget_ms=0.0, min_reps=3)
+    fn, calls = _kernel([0.1, 1.0, 1.0], stall_calls={1, 2})
+    assert bench.time_many([fn]) == [(1.0, 3)]
+    assert bench.last_stalls == [0]
