@@ -8,8 +8,8 @@ check as in the sweep). Prints the dataset's ms next to each pass's, and a JSON 
     python benchmarks/retime_problem.py 58496,16,18,tf32,0,1 [--data data/h100] [--passes 2] [--out r.json]
 
 --stress N runs N niced busy-loop processes meanwhile (a stand-in for the sweep's compile workers), and
---no-stall-check keeps the runs the host enqueued slower than the GPU spin, as the sweeps before the
-check did (data_gen/measure.py).
+--no-stall-check keeps the runs the GPU reached before the host had enqueued them, as the sweeps
+before the check did (data_gen/measure.py).
 """
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ def main() -> None:
     ap.add_argument("--passes", type=int, default=2)
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--stress", type=int, default=0, help="busy-loop processes (niced) running meanwhile")
-    ap.add_argument("--no-stall-check", action="store_true", help="keep runs enqueued slower than the GPU spin")
+    ap.add_argument("--no-stall-check", action="store_true", help="keep runs the GPU reached before the host enqueued them")
     args = ap.parse_args()
     spec, live = resolve_spec(None)
     dev = torch.device("cuda")
@@ -105,7 +105,7 @@ def main() -> None:
             ratio = f"{new[0][0] / ms:.2f}" if new[0][0] else "-"
             print(f"| {key} | {ms:.4f} | " + " | ".join(cells) + f" | {ratio} |")
         stalls = [sum(v[3] or 0 for v in ps.values()) for ps in passes]
-        print(f"\nruns enqueued slower than the GPU spin, per pass: {stalls}"
+        print(f"\nruns the GPU reached before the host had enqueued them, per pass: {stalls}"
               + ("" if not args.no_stall_check else " (kept: --no-stall-check)"))
         results.append({"problem": p.as_dict(), "dataset": old, "stress": args.stress,
                         "stall_check": not args.no_stall_check,

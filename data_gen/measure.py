@@ -6,13 +6,15 @@ one batch: one pass of single runs sizes each callable's repetitions to a time b
 pass runs them; the host syncs twice per batch, not per run.
 
 A GPU spin before each run hides the host's launch latency, as long as the host enqueues the run
-within the spin. A run whose enqueue took longer (the host descheduled, e.g. by the sweep's compile
+before the GPU gets to it. A run the GPU reached first (its start event had completed by the time the
+host had enqueued the kernel and the end event: the host was descheduled, e.g. by the sweep's compile
 workers) may have timed an idle GPU: it is discarded and re-run (`Bench.last_stalls` counts them).
+Checking the host's own enqueue time instead flags ~9 runs per config under the sweep's compiles,
+nearly all harmless (the GPU is usually further behind than the spin), and cut throughput 3x.
 """
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -36,10 +38,10 @@ class TimingSettings:
     # GPU spin before each timed run (see Bench._run). Without it, host launch latency is timed on short
     # kernels: benchmarks/launch_gap_check.py measured 0.04-0.2 ms instead of ~5 us on the H100.
     pre_sleep_us: float = 100.0
-    # Rounds of min_reps extra runs for a callable left with fewer than min_reps runs enqueued within
-    # the spin. After them, its median is over every run, stalled ones included (counted all the same).
+    # Rounds of min_reps extra runs for a callable left with fewer than min_reps runs enqueued ahead of
+    # the GPU. After them, its median is over every run, stalled ones included (counted all the same).
     stall_retries: int = 5
-    stall_check: bool = True  # False: keep every run, as the sweeps before the check did
+    stall_check: bool = True  # False: keep (still count) stalled runs, as the sweeps before the check did
 
 
 class Bench:
@@ -51,7 +53,7 @@ class Bench:
             torch.cuda.get_device_properties(device), "clock_rate") else 2e9
         self._sleep_cycles = int(settings.pre_sleep_us * 1e-6 * clock_hz)
         self.flush_ms = self._measure_flush()
-        self.last_stalls: list[int] = []  # per callable of the last time_many: runs enqueued too slowly
+        self.last_stalls: list[int] = []  # per callable of the last time_many: runs the GPU waited for
 
     def flush(self) -> None:
         self._flush_buf.zero_()
@@ -68,12 +70,11 @@ class Bench:
         return ev[0].elapsed_time(ev[1]) / 10
 
     def _run(self, fn: Callable[[], object], reps: int) -> list[tuple[torch.cuda.Event, torch.cuda.Event, bool]]:
-        """(start, end, stalled) per run; stalled: the host took longer than the spin to enqueue it."""
+        """(start, end, stalled) per run. stalled: the GPU had already passed `start` when the host had
+        enqueued fn and `end`, so it may have waited for them between the events, and that was timed."""
         out = []
-        limit_s = self.settings.pre_sleep_us * 1e-6 if self.settings.stall_check else 0.0
         for _ in range(reps):
             self.flush()
-            t0 = time.perf_counter()  # the spin starts no earlier than this
             if self.settings.pre_sleep_us > 0:
                 # Keep the GPU busy while the host enqueues start, fn and end: otherwise a slow launch
                 # (a Python launcher, a busy CPU) leaves the GPU idle between the events and is timed.
@@ -82,13 +83,13 @@ class Bench:
             start.record()
             fn()
             end.record()
-            out.append((start, end, limit_s > 0 and time.perf_counter() - t0 > limit_s))
+            out.append((start, end, start.query()))
         return out
 
     def time_many(self, fns: Sequence[Callable[[], object]], on_busy: Callable[[], None] | None = None
                   ) -> list[tuple[float, int]]:
         """(median ms, number of runs in the median) per callable. Each has been warmed up by the caller.
-        Runs the host did not enqueue within the GPU spin are re-run and left out (`last_stalls`)."""
+        Runs the GPU reached before the host had enqueued them are re-run and left out (`last_stalls`)."""
         s = self.settings
         first = [self._run(fn, 1) for fn in fns]
         torch.cuda.synchronize()
@@ -98,7 +99,7 @@ class Bench:
         runs = [f + self._run(fn, r) for f, fn, r in zip(first, fns, reps)]
         if on_busy is not None:
             on_busy()  # e.g. read the SM clock while the GPU is working
-        for _ in range(s.stall_retries):
+        for _ in range(s.stall_retries if s.stall_check else 0):
             short = [i for i, rs in enumerate(runs) if sum(not st for *_, st in rs) < s.min_reps]
             if not short:
                 break
@@ -107,7 +108,7 @@ class Bench:
         torch.cuda.synchronize()
         out, self.last_stalls = [], []
         for rs in runs:
-            clean = [a.elapsed_time(b) for a, b, st in rs if not st]
+            clean = [a.elapsed_time(b) for a, b, st in rs if not (st and s.stall_check)]
             smp = clean if len(clean) >= s.min_reps else [a.elapsed_time(b) for a, b, _ in rs]
             out.append((statistics.median(smp), len(smp)))
             self.last_stalls.append(sum(st for *_, st in rs))
