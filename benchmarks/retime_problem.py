@@ -51,11 +51,11 @@ def row_key(r: dict) -> str:
     return "cublas" if r["kind"] == "cublas" else ",".join(str(r[f]) for f in CONFIG_FIELDS)
 
 
-def dataset_rows(data: Path, p: GemmProblem) -> dict[str, float]:
-    """{"cublas" or config key: ms} of the problem's ok rows in the dataset."""
+def dataset_rows(rows: list[dict], p: GemmProblem) -> dict[str, float]:
+    """{"cublas" or config key: ms} of the problem's ok rows among the dataset's rows."""
     out = {}
     want = p.as_dict()
-    for r in iter_rows(data, "gemm"):
+    for r in rows:
         if r.get("status") != "ok" or any(r.get(f) != v for f, v in want.items()):
             continue
         out[row_key(r)] = r["ms"]
@@ -85,9 +85,10 @@ def main() -> None:
         proc.start()
     clock = ClockReader(torch.cuda.current_device())
     results = []
+    data_rows = list(iter_rows(args.data, "gemm"))  # read once, not once per problem
     for text in args.problems:
         p = parse_problem(text)
-        old = dataset_rows(args.data, p)
+        old = dataset_rows(data_rows, p)
         if not old:
             raise SystemExit(f"problem {text!r}: no ok rows in {args.data}")
         cfgs = [(GemmConfig(*map(int, key.split(","))), "") for key in old if key != "cublas"]

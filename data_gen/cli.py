@@ -118,11 +118,11 @@ def run(args: argparse.Namespace) -> int:
 
         only = None
         if args.problems_from is not None:
-            from .shards import iter_rows
+            from .cublas_sweep import dataset_problems
 
             if not args.problems_from.is_dir():
                 raise FileNotFoundError(f"--problems-from: no dataset folder at {args.problems_from}")
-            only = frozenset(r["unit"] for r in iter_rows(args.problems_from, "gemm"))
+            only = frozenset(unit for unit, _ in dataset_problems(args.problems_from))
             if not only:
                 raise ValueError(f"--problems-from: {args.problems_from} has no gemm rows")
         settings = GemmSweepSettings(n_random=args.n_random, only_units=only, configs_per_group=args.configs, seed=args.seed,

@@ -120,6 +120,11 @@ def run(out_dir: Path, spec_name: str | None = None, settings: GemmSweepSettings
                                                     "timing": vars(settings.timing),
                                                     "only_units": units_digest(settings.only_units)}}
     problems = gemm_problems(settings.n_random, spec, settings.seed, settings.budget)
+    if settings.only_units is not None:
+        missing = settings.only_units - {problem_id(p) for p in problems}
+        if missing:
+            raise ValueError(f"only_units: {len(missing)} of the {len(settings.only_units)} problems are not in this "
+                             f"sweep's problem list (was it made with another --n-random or --seed?)")
     i, n = shard
     problems = [p for j, p in enumerate(problems) if j % n == i]
     from .shards import ShardWriter
@@ -128,10 +133,6 @@ def run(out_dir: Path, spec_name: str | None = None, settings: GemmSweepSettings
     todo = [p for p in problems if problem_id(p) not in writer.done
             and (settings.modes is None or mode_name(p) in settings.modes)]
     if settings.only_units is not None:
-        missing = settings.only_units - {problem_id(p) for p in problems}
-        if missing and shard == (0, 1):
-            raise ValueError(f"only_units: {len(missing)} of the {len(settings.only_units)} problems are not in this "
-                             f"sweep's problem list (was it made with another --n-random or --seed?)")
         todo = [p for p in todo if problem_id(p) in settings.only_units]
     if settings.max_problems is not None:
         todo = todo[: settings.max_problems]
@@ -271,8 +272,8 @@ def reference(p: GemmProblem, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def timed_row(p: GemmProblem, row: dict[str, Any], ms: float, reps: int, err: float, spec: DeviceSpec,
               sm_clock: float | None, host_stalls: int = 0) -> dict[str, Any]:
     """row completed with a timing: physical-limit status and flag at the measured clock, and a
-    wrong result (error above the mode's tolerance) as a failure. host_stalls: runs left out because
-    the host enqueued them slower than the GPU spin (data_gen/measure.py)."""
+    wrong result (error above the mode's tolerance) as a failure. host_stalls: runs the GPU reached
+    before the host had enqueued them, left out of the median (Bench.last_stalls, data_gen/measure.py)."""
     frac = fraction_of_peak(p.flops, p.min_bytes, ms, p.dtype, p.allow_tf32, spec, sm_clock)
     status, flag = validate(frac)
     if not err <= TOLERANCE[(p.dtype, p.allow_tf32)]:

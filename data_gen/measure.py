@@ -93,7 +93,7 @@ class Bench:
         s = self.settings
         first = [self._run(fn, 1) for fn in fns]
         torch.cuda.synchronize()
-        t_first = [first[i][0][0].elapsed_time(first[i][0][1]) for i in range(len(fns))]
+        t_first = [start.elapsed_time(end) for ((start, end, _),) in first]
         reps = [max(s.min_reps - 1, min(s.max_reps - 1, int(s.budget_ms / (t + self.flush_ms + s.pre_sleep_us * 1e-3))))
                 for t in t_first]
         runs = [f + self._run(fn, r) for f, fn, r in zip(first, fns, reps)]
