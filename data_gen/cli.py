@@ -37,10 +37,15 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         g.add_argument("--stats", type=Path, default=None, help="write the run's statistics (JSON) here")
         g.add_argument("--no-progress", action="store_true")
         if name == "gemm":
-            g.add_argument("--n-random", type=int, default=600, help="random problems beside the real-model shapes")
-            g.add_argument("--configs", type=int, default=128, help="configs sampled per aligned compile group")
-            g.add_argument("--configs-unaligned", type=int, default=40,
-                           help="configs sampled per group whose K or a stride is not a multiple of 16")
+            from .gemm_sweep import GemmSweepSettings
+
+            d = GemmSweepSettings()
+            g.add_argument("--n-random", type=int, default=d.n_random, help="random problems beside the real-model shapes")
+            g.add_argument("--configs", type=int, default=d.configs_per_group, help="configs sampled per aligned compile group")
+            g.add_argument("--configs-unaligned", type=int, default=d.configs_unaligned,
+                           help="configs sampled per group whose K or N is not a multiple of 16")
+            g.add_argument("--configs-large", type=int, default=d.configs_large,
+                           help=f"configs timed on a problem whose roofline estimate exceeds {d.large_ms} ms")
             g.add_argument("--modes", default=None,
                            help="comma-separated dtype modes to sweep: float16,bfloat16,tf32,float32 (default all)")
             g.add_argument("--max-per-group", type=int, default=None, help="cap new problems per compile group")
@@ -49,7 +54,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
             g.add_argument("--problems-from", type=Path, default=None,
                            help="only the problems of this dataset folder (re-times it: same problems, same configs)")
         elif name == "pad":
-            g.add_argument("--n", type=int, default=3200, help="pad problems")
+            g.add_argument("--n", type=int, default=3200, help="pad problems within the small budget (<= 2 ms)")
+            g.add_argument("--n-large", type=int, default=400, help="pad problems above it (up to 40 ms, 2e13 FLOP)")
         else:
             g.add_argument("--source", type=Path, default=None, help="dataset folder whose GEMM problems to time (default: --out)")
     data = sub.add_parser("data", help="dataset tools")
@@ -128,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
         settings = GemmSweepSettings(n_random=args.n_random, only_units=only, configs_per_group=args.configs, seed=args.seed,
                                      compile_workers=args.workers, max_problems=args.max_problems, timing=timing,
                                      configs_unaligned=args.configs_unaligned, max_per_group=args.max_per_group,
+                                     configs_large=args.configs_large,
                                      modes=tuple(args.modes.split(',')) if args.modes else None, time_limit_s=args.time_limit)
         stats = run_gemm(args.out, args.device_spec, settings, args.shard, progress=not args.no_progress)
     elif args.gen_kind == "cublas":
@@ -138,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
         from .pad_sweep import run as run_pad
 
         stats = run_pad(args.out, args.n, args.seed, args.device_spec, args.shard, timing,
-                        progress=not args.no_progress, max_problems=args.max_problems)
+                        progress=not args.no_progress, max_problems=args.max_problems, n_large=args.n_large)
     print(json.dumps(stats, indent=2))
     if args.stats:
         args.stats.write_text(json.dumps(stats, indent=2))

@@ -51,11 +51,12 @@ def run(out_dir: Path, source: Path, spec_name: str | None = None, timing: Timin
 
     from perfmodel.devices import ClockReader
 
-    from .kernel import kernel_source_hash
+    from .kernel import kernel_mode, kernel_source_hash
     from .shards import ShardWriter
 
     spec, live = resolve_spec(spec_name)
     header = device_header(live, spec) | {"schema_version": SCHEMA_VERSION, "kernel_hash": kernel_source_hash(),
+                                          "kernel_mode": kernel_mode(),
                                           "sweep": {"source": "gemm problems of the folder", "timing": vars(timing)}}
     problems = dataset_problems(source)
     device = torch.device("cuda", torch.cuda.current_device())

@@ -24,7 +24,7 @@ from perfmodel.schema import SCHEMA_VERSION, GemmConfig, GemmProblem
 
 from . import kernel
 from .measure import TOLERANCE, Bench, TimingSettings, fraction_of_peak, relative_error, validate
-from .problems import Budget, gemm_problems, problem_id
+from .problems import Budget, _cls, estimated_ms, gemm_problems, problem_id, spec_key, strides
 from .runtime import cublas_tf32, device_header, make_operands, resolve_spec, torch_dtype
 
 KIND = "gemm"
@@ -32,9 +32,14 @@ KIND = "gemm"
 
 @dataclass
 class GemmSweepSettings:
-    n_random: int = 600           # random problems on top of the real-model shapes
-    configs_per_group: int = 128  # stratified sample of the pruned space per aligned compile group
-    configs_unaligned: int = 40   # ... per group with K or a stride not divisible by 16 (fewer problems)
+    n_random: int = 300           # random problems on top of the real-model shapes
+    configs_per_group: int = 112  # stratified sample of the pruned space per aligned compile group
+    configs_unaligned: int = 40   # ... per group with K or N not divisible by 16 (fewer problems)
+    # Problems whose roofline estimate exceeds large_ms take milliseconds a run: they time only
+    # configs_large of their group's configs, those with BLOCK_M and BLOCK_N >= 64 (smaller tiles run
+    # these shapes several times slower than the best and would cost most of the sweep's GPU time).
+    large_ms: float = 1.0
+    configs_large: int = 24
     modes: tuple[str, ...] | None = None  # restrict to these dtype modes (float16, bfloat16, tf32, float32)
     max_per_group: int | None = None   # cap problems per compile group (spreads a short run over groups)
     time_limit_s: float | None = None  # stop cleanly (between problems) after this long
@@ -71,19 +76,12 @@ def config_sample(dtype: str, allow_tf32: bool, layout: tuple[bool, bool], spec:
     return defaults + stratified_sample(rest, max(0, n - len(defaults)), seed)
 
 
-def strides(p: GemmProblem) -> tuple[int, ...]:
-    """(stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn) of the problem's layout."""
-    sa = (1, p.m) if p.transpose_left else (p.k, 1)
-    sb = (1, p.k) if p.transpose_right else (p.n, 1)
-    return (*sa, *sb, p.n, 1)
-
-
-def spec_key(p: GemmProblem) -> tuple:
-    """What Triton specialises on besides the config: K and the strides (1 / divisible by 16 / other)."""
-    def cls(v: int) -> str:
-        return "1" if v == 1 else ("D" if v % 16 == 0 else "N")
-
-    return (p.dtype, p.allow_tf32, p.transpose_left, p.transpose_right, cls(p.k), *map(cls, strides(p)))
+def kernel_key(p: GemmProblem, cfg: GemmConfig) -> tuple:
+    """The compiled kernel of one config on one problem: groups with other hint classes share it where the
+    config's constexprs agree (e.g. every BLOCK_M <= M)."""
+    h = kernel._hints(p.m, p.n, p.k, strides(p), cfg)
+    return (p.dtype, p.allow_tf32, p.transpose_left, p.transpose_right, _cls(p.m), _cls(p.n), _cls(p.k),
+            cfg, h["EVEN_K"], h["A_HINT"], h["B_HINT"])
 
 
 def mode_name(p: GemmProblem) -> str:
@@ -91,21 +89,45 @@ def mode_name(p: GemmProblem) -> str:
 
 
 def is_aligned(key: tuple) -> bool:
-    return "N" not in key[4:]
+    return "N" not in key[5:7]  # N and K (K and the strides of A, B, C) divisible by 16
 
 
-def _compile_chunk(dtype: str, allow_tf32: bool, strides_: tuple[int, ...], K: int,
+def large_subset(cfgs: list[GemmConfig], n: int) -> list[GemmConfig]:
+    """The configs a large problem times: its group's configs with BLOCK_M, BLOCK_N >= 64, Inductor's
+    defaults first, then every other config in a fixed spread, up to n."""
+    big = [c for c in cfgs if c.block_m >= 64 and c.block_n >= 64]
+    defaults = set(inductor_default_configs())
+    first = [c for c in big if c in defaults]
+    rest = [c for c in big if c not in defaults]
+    step = max(1, len(rest) / max(1, n - len(first)))
+    return (first + [rest[int(i * step)] for i in range(min(len(rest), max(0, n - len(first))))])[:n]
+
+
+def _compile_chunk(dtype: str, allow_tf32: bool, M: int, N: int, K: int, strides_: tuple[int, ...],
                    cfgs: list[dict[str, int]]) -> list[tuple[dict[str, int], str]]:
-    """Worker: compile each config for one specialisation; returns (config, "" or error)."""
+    """Worker: compile each config for one problem's specialisation; returns (config, "" or error)."""
     out = []
     for c in cfgs:
         cfg = GemmConfig(**c)
         try:
-            kernel.warmup(torch_dtype(dtype), strides_, K, cfg, allow_tf32)
+            kernel.warmup(torch_dtype(dtype), M, N, K, strides_, cfg, allow_tf32)
             out.append((c, ""))
         except Exception as exc:  # a compile failure is data: recorded as a failure row
             out.append((c, f"compile:{type(exc).__name__}:{str(exc)[:200]}"))
     return out
+
+
+def compile_plan(order: list[tuple], groups: dict[tuple, list[GemmProblem]], spec: DeviceSpec,
+                 settings: GemmSweepSettings) -> dict[tuple, list[GemmConfig]]:
+    """The configs each group times (a group of large problems only: large_subset)."""
+    plan: dict[tuple, list[GemmConfig]] = {}
+    for key in order:
+        p0 = groups[key][0]
+        plan[key] = config_sample(p0.dtype, p0.allow_tf32, (p0.transpose_left, p0.transpose_right), spec,
+                                  settings.configs_per_group if is_aligned(key) else settings.configs_unaligned)
+        if all(estimated_ms(p, spec) > settings.large_ms for p in groups[key]):
+            plan[key] = large_subset(plan[key], settings.configs_large)
+    return plan
 
 
 def run(out_dir: Path, spec_name: str | None = None, settings: GemmSweepSettings = GemmSweepSettings(),
@@ -115,7 +137,9 @@ def run(out_dir: Path, spec_name: str | None = None, settings: GemmSweepSettings
     device = torch.device("cuda", torch.cuda.current_device())
     spec, live = resolve_spec(spec_name)
     header = device_header(live, spec) | {"schema_version": SCHEMA_VERSION, "kernel_hash": kernel.kernel_source_hash(),
+                                          "kernel_mode": kernel.kernel_mode(),
                                           "sweep": {"seed": settings.seed, "n_random": settings.n_random,
+                                                    "configs_large": settings.configs_large, "large_ms": settings.large_ms,
                                                     "configs_per_group": settings.configs_per_group,
                                                     "timing": vars(settings.timing),
                                                     "only_units": units_digest(settings.only_units)}}
@@ -164,31 +188,43 @@ def run(out_dir: Path, spec_name: str | None = None, settings: GemmSweepSettings
     pool = cf.ProcessPoolExecutor(settings.compile_workers, mp_context=mp.get_context("spawn"),
                                   initializer=os.nice, initargs=(10,))
     t_compile0 = time.perf_counter()
-    futures: dict[tuple, list[cf.Future]] = {}
-    for key in order:
+    # One compile per kernel key (kernel_key): a group submits only the kernels no earlier group did.
+    plan = compile_plan(order, groups, spec, settings)
+    futures: dict[tuple, cf.Future] = {}
+    for key in order:  # in timing order, four configs a task
         p0 = groups[key][0]
-        cfgs = config_sample(p0.dtype, p0.allow_tf32, (p0.transpose_left, p0.transpose_right), spec,
-                             settings.configs_per_group if is_aligned(key) else settings.configs_unaligned)
-        chunks = [cfgs[j:j + 4] for j in range(0, len(cfgs), 4)]
-        futures[key] = [pool.submit(_compile_chunk, p0.dtype, p0.allow_tf32, strides(p0), p0.k,
-                                    [c.as_dict() for c in ch]) for ch in chunks]
+        new = [c for c in plan[key] if kernel_key(p0, c) not in futures]
+        for j in range(0, len(new), 4):
+            fut = pool.submit(_compile_chunk, p0.dtype, p0.allow_tf32, p0.m, p0.n, p0.k, strides(p0),
+                              [c.as_dict() for c in new[j:j + 4]])
+            for c in new[j:j + 4]:
+                futures[kernel_key(p0, c)] = fut
+    stats["kernels_to_compile"] = len(futures)
+    results: dict[cf.Future, dict[GemmConfig, str]] = {}
     bar = tqdm(total=len(todo), desc=f"gemm sweep {i}/{n}", unit="problem", disable=not progress, smoothing=0.05)
     try:
         for key in order:
             if stats.get("stopped_at_time_limit"):
                 break
+            p0 = groups[key][0]
             compile_errors: dict[GemmConfig, str] = {}
-            for fut in futures[key]:
-                for c, err in fut.result():
-                    compile_errors[GemmConfig(**c)] = err
-            stats["kernels_compiled"] += len(compile_errors)
+            for cfg in plan[key]:
+                fut = futures[kernel_key(p0, cfg)]
+                if fut not in results:
+                    results[fut] = {GemmConfig(**c): err for c, err in fut.result()}
+                    stats["kernels_compiled"] += len(results[fut])
+                compile_errors[cfg] = results[fut][cfg]
             stats["compile_s"] = time.perf_counter() - t_compile0  # until the last group needed is ready
             for p in groups[key]:
                 if settings.time_limit_s is not None and time.perf_counter() - t_compile0 > settings.time_limit_s:
                     stats["stopped_at_time_limit"] = True
                     break
+                cfgs = list(compile_errors.items())
+                if estimated_ms(p, spec) > settings.large_ms:
+                    keep = set(large_subset(plan[key], settings.configs_large))
+                    cfgs = [(c, e) for c, e in cfgs if c in keep]
                 t0 = time.perf_counter()
-                rows = measure_problem(p, list(compile_errors.items()), bench, spec, clock)
+                rows = measure_problem(p, cfgs, bench, spec, clock)
                 stats["timing_s"] += time.perf_counter() - t0
                 writer.write_unit(problem_id(p), rows)
                 stats["problems"] += 1

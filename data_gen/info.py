@@ -37,7 +37,14 @@ def dataset_info(folder: Path) -> dict[str, Any]:
         "gemm_problems_unaligned16": unaligned,
         "gemm_problems_by_layout": dict(Counter(f"{'T' if r['transpose_left'] else 'N'}{'T' if r['transpose_right'] else 'N'}"
                                                 for r in problems.values())),
+        "gemm_max_flops": max((2.0 * r["m"] * r["n"] * r["k"] for r in problems.values()), default=None),
+        "gemm_problems_above_1e12_flops": sum(2.0 * r["m"] * r["n"] * r["k"] > 1e12 for r in problems.values()),
+        "kernel_modes": sorted({h.get("kernel_mode", "v3 (M, N not specialised; no mode recorded)")
+                                for h in gemm_headers + pad_headers + retimed_headers}),
         "pad_rows": sum(r["status"] == "ok" for r in pad),
+        "pad_rows_above_1e11_flops": sum(r["status"] == "ok" and 2.0 * r["padded_m"] * r["padded_n"] * r["padded_k"] > 1e11
+                                         for r in pad),
+        "pad_max_flops": max((2.0 * r["padded_m"] * r["padded_n"] * r["padded_k"] for r in pad), default=None),
         "pad_rows_by_dtype": dict(Counter(r["dtype"] for r in pad if r["status"] == "ok")),
         "max_fraction_of_peak": max(fracs) if fracs else None,
         "flagged_rows": sum(bool(r.get("flag")) for r in gemm + pad),

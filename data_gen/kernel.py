@@ -1,9 +1,18 @@
-"""The canonical Triton GEMM kernel (Triton's matmul tutorial / Inductor's mm template), in one place.
+"""The canonical Triton GEMM kernel of the dataset (kernel v4): Inductor's mm template, compiled as its
+users get it.
 
-A 1-D grid of cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N) programs in grouped (GROUP_M) order, masked loads
-along K, tl.dot accumulating in fp32, the result cast to the output dtype, masked store.
-M and N are not specialised (they only enter masks and the grid); K and the strides are, so the
-compiled kernel depends on the config, dtype, layout and the 16-divisibility of K and the strides.
+The body is Inductor's `triton_mm` template (torch/_inductor/kernel/templates/triton_mm.py.jinja, torch
+2.11-2.13): a 1-D grid of cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N) programs in grouped (GROUP_M) order,
+rows/cols wrapped (% M, % N) so that the operand loads need no M/N mask, K loads masked unless EVEN_K,
+`tl.dot` accumulating in fp32, the result cast to the output dtype, masked store. What Inductor decides
+at compile time from its static shapes is decided here on the host and passed as constexprs, with the
+same rules: EVEN_K (K % BLOCK_K == 0) and the contiguity hints on the wrapped row/col offsets
+(`_hints`). M, N, K and the strides get Triton's default specialisation (equal to 1, divisible by 16),
+which is what a `@triton.autotune` user's kernel gets; Inductor bakes the shapes in as constants.
+`benchmarks/kernel_fidelity.py` times this kernel beside Inductor's own compile of the template.
+
+`matmul_kernel_v3` is the dataset's previous kernel (M and N not specialised, hints only on column-major
+A / row-major B, K always masked), kept to compare against.
 """
 from __future__ import annotations
 
@@ -15,7 +24,7 @@ import triton
 import triton.language as tl
 
 
-@triton.jit(do_not_specialize=["M", "N"])
+@triton.jit
 def matmul_kernel(
     # Pointers
     a_ptr, b_ptr, c_ptr,
@@ -26,8 +35,64 @@ def matmul_kernel(
     # Meta-parameters
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,  # "tf32" or "ieee" for fp32 inputs (Inductor's ALLOW_TF32)
-    A_M_CONTIGUOUS: tl.constexpr = False,  # A column-major (stride_am == 1)
-    B_N_CONTIGUOUS: tl.constexpr = False,  # B row-major (stride_bn == 1)
+    EVEN_K: tl.constexpr,           # K % BLOCK_K == 0: no K mask
+    A_HINT: tl.constexpr,           # the wrapped A rows are contiguous runs of BLOCK_M (see _hints)
+    B_HINT: tl.constexpr,           # the wrapped B cols are contiguous runs of BLOCK_N
+):
+    pid = tl.program_id(0)
+    grid_m = (M + BLOCK_M - 1) // BLOCK_M
+    grid_n = (N + BLOCK_N - 1) // BLOCK_N
+
+    # re-order program ID for better L2 performance
+    width = GROUP_M * grid_n
+    group_id = pid // width
+    group_size = min(grid_m - group_id * GROUP_M, GROUP_M)
+    pid_m = group_id * GROUP_M + (pid % group_size)
+    pid_n = (pid % width) // (group_size)
+    tl.assume(pid_m >= 0)
+    tl.assume(pid_n >= 0)
+
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if A_HINT:
+        offs_a_m = tl.max_contiguous(tl.multiple_of(rm % M, BLOCK_M), BLOCK_M)
+    else:
+        offs_a_m = rm % M
+    if B_HINT:
+        offs_b_n = tl.max_contiguous(tl.multiple_of(rn % N, BLOCK_N), BLOCK_N)
+    else:
+        offs_b_n = rn % N
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+
+    for k_idx in range(0, tl.cdiv(K, BLOCK_K)):
+        a_k_idx_vals = offs_k[None, :] + (k_idx * BLOCK_K)  # (1, BK)
+        b_k_idx_vals = offs_k[:, None] + (k_idx * BLOCK_K)  # (BK, 1)
+        a_ptrs = a_ptr + (offs_a_m[:, None] * stride_am + a_k_idx_vals * stride_ak)  # (BM, BK)
+        b_ptrs = b_ptr + (b_k_idx_vals * stride_bk + offs_b_n[None, :] * stride_bn)  # (BK, BN)
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+        else:
+            a = tl.load(a_ptrs, mask=offs_k[None, :] < (K - k_idx * BLOCK_K), other=0.0)
+            b = tl.load(b_ptrs, mask=offs_k[:, None] < (K - k_idx * BLOCK_K), other=0.0)
+        acc += tl.dot(a, b, input_precision=INPUT_PRECISION, out_dtype=tl.float32)
+
+    # rematerialize rm and rn to save registers
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    idx_m = rm[:, None]
+    idx_n = rn[None, :]
+    mask = (idx_m < M) & (idx_n < N)
+    tl.store(c_ptr + (idx_m * stride_cm + idx_n * stride_cn), acc.to(c_ptr.dtype.element_ty), mask)
+
+
+@triton.jit(do_not_specialize=["M", "N"])
+def matmul_kernel_v3(
+    a_ptr, b_ptr, c_ptr, M, N, K,
+    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, A_M_CONTIGUOUS: tl.constexpr = False, B_N_CONTIGUOUS: tl.constexpr = False,
 ):
     pid = tl.program_id(axis=0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -38,10 +103,6 @@ def matmul_kernel(
     group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
     pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
     pid_n = (pid % num_pid_in_group) // group_size_m
-
-    # Rows/cols wrap (% M, % N) so A/B loads need no mask along M/N; the store is masked.
-    # M and N are not specialised, so where M (N) is A's (B's) contiguous dim, say what Inductor's mm
-    # template says: the wrapped offsets are contiguous runs -- else those loads are not vectorised.
     offs_am = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
     offs_bn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
     if A_M_CONTIGUOUS:
@@ -49,9 +110,8 @@ def matmul_kernel(
     if B_N_CONTIGUOUS:
         offs_bn = tl.max_contiguous(tl.multiple_of(offs_bn, BLOCK_N), BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + (offs_am[:, None] * stride_am + offs_k[None, :] * stride_ak)  # (BM, BK)
-    b_ptrs = b_ptr + (offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn)  # (BK, BN)
-
+    a_ptrs = a_ptr + (offs_am[:, None] * stride_am + offs_k[None, :] * stride_ak)
+    b_ptrs = b_ptr + (offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, tl.cdiv(K, BLOCK_K)):
         a = tl.load(a_ptrs, mask=offs_k[None, :] < K - k * BLOCK_K, other=0.0)
@@ -60,11 +120,15 @@ def matmul_kernel(
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
     c = acc.to(c_ptr.dtype.element_ty)
-
     offs_cm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     c_ptrs = c_ptr + stride_cm * offs_cm[:, None] + stride_cn * offs_cn[None, :]
     tl.store(c_ptrs, c, mask=(offs_cm[:, None] < M) & (offs_cn[None, :] < N))
+
+
+def kernel_mode() -> str:
+    """What the dataset's kernel is, recorded in every shard header (`perfmodel data info`)."""
+    return "v4: inductor mm template body, triton default specialisation, EVEN_K and hints as inductor"
 
 
 def kernel_source_hash() -> str:
@@ -80,19 +144,41 @@ def grid_size(M: int, N: int, block_m: int, block_n: int) -> int:
     return triton.cdiv(M, block_m) * triton.cdiv(N, block_n)
 
 
-def launch(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, cfg, allow_tf32: bool = False, *,
-           hints: bool = True, kernel=None) -> None:
-    """c = a @ b with one config (a: (M, K), b: (K, N), any strides; c: (M, N) row-major).
-    hints=False leaves out the contiguity hints (kernel v1's behaviour); kernel: another compile of
-    this source (the GPU check scripts compare specialisations), default matmul_kernel."""
+def _hints(M: int, N: int, K: int, strides: tuple[int, ...], cfg) -> dict[str, bool]:
+    """The constexprs Inductor's template derives from its static shapes, by the same rules: EVEN_K, and
+    the contiguity hint on A's rows (B's cols) when A (B) is dense in either order and the dim spans at
+    least one block (else `rm % M` wraps inside a block and is no contiguous run)."""
+    sam, sak, sbk, sbn = strides[:4]
+    return {
+        "EVEN_K": K % cfg.block_k == 0,
+        "A_HINT": ((sam == 1 and sak == M) or (sam == K and sak == 1)) and M >= cfg.block_m and K > 1,
+        "B_HINT": ((sbk == 1 and sbn == K) or (sbk == N and sbn == 1)) and N >= cfg.block_n and K > 1,
+    }
+
+
+def launch(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, cfg, allow_tf32: bool = False) -> None:
+    """c = a @ b with one config (a: (M, K), b: (K, N), any strides; c: (M, N) row-major)."""
     M, K = a.shape
     _, N = b.shape
-    (kernel or matmul_kernel)[(grid_size(M, N, cfg.block_m, cfg.block_n),)](
+    strides = (a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
+    matmul_kernel[(grid_size(M, N, cfg.block_m, cfg.block_n),)](
+        a, b, c, M, N, K, *strides,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+        INPUT_PRECISION=input_precision(a.dtype, allow_tf32), **_hints(M, N, K, strides, cfg),
+        num_stages=cfg.num_stages, num_warps=cfg.num_warps,
+    )
+
+
+def launch_v3(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, cfg, allow_tf32: bool = False) -> None:
+    """c = a @ b with the previous dataset kernel (kernel v3), for side-by-side comparisons."""
+    M, K = a.shape
+    _, N = b.shape
+    matmul_kernel_v3[(grid_size(M, N, cfg.block_m, cfg.block_n),)](
         a, b, c, M, N, K,
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         INPUT_PRECISION=input_precision(a.dtype, allow_tf32),
-        A_M_CONTIGUOUS=hints and a.stride(0) == 1, B_N_CONTIGUOUS=hints and b.stride(1) == 1,
+        A_M_CONTIGUOUS=a.stride(0) == 1, B_N_CONTIGUOUS=b.stride(1) == 1,
         num_stages=cfg.num_stages, num_warps=cfg.num_warps,
     )
 
@@ -105,12 +191,12 @@ def matmul(a: torch.Tensor, b: torch.Tensor, cfg, allow_tf32: bool = False) -> t
     return c
 
 
-def warmup(dtype: torch.dtype, strides: tuple[int, ...], K: int, cfg, allow_tf32: bool) -> None:
-    """Compile (no launch) the kernel for one specialisation, as a worker process does."""
+def warmup(dtype: torch.dtype, M: int, N: int, K: int, strides: tuple[int, ...], cfg, allow_tf32: bool) -> None:
+    """Compile (no launch) the kernel for the specialisation of (M, N, K, strides), as a worker does: the
+    compiled kernel serves every problem with the same spec_key (data_gen/gemm_sweep.py)."""
     matmul_kernel.warmup(
-        dtype, dtype, dtype, 1024, 1024, K, *strides,
+        dtype, dtype, dtype, M, N, K, *strides,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-        INPUT_PRECISION=input_precision(dtype, allow_tf32),
-        A_M_CONTIGUOUS=strides[0] == 1, B_N_CONTIGUOUS=strides[3] == 1,
+        INPUT_PRECISION=input_precision(dtype, allow_tf32), **_hints(M, N, K, strides, cfg),
         num_stages=cfg.num_stages, num_warps=cfg.num_warps, grid=(1,),
     )

@@ -67,18 +67,20 @@ def measure(p: PadProblem, bench: Bench, spec, clock) -> dict[str, Any]:
 
 
 def run(out_dir: Path, n: int = 3200, seed: int = 0, spec_name: str | None = None, shard: tuple[int, int] = (0, 1),
-        timing: TimingSettings = TimingSettings(), progress: bool = True, max_problems: int | None = None) -> dict[str, Any]:
+        timing: TimingSettings = TimingSettings(), progress: bool = True, max_problems: int | None = None,
+        n_large: int = 400) -> dict[str, Any]:
     from tqdm import tqdm
 
     from perfmodel.devices import ClockReader
 
-    from .kernel import kernel_source_hash
+    from .kernel import kernel_mode, kernel_source_hash
     from .shards import ShardWriter
 
     spec, live = resolve_spec(spec_name)
     header = device_header(live, spec) | {"schema_version": SCHEMA_VERSION, "kernel_hash": kernel_source_hash(),
-                                          "sweep": {"seed": seed, "n": n, "timing": vars(timing)}}
-    problems = [p for j, p in enumerate(pad_problems(n, spec, seed)) if j % shard[1] == shard[0]]
+                                          "kernel_mode": kernel_mode(),
+                                          "sweep": {"seed": seed, "n": n, "n_large": n_large, "timing": vars(timing)}}
+    problems = [p for j, p in enumerate(pad_problems(n, spec, seed, n_large=n_large)) if j % shard[1] == shard[0]]
     units = [problems[j:j + UNIT_SIZE] for j in range(0, len(problems), UNIT_SIZE)]
     writer = ShardWriter(out_dir, KIND, header, shard=f"{shard[0]:02d}of{shard[1]:02d}")
     device = torch.device("cuda", torch.cuda.current_device())

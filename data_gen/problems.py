@@ -17,17 +17,20 @@ SEED_SHAPES = [
     (1024, 768, 768), (1024, 768, 3072), (1024, 3072, 768), (1024, 768, 2304),  # GPT-2
 ]
 
-# Linear layers of LLM families: (name, [(in_features, out_features), ...]): qkv, o, gate+up, down.
+# Linear layers of LLM families: (name, [(in_features, out_features), ...]): qkv, o, gate+up, down, and
+# the vocabulary projection (lm head).
 LLM_LAYERS = {
-    "llama3-8b": [(4096, 6144), (4096, 4096), (4096, 28672), (14336, 4096)],
-    "llama3-70b": [(8192, 10240), (8192, 8192), (8192, 57344), (28672, 8192)],
-    "qwen2-7b": [(3584, 4608), (3584, 3584), (3584, 37888), (18944, 3584)],
-    "mistral-7b": [(4096, 6144), (4096, 4096), (4096, 14336), (14336, 4096)],
-    "phi3-mini": [(3072, 9216), (3072, 3072), (3072, 16384), (8192, 3072)],
-    "gpt2-xl": [(1600, 4800), (1600, 1600), (1600, 6400), (6400, 1600)],
+    "llama3-8b": [(4096, 6144), (4096, 4096), (4096, 28672), (14336, 4096), (4096, 128256)],
+    "llama3-70b": [(8192, 10240), (8192, 8192), (8192, 57344), (28672, 8192), (8192, 128256)],
+    "qwen2-7b": [(3584, 4608), (3584, 3584), (3584, 37888), (18944, 3584), (3584, 152064)],
+    "mistral-7b": [(4096, 6144), (4096, 4096), (4096, 14336), (14336, 4096), (4096, 32768)],
+    "mixtral-8x7b": [(4096, 6144), (4096, 4096), (4096, 28672), (14336, 4096), (4096, 32000)],
+    "phi3-mini": [(3072, 9216), (3072, 3072), (3072, 16384), (8192, 3072), (3072, 32064)],
+    "gpt2-xl": [(1600, 4800), (1600, 1600), (1600, 6400), (6400, 1600), (1600, 50257)],
 }
 DECODE_TOKENS = (1, 4, 16, 32, 64)
 PREFILL_TOKENS = (128, 333, 512, 1000, 2048, 4096)
+TRAIN_TOKENS = (8192, 16384, 32768)  # training and long-prefill batches (4k-32k tokens)
 
 # (dtype, allow_tf32) modes and their sampling weights.
 MODES = [("float16", False, 0.3), ("bfloat16", False, 0.3), ("float32", False, 0.2), ("float32", True, 0.2)]
@@ -49,67 +52,128 @@ class Budget:
     max_est_ms: float = 0.4        # roofline estimate of the best kernel's time
     max_bytes: float = 2e9         # operands + output (the checker needs ~3x the output more)
     max_output_elems: int = 2**27  # keeps the full-output correctness check cheap
+    max_flops: float = 1.01e13
+
+
+# Real-model shapes up to 1e13 FLOP: a 32k-token batch through an 8B model's MLP is 3.8e12 FLOP and
+# takes ~6 ms in fp16 on an H100. The estimate is capped at 10 ms (fp32 without tf32 runs ~15x slower
+# than fp16, so it stops lower), which keeps the sweep inside one device session.
+LARGE = Budget(max_est_ms=10.0, max_bytes=12e9, max_output_elems=2**31 - 1, max_flops=1.01e13)
+# Elements of one operand stay below 2**31: the kernel indexes in int32, as Inductor's template does
+# (it switches to int64 only past that).
+MAX_TENSOR_ELEMS = 2**31 - 1
 
 
 def within(p: GemmProblem, spec: DeviceSpec, budget: Budget) -> bool:
     return (estimated_ms(p, spec) <= budget.max_est_ms and p.min_bytes <= budget.max_bytes
-            and p.m * p.n <= budget.max_output_elems)
+            and p.m * p.n <= budget.max_output_elems and p.flops <= budget.max_flops
+            and max(p.m * p.k, p.k * p.n, p.m * p.n) <= MAX_TENSOR_ELEMS)
 
 
-def random_dim(rng: random.Random, low: int, high: int = 65536, p_unaligned: float = 0.4) -> int:
-    """Log-uniform in [low, high]; aligned draws are rounded to a multiple of a power of two >= 16."""
+def random_dim(rng: random.Random, low: int, high: int = 65536, p_unaligned: float = 0.4,
+               mults: tuple[int, ...] = (16, 32, 64, 128, 256)) -> int:
+    """Log-uniform in [low, high]; aligned draws are rounded to a multiple of one of mults."""
     d = int(round(math.exp(rng.uniform(math.log(low), math.log(high)))))
     if rng.random() < p_unaligned or d < 16:
         return max(low, d)
-    mult = rng.choice([16, 32, 64, 128, 256])
+    mult = rng.choice(mults)
     return max(16, (d // mult) * mult or mult)
 
 
-def real_model_shapes() -> list[tuple[int, int, int, bool]]:
+def real_model_shapes(tokens: tuple[int, ...] = DECODE_TOKENS + PREFILL_TOKENS + TRAIN_TOKENS
+                      ) -> list[tuple[int, int, int, bool]]:
     """(m, k, n, transpose_right): seed-table shapes (row-major B) and LLM linears (B = W^T)."""
     out = [(m, k, n, False) for m, k, n in SEED_SHAPES]
     for layers in LLM_LAYERS.values():
-        for tokens in DECODE_TOKENS + PREFILL_TOKENS:
+        for t in tokens:
             for k, n in layers:
-                out.append((tokens, k, n, True))
+                out.append((t, k, n, True))
     return out
 
 
+def strides(p: GemmProblem) -> tuple[int, ...]:
+    """(stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn) of the problem's layout."""
+    sa = (1, p.m) if p.transpose_left else (p.k, 1)
+    sb = (1, p.k) if p.transpose_right else (p.n, 1)
+    return (*sa, *sb, p.n, 1)
+
+
+def _cls(v: int) -> str:
+    """Triton's default specialisation of an integer argument: equal to 1, divisible by 16, or neither."""
+    return "1" if v == 1 else ("D" if v % 16 == 0 else "N")
+
+
+def _pow2_class(v: int) -> int:
+    """min(256, the largest power of two <= v): v >= BLOCK iff BLOCK <= this (blocks are powers of two)."""
+    return min(256, 1 << (v.bit_length() - 1))
+
+
+def spec_key(p: GemmProblem) -> tuple:
+    """Everything besides the config that decides the compiled kernel (data_gen/kernel.py): dtype mode,
+    layout, the specialisation of M, N, K (the strides follow from them), K's power-of-two divisor up to
+    256 (EVEN_K for each BLOCK_K) and M's and N's power-of-two class (the contiguity hints need
+    M >= BLOCK_M, N >= BLOCK_N). Problems with one key share every compiled kernel."""
+    return (p.dtype, p.allow_tf32, p.transpose_left, p.transpose_right, _cls(p.m), _cls(p.n), _cls(p.k),
+            min(256, p.k & -p.k), _pow2_class(p.m), _pow2_class(p.n))
+
+
 def gemm_problems(n_random: int, spec: DeviceSpec, seed: int = 0, budget: Budget = Budget(),
-                  layouts: tuple[tuple[bool, bool], ...] = ((False, False), (False, True))) -> list[GemmProblem]:
-    """The sweep's problem list: every real-model shape in every mode (within budget), then random ones.
-    Deterministic for a seed, so shards and resumed runs agree on it."""
+                  layouts: tuple[tuple[bool, bool], ...] = ((False, False), (False, True)),
+                  large: Budget = LARGE, new_keys: int = 16) -> list[GemmProblem]:
+    """The sweep's problem list: every real-model shape in every mode (within the `large` budget), then
+    random ones (within `budget`). Deterministic for a seed, so shards and resumed runs agree on it.
+
+    Compiles decide what a sweep can cover (each spec_key compiles its own kernels), so random problems
+    share the spec_keys of the real-model shapes: a draw that would open a new key is kept only while
+    fewer than new_keys random keys exist. Draws: a quarter have a small M (decode-like, 1-255), the rest
+    M >= 256; N >= 256 but for one in ten; K more often a multiple of 256 than of a smaller power of
+    two; a fifth of each dim unaligned."""
     rng = random.Random(seed)
     problems: list[GemmProblem] = []
     seen: set[GemmProblem] = set()
 
-    def add(p: GemmProblem) -> None:
-        if p not in seen and within(p, spec, budget):
+    def add(p: GemmProblem, b: Budget) -> None:
+        if p not in seen and within(p, spec, b):
             seen.add(p)
             problems.append(p)
 
     for m, k, n, tr in real_model_shapes():
         for dtype, tf32, _ in MODES:
-            add(GemmProblem(m=m, n=n, k=k, dtype=dtype, allow_tf32=tf32, transpose_right=tr))
+            add(GemmProblem(m=m, n=n, k=k, dtype=dtype, allow_tf32=tf32, transpose_right=tr), large)
     weights = [w for *_, w in MODES]
     target = len(problems) + n_random
+    keys = {spec_key(p) for p in problems}
+    opened = 0
     while len(problems) < target:
         dtype, tf32, _ = rng.choices(MODES, weights)[0]
         tl, tr = rng.choice(layouts)
-        # M is not a specialised argument (it only enters masks): unaligned M is cheap to cover;
-        # unaligned K/N change the compiled kernel, so they are rarer (they cost a compile group).
-        add(GemmProblem(m=random_dim(rng, 1, p_unaligned=0.5), n=random_dim(rng, 16, p_unaligned=0.2),
-                        k=random_dim(rng, 16, p_unaligned=0.2),
-                        dtype=dtype, allow_tf32=tf32, transpose_left=tl, transpose_right=tr))
+        m = random_dim(rng, 1, 255, p_unaligned=0.5) if rng.random() < 0.25 else random_dim(rng, 256, p_unaligned=0.3)
+        n = random_dim(rng, 16, 255, p_unaligned=0.2) if rng.random() < 0.1 else random_dim(rng, 256, p_unaligned=0.2)
+        k = random_dim(rng, 16, p_unaligned=0.2, mults=(256, 256, 256, 64, 16))
+        p = GemmProblem(m=m, n=n, k=k, dtype=dtype, allow_tf32=tf32, transpose_left=tl, transpose_right=tr)
+        key = spec_key(p)
+        if key not in keys:
+            if opened >= new_keys or not within(p, spec, budget):
+                continue
+            opened += 1
+            keys.add(key)
+        add(p, budget)
     return problems
 
 
-def pad_problems(n: int, spec: DeviceSpec, seed: int = 0, budget: Budget = Budget(max_est_ms=2.0)) -> list[PadProblem]:
+# Pad problems above the small-problem budget: up to 1e12 FLOP and beyond in every dtype mode.
+LARGE_PAD = Budget(max_est_ms=40.0, max_bytes=12e9, max_output_elems=2**31 - 1, max_flops=2e13)
+
+
+def pad_problems(n: int, spec: DeviceSpec, seed: int = 0, budget: Budget = Budget(max_est_ms=2.0),
+                 n_large: int = 400, large: Budget = LARGE_PAD) -> list[PadProblem]:
     """As gen_data_pad_mm.py: random dims (uniform or powers of two / between), at least one unaligned,
-    random transposes, prepadded with p=0.2, the three dtypes."""
+    random transposes, prepadded with p=0.2, the three dtypes (fp32 with tf32 on or off). n problems
+    within `budget`, then n_large more that exceed it but stay within `large` (1e11-1e13 FLOP)."""
     rng = random.Random(seed)
     out: list[PadProblem] = []
-    while len(out) < n:
+    n_small = 0
+    while len(out) < n + n_large:
         dtype = rng.choice(["float16", "bfloat16", "float32"])
 
         def dim() -> int:
@@ -127,6 +191,12 @@ def pad_problems(n: int, spec: DeviceSpec, seed: int = 0, budget: Budget = Budge
                        prepadded_right=rng.random() < 0.2,
                        allow_tf32=dtype == "float32" and rng.random() < 0.5)
         g = p.gemm(padded=True)
-        if p.needs_padding() and within(g, spec, budget):  # a dim of 1 is never padded
+        if not p.needs_padding():  # a dim of 1 is never padded
+            continue
+        if within(g, spec, budget):
+            if n_small < n:
+                n_small += 1
+                out.append(p)
+        elif len(out) - n_small < n_large and within(g, spec, large):
             out.append(p)
     return out

@@ -5,7 +5,7 @@ import itertools
 import random
 
 from .devices import DeviceSpec
-from .schema import BLOCK_SIZES, DTYPE_BYTES, NUM_STAGES, NUM_WARPS, GemmConfig
+from .schema import BLOCK_SIZES, DTYPE_BYTES, NUM_STAGES, GemmConfig
 
 
 def shared_memory_bytes(cfg: GemmConfig, dtype: str) -> int:
@@ -23,12 +23,20 @@ def fits(cfg: GemmConfig, dtype: str, spec: DeviceSpec) -> bool:
             and accumulator_registers(cfg) <= spec.registers_per_thread_max)
 
 
+def inductor_num_warps(block_m: int, block_n: int, num_warps: int) -> int:
+    """The warps Inductor gives a config: at most one per 16x16 accumulator tile (its
+    `_finalize_mm_configs`: min(num_warps, BM*BN // 256)), so 16x16 tiles run on 1 warp."""
+    return max(1, min(num_warps, block_m * block_n // 256))
+
+
 def exhaustive_space(group_m: int = 8) -> list[GemmConfig]:
-    """BLOCK_M/N/K in {16..256}, num_stages 1-5, num_warps {2,4,8}, GROUP_M 8 (1875 configs)."""
-    return [
-        GemmConfig(bm, bn, bk, group_m, s, w)
-        for bm, bn, bk, s, w in itertools.product(BLOCK_SIZES, BLOCK_SIZES, BLOCK_SIZES, NUM_STAGES, NUM_WARPS)
-    ]
+    """Inductor's EXHAUSTIVE mm space as it emits it: BLOCK_M/N/K in {16..256}, num_stages 1-5,
+    num_warps {2,4,8} capped by `inductor_num_warps` and de-duplicated, GROUP_M 8 (1,650 configs; the 25
+    16x16 tiles have num_warps 1)."""
+    out: dict[GemmConfig, None] = {}
+    for bm, bn, bk, s, w in itertools.product(BLOCK_SIZES, BLOCK_SIZES, BLOCK_SIZES, NUM_STAGES, (2, 4, 8)):
+        out[GemmConfig(bm, bn, bk, group_m, s, inductor_num_warps(bm, bn, w))] = None
+    return list(out)
 
 
 def pruned_space(dtype: str, spec: DeviceSpec) -> list[GemmConfig]:

@@ -5,6 +5,7 @@ Every value is validated on construction; errors name the field. Nothing is clam
 from __future__ import annotations
 
 import math
+import numbers
 import struct
 from dataclasses import dataclass, fields
 from functools import cached_property
@@ -19,7 +20,7 @@ DTYPES = tuple(DTYPE_BYTES)
 PAD_ALIGNMENT: dict[str, int] = {"float16": 8, "bfloat16": 8, "float32": 4}
 
 BLOCK_SIZES = (16, 32, 64, 128, 256)
-NUM_WARPS = (2, 4, 8)
+NUM_WARPS = (1, 2, 4, 8)  # 1: Inductor's 16x16 tiles (it caps warps at BM*BN/256)
 NUM_STAGES = (1, 2, 3, 4, 5)
 GROUP_M = (1, 2, 4, 8, 16)
 
@@ -41,8 +42,9 @@ def _norm_dtype(value: Any, field: str = "dtype") -> str:
 
 
 def _check_int(name: str, value: Any, *, minimum: int = 1, maximum: int | None = None) -> int:
-    # bool is an int subclass; a flag is never a dimension.
-    if isinstance(value, bool) or not isinstance(value, int):
+    # Any integer a user holds (Python or numpy: numbers.Integral); bool (and numpy.bool_) is a flag,
+    # never a dimension.
+    if isinstance(value, bool) or type(value).__name__ == "bool_" or not isinstance(value, numbers.Integral):
         if isinstance(value, float) and math.isnan(value):
             raise ValueError(f"{name}: NaN is not a valid value")
         raise TypeError(f"{name}: expected an int, got {type(value).__name__} ({value!r})")
@@ -131,9 +133,11 @@ class GemmConfig:
                 raise ValueError(f"{name}: must be a power of two, got {value}")
             if not 16 <= value <= 256:
                 raise ValueError(f"{name}: must be in [16, 256], got {value}")
-        _check_choice("group_m", self.group_m, GROUP_M, "a supported GROUP_M")
-        _check_choice("num_stages", self.num_stages, NUM_STAGES, "a supported pipeline depth")
-        _check_choice("num_warps", self.num_warps, NUM_WARPS, "a supported warp count")
+            object.__setattr__(self, name, value)  # a plain int, whatever integer type came in
+        for name, choices, what in (("group_m", GROUP_M, "a supported GROUP_M"),
+                                    ("num_stages", NUM_STAGES, "a supported pipeline depth"),
+                                    ("num_warps", NUM_WARPS, "a supported warp count")):
+            object.__setattr__(self, name, _check_choice(name, getattr(self, name), choices, what))
 
     def as_dict(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
