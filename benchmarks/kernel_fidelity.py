@@ -261,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "kernel_fidelity.json")
     ap.add_argument("--only", action="append", help="only this shape name (repeatable)")
+    ap.add_argument("--index", default=None, help="only these shapes, by comma-separated index into SHAPES")
     ap.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1))
     ap.add_argument("--capture-budget", type=float, default=None,
                     help="seconds: capture no further shapes from Inductor after this long")
@@ -271,6 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     from data_gen.measure import Bench, TimingSettings
 
     shapes = [s for s in SHAPES if not args.only or s[0] in args.only]
+    if args.index:
+        shapes = [SHAPES[int(i)] for i in args.index.split(",")]
     t0 = time.perf_counter()
     res: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                            "triton": triton.__version__, "shapes": []}

@@ -99,8 +99,9 @@ def strides(p: GemmProblem) -> tuple[int, ...]:
 
 
 def _cls(v: int) -> str:
-    """Triton's default specialisation of an integer argument: equal to 1, divisible by 16, or neither."""
-    return "1" if v == 1 else ("D" if v % 16 == 0 else "N")
+    """What the kernel is compiled for of an integer argument: equal to 1, divisible by 16 (Triton's
+    default specialisation), else its power-of-two divisor (kernel.divisor): N1, N2, N4, N8."""
+    return "1" if v == 1 else ("D" if v % 16 == 0 else f"N{v & -v}")
 
 
 def _pow2_class(v: int) -> int:
