@@ -277,50 +277,42 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     res: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                            "triton": triton.__version__, "shapes": []}
-    captured = {}
-    for s in shapes:  # Inductor first, alone on the machine (it compiles with its own workers)
-        if args.capture_budget is not None and time.perf_counter() - t0 > args.capture_budget:
-            res["shapes"].append({"name": s[0], "error": "not run: --capture-budget reached"})
-            continue
-        try:
-            captured[s[0]] = capture_inductor(s)
-            print(f"inductor {s[0]}: {sum(c['kind'] == 'triton' for c in captured[s[0]]['choices'])} configs, "
-                  f"{captured[s[0]]['compile_s']:.1f} s", flush=True)
-        except Exception as exc:  # one shape failing must not lose the others
-            res["shapes"].append({"name": s[0], "error": f"inductor: {type(exc).__name__}: {exc}",
-                                  "traceback": traceback.format_exc(limit=5)})
-    res["capture_s"] = time.perf_counter() - t0
-    t1 = time.perf_counter()
-    jobs = []
-    with cf.ProcessPoolExecutor(args.workers, mp_context=mp.get_context("spawn")) as pool:
-        for s in shapes:
-            if s[0] not in captured:
-                continue
-            _, M, K, N, mode, tl_, tr = s
-            strides = ((1, M) if tl_ else (K, 1)) + ((1, K) if tr else (N, 1)) + (N, 1)
-            for ch in captured[s[0]]["choices"]:
-                if ch["kind"] == "triton" and ch["config"][5] in (1, 2, 4, 8):
-                    for which in ("v4", "v3"):
-                        jobs.append(pool.submit(_compile, which, mode, M, N, K, strides, ch["config"],
-                                                ch["allow_tf32"] and mode == "tf32"))
-        errors = [j.result() for j in jobs]
-    res["compile_s"], res["kernels"] = time.perf_counter() - t1, len(jobs)
-    res["compile_errors"] = sorted({e for e in errors if e})[:20]
-    print(f"compiled {len(jobs)} kernels in {res['compile_s']:.0f} s", flush=True)
     bench = Bench(torch.device("cuda"), torch.cuda.get_device_properties(0).L2_cache_size,
                   TimingSettings(budget_ms=3.0, min_reps=10, max_reps=50))
-    for s in shapes:
-        if s[0] not in captured:
-            continue
-        try:
-            res["shapes"].append(time_ours(s, captured[s[0]], bench))
-        except Exception as exc:  # recorded; the other shapes go on
-            res["shapes"].append({"name": s[0], "error": f"{type(exc).__name__}: {exc}",
-                                  "traceback": traceback.format_exc(limit=5)})
-        print(f"timed {s[0]}", flush=True)
-        res["wall_s"] = time.perf_counter() - t0
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(res, indent=1))  # after every shape: a cut-off run keeps what it did
+    res["capture_s"] = res["compile_s"] = 0.0
+    res["kernels"] = 0
+    # Shape by shape (Inductor's capture alone on the machine, then our compiles in worker processes,
+    # then the timing), writing the results after each: a run cut off keeps every shape it finished.
+    with cf.ProcessPoolExecutor(args.workers, mp_context=mp.get_context("spawn")) as pool:
+        for s in shapes:
+            if args.capture_budget is not None and time.perf_counter() - t0 > args.capture_budget:
+                res["shapes"].append({"name": s[0], "error": "not run: --capture-budget reached"})
+                continue
+            try:
+                t1 = time.perf_counter()
+                captured = capture_inductor(s)
+                res["capture_s"] += time.perf_counter() - t1
+                t1 = time.perf_counter()
+                _, M, K, N, mode, tl_, tr = s
+                strides = ((1, M) if tl_ else (K, 1)) + ((1, K) if tr else (N, 1)) + (N, 1)
+                jobs = [pool.submit(_compile, which, mode, M, N, K, strides, ch["config"],
+                                    ch["allow_tf32"] and mode == "tf32")
+                        for ch in captured["choices"] if ch["kind"] == "triton" and ch["config"][5] in (1, 2, 4, 8)
+                        for which in ("v4", "v3")]
+                errors = sorted({e for e in (j.result() for j in jobs) if e})
+                res["compile_s"] += time.perf_counter() - t1
+                res["kernels"] += len(jobs)
+                row = time_ours(s, captured, bench)
+                row["compile_errors"] = errors[:5]
+                res["shapes"].append(row)
+                print(f"{s[0]}: median v4/Inductor {row['median_v4_over_inductor']:.3f}, Spearman "
+                      f"{row['spearman_v4']:.2f}", flush=True)
+            except Exception as exc:  # one shape failing must not lose the others
+                res["shapes"].append({"name": s[0], "error": f"{type(exc).__name__}: {exc}",
+                                      "traceback": traceback.format_exc(limit=5)})
+            res["wall_s"] = time.perf_counter() - t0
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(res, indent=1))
     text = markdown(res)
     args.out.with_suffix(".md").write_text(text + "\n")
     print(text)
