@@ -15,8 +15,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from perfmodel.artifact import load  # noqa: E402
-from train import evaluate as ev  # noqa: E402
-from train.data import load_gemm, split_problems  # noqa: E402
+from perfmodel.train import evaluate as ev  # noqa: E402
+from perfmodel.train.data import load_gemm, split_problems  # noqa: E402
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
 """GPU: re-time every dataset config of a few problems with the sweep's own measurement, side by side.
 
 For each problem given as M,N,K,MODE[,TL,TR] (MODE: float16, bfloat16, tf32, float32; TL/TR 1 for a
-transposed operand), reads its rows from the dataset and runs data_gen.gemm_sweep.measure_problem
+transposed operand), reads its rows from the dataset and runs perfmodel.data_gen.gemm_sweep.measure_problem
 on the same configs, `--passes` times, in this process (L2 flush, GPU spin, median, correctness
 check as in the sweep). Prints the dataset's ms next to each pass's, and a JSON file with --out.
 
@@ -25,10 +25,10 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from data_gen.gemm_sweep import measure_problem  # noqa: E402
-from data_gen.measure import Bench, TimingSettings  # noqa: E402
-from data_gen.runtime import resolve_spec  # noqa: E402
-from data_gen.shards import iter_rows  # noqa: E402
+from perfmodel.data_gen.gemm_sweep import measure_problem  # noqa: E402
+from perfmodel.data_gen.measure import Bench, TimingSettings  # noqa: E402
+from perfmodel.data_gen.runtime import resolve_spec  # noqa: E402
+from perfmodel.data_gen.shards import iter_rows  # noqa: E402
 from perfmodel.devices import ClockReader  # noqa: E402
 from perfmodel.schema import GemmConfig, GemmProblem  # noqa: E402
 

@@ -194,7 +194,7 @@ def _portable(path: Path) -> str:
 
 
 def run(model: Path, repeats: int, seed: int, block: int = 10) -> dict[str, Any]:
-    from serve import Predictor
+    from perfmodel.serve import Predictor
 
     spec = get_spec(DEFAULT_DEVICE)
     configs = stratified_sample(pruned_space("float16", spec), N_CONFIGS, seed)
@@ -276,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="perfmodel-bench-") as tmp:
         model = args.model
         if args.synthetic:
-            from serve._synthetic import write_synthetic_model
+            from perfmodel.serve._synthetic import write_synthetic_model
 
             model = write_synthetic_model(Path(tmp) / "synthetic")
         elif not (model / "metadata.json").is_file():

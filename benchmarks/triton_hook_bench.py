@@ -5,13 +5,13 @@ triton.autotune three ways, each in its own process with an empty Triton cache (
 that no variant reuses another's compiled kernels:
 
   full        autotune over N configs (a stratified sample of the device's pruned space; default 40)
-  pruned      the same N configs, pruned to the model's top-k by serve.triton_hook.perfmodel_prune
+  pruned      the same N configs, pruned to the model's top-k by perfmodel.serve.triton_hook.perfmodel_prune
   model-space the model's top-k of the WHOLE pruned space (no sample: what the model would choose)
 
 Per shape: the wall time of the first (autotuning) launch, which includes compiling every benchmarked
 config (kernels compiled for one shape are reused by later shapes of the same specialisation within
 a variant: the per-shape and total columns show it), the chosen config, and the chosen kernel's time
-and torch.mm's timed side by side (data_gen.measure.Bench: L2 flushed, a 500 us GPU spin before each run
+and torch.mm's timed side by side (perfmodel.data_gen.measure.Bench: L2 flushed, a 500 us GPU spin before each run
 so that the autotuner's Python dispatch is not timed, median of >= 10 runs). Each shape runs in
 try/except and records its error.
 
@@ -56,12 +56,12 @@ def _worker(args: argparse.Namespace) -> dict[str, Any]:
     """One variant, all shapes, in this (fresh) process."""
     import torch
     import triton
-    from data_gen.kernel import input_precision, matmul_kernel
-    from data_gen.measure import Bench, TimingSettings
+    from perfmodel.data_gen.kernel import input_precision, matmul_kernel
+    from perfmodel.data_gen.measure import Bench, TimingSettings
     from perfmodel.configs import pruned_space, stratified_sample
     from perfmodel.schema import GemmProblem
-    from serve import Predictor
-    from serve.triton_hook import perfmodel_prune
+    from perfmodel.serve import Predictor
+    from perfmodel.serve.triton_hook import perfmodel_prune
 
     t0 = time.perf_counter()
     pred = Predictor.load(args.model)

@@ -13,8 +13,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from data_gen.problems import SEED_SHAPES  # noqa: E402
-from train.data import load_gemm  # noqa: E402
+from perfmodel.data_gen.problems import SEED_SHAPES  # noqa: E402
+from perfmodel.train.data import load_gemm  # noqa: E402
 
 
 def main() -> None:

@@ -100,6 +100,6 @@ def write_synthetic_model(folder: Path, seed: int = 0, onnx: bool = True, **kwar
     if onnx:
         export_onnx(bundle, folder / "model.onnx")
     (folder / "MODEL_CARD.md").write_text(
-        "# SYNTHETIC model (random weights)\n\nWritten by serve._synthetic.write_synthetic_model for tests and "
-        f"latency benchmarks (seed {seed}). Its predictions mean nothing.\n")
+        "# SYNTHETIC model (random weights)\n\nWritten by perfmodel.serve._synthetic.write_synthetic_model for tests "
+        f"and latency benchmarks (seed {seed}). Its predictions mean nothing.\n")
     return folder

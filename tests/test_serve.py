@@ -1,6 +1,6 @@
 """The Predictor against the public contract (shared/DESIGN.md).
 
-The model folders here are SYNTHETIC: random weights (serve._synthetic) in the real artifact format,
+The model folders here are SYNTHETIC: random weights (perfmodel.serve._synthetic) in the real artifact format,
 so these tests check the serving machinery -- validation, batching, backends, artifacts, threads --
 not the quality of predictions.
 """
@@ -25,8 +25,8 @@ from perfmodel import GemmConfig, GemmProblem, PadDecision, PadProblem
 from perfmodel.artifact import ArtifactError
 from perfmodel.configs import pruned_space
 from perfmodel.features import configs_tensor, problems_tensor
-from serve import Candidates, Predictor
-from serve._synthetic import write_synthetic_model
+from perfmodel.serve import Candidates, Predictor
+from perfmodel.serve._synthetic import write_synthetic_model
 
 REPO = Path(__file__).resolve().parent.parent
 PROB = GemmProblem(m=4096, n=4096, k=4096, dtype="float16")
@@ -419,9 +419,9 @@ sys.meta_path.insert(0, Block())
 
 def test_serve_imports_without_training_stack(model_dir: Path) -> None:
     code = BLOCKER + f"""
-import serve
-from serve import Predictor
-import serve.commands, serve.triton_hook, serve.inductor
+import perfmodel.serve
+from perfmodel.serve import Predictor
+import perfmodel.serve.commands, perfmodel.serve.triton_hook, perfmodel.serve.inductor
 from perfmodel import GemmProblem, PadProblem
 p = Predictor.load({str(model_dir)!r})
 assert p.rank(GemmProblem(512, 512, 512), top_k=2)
@@ -438,7 +438,8 @@ print("ok")
 
 
 def test_import_does_not_touch_torch_threads() -> None:
-    code = ("import torch; torch.set_num_threads(3); import serve, serve.triton_hook, serve.inductor; "
+    code = ("import torch; torch.set_num_threads(3); "
+            "import perfmodel.serve, perfmodel.serve.triton_hook, perfmodel.serve.inductor; "
             "print(torch.get_num_threads())")
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
@@ -462,7 +463,7 @@ def test_torch_fast_path_matches_the_module(pt: Predictor) -> None:
 
 def test_torch_fast_path_skips_other_heads() -> None:
     from perfmodel.model import MLPConfig, PerfMLP
-    from serve.predictor import _linear_relu_chain
+    from perfmodel.serve.predictor import _linear_relu_chain
 
     assert _linear_relu_chain(PerfMLP(MLPConfig(5, (8, 8), "batch")).folded()) is not None
     assert _linear_relu_chain(PerfMLP(MLPConfig(5, (8, 8), "layer")).folded()) is None  # LayerNorm stays

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from perfmodel import GemmProblem, PadProblem
-from serve import Predictor
-from serve._synthetic import write_synthetic_model
-from serve.cli import main
+from perfmodel.serve import Predictor
+from perfmodel.serve._synthetic import write_synthetic_model
+from perfmodel.serve.cli import main
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -116,8 +116,8 @@ def test_export_onnx(model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixt
 
 
 def test_python_m_serve_cli(model_dir: Path) -> None:
-    """`python -m serve.cli rank ...` from the repo root."""
-    r = subprocess.run([sys.executable, "-m", "serve.cli", "rank", "--m", "512", "--n", "512", "--k", "512",
+    """`python -m perfmodel.serve.cli rank ...` from the repo root."""
+    r = subprocess.run([sys.executable, "-m", "perfmodel.serve.cli", "rank", "--m", "512", "--n", "512", "--k", "512",
                         "--model", str(model_dir), "--json"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert len(json.loads(r.stdout)["configs"]) == 5

@@ -1,5 +1,6 @@
-"""serve.triton_hook (Triton autotuner pruning) and serve.inductor (Inductor choices handler), on the CPU
-with a SYNTHETIC random-weight model: they check that the model's order is what survives, not its quality."""
+"""perfmodel.serve.triton_hook (Triton autotuner pruning) and perfmodel.serve.inductor (Inductor choices
+handler), on the CPU with a SYNTHETIC random-weight model: they check that the model's order is what
+survives, not its quality."""
 from __future__ import annotations
 
 import os
@@ -15,14 +16,14 @@ import pytest
 import torch
 
 from perfmodel import GemmConfig, GemmProblem
-from serve import Predictor
-from serve._synthetic import write_synthetic_model
+from perfmodel.serve import Predictor
+from perfmodel.serve._synthetic import write_synthetic_model
 
 triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 
-from serve import inductor as si  # noqa: E402
-from serve.triton_hook import (config_to_gemm, perfmodel_perf_model, perfmodel_prune,  # noqa: E402
+from perfmodel.serve import inductor as si  # noqa: E402
+from perfmodel.serve.triton_hook import (config_to_gemm, perfmodel_perf_model, perfmodel_prune,  # noqa: E402
                                prune_configs_by)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -127,8 +128,8 @@ def test_prune_loads_model_lazily(model_dir: Path, tmp_path: Path) -> None:
 KERNEL_SCRIPT = textwrap.dedent('''
     import sys, time
     import torch, triton, triton.language as tl
-    from serve import Predictor
-    from serve.triton_hook import perfmodel_prune
+    from perfmodel.serve import Predictor
+    from perfmodel.serve.triton_hook import perfmodel_prune
 
     p = Predictor.load(sys.argv[1])
     cfgs = [triton.Config({"BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": bk, "GROUP_SIZE_M": 8},

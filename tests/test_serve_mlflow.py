@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from perfmodel import GemmProblem
-from serve import Predictor
-from serve._synthetic import write_synthetic_model
+from perfmodel.serve import Predictor
+from perfmodel.serve._synthetic import write_synthetic_model
 
 mlflow = pytest.importorskip("mlflow")
 

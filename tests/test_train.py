@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 import torch
 
-from data_gen.shards import ShardWriter
+from perfmodel.data_gen.shards import ShardWriter
 from perfmodel import GemmConfig, GemmProblem, PadProblem
 from perfmodel.configs import exhaustive_space
-from train import evaluate as ev
-from train.data import GemmTable, PadTable, split_problems
-from train.module import within_problem_loss
+from perfmodel.train import evaluate as ev
+from perfmodel.train.data import GemmTable, PadTable, split_problems
+from perfmodel.train.module import within_problem_loss
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -281,7 +281,7 @@ def write_synthetic_dataset(folder: Path, seed: int = 0) -> Path:
 
 
 def _settings(tmp: Path, out: Path, **kw):
-    from train.pipeline import TrainSettings
+    from perfmodel.train.pipeline import TrainSettings
 
     base = dict(data=tmp / "data", out=out, epochs=1, small_head_epochs=1, fast_dev_run=True,
                 tracking_uri=f"sqlite:///{tmp}/mlflow.db", register_name="perfmodel-test", alias="candidate",
@@ -313,7 +313,7 @@ def isolated():
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, isolated):
-    from train.pipeline import run
+    from perfmodel.train.pipeline import run
 
     tmp = tmp_path_factory.mktemp("train")
     write_synthetic_dataset(tmp / "data")
@@ -327,7 +327,7 @@ def trained(tmp_path_factory, isolated):
 
 
 def test_synthetic_dataset_loads(trained):
-    from train.data import load_gemm, load_pad
+    from perfmodel.train.data import load_gemm, load_pad
 
     g = load_gemm(trained["tmp"] / "data")
     assert len(g.problems) == 32 and len(g.ms) == 32 * 8  # failed rows skipped
@@ -401,7 +401,7 @@ def test_failed_run_leaves_the_previous_model(trained, tmp_path, monkeypatch):
 
     monkeypatch.setattr(artifact, "export_onnx", broken_export)
     monkeypatch.chdir(trained["tmp"])
-    from train.pipeline import run
+    from perfmodel.train.pipeline import run
 
     with pytest.raises(RuntimeError, match="synthetic failure"):
         run(_settings(trained["tmp"], out, baselines=False, register_name="perfmodel-test-failed"))
@@ -420,7 +420,7 @@ def test_failed_run_leaves_the_previous_model(trained, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("command, option", [("train", "--epochs"), ("eval", "--model")])
 def test_cli_help(command, option):
-    proc = subprocess.run([sys.executable, "-m", "serve.cli", command, "--help"], cwd=REPO,
+    proc = subprocess.run([sys.executable, "-m", "perfmodel.serve.cli", command, "--help"], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert option in proc.stdout
