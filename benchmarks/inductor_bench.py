@@ -39,6 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/_runner.p
 
 from _runner import resolve_model, run_worker, save_results  # noqa: E402
 
+from perfmodel.locations import default_model_dir  # noqa: E402
+
 # (name, M, K, N, dtype): C[M, N] = A[M, K] @ B[K, N]
 SHAPES = [
     ("BERT qkv/out", 2048, 768, 768, "float16"),
@@ -207,7 +209,7 @@ def markdown(results: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", type=Path, default=REPO / "models" / "h100")
+    ap.add_argument("--model", type=Path, default=default_model_dir())
     ap.add_argument("--synthetic", action="store_true", help="random-weight model (exercises the script only)")
     ap.add_argument("--top-k", type=int, default=5)
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of " + ",".join(VARIANTS))

@@ -30,6 +30,7 @@ from perfmodel.data_gen.measure import Bench, TimingSettings  # noqa: E402
 from perfmodel.data_gen.runtime import resolve_spec  # noqa: E402
 from perfmodel.data_gen.shards import iter_rows  # noqa: E402
 from perfmodel.devices import ClockReader  # noqa: E402
+from perfmodel.locations import default_data_dir  # noqa: E402
 from perfmodel.schema import GemmConfig, GemmProblem  # noqa: E402
 
 CONFIG_FIELDS = ("block_m", "block_n", "block_k", "group_m", "num_stages", "num_warps")
@@ -71,7 +72,7 @@ def _spin() -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("problems", nargs="+", help="M,N,K,MODE[,TL,TR]")
-    ap.add_argument("--data", type=Path, default=REPO / "data" / "h100")
+    ap.add_argument("--data", type=Path, default=default_data_dir())
     ap.add_argument("--passes", type=int, default=2)
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--stress", type=int, default=0, help="busy-loop processes (niced) running meanwhile")

@@ -38,6 +38,7 @@ if str(REPO) not in sys.path:
 
 from perfmodel.configs import pruned_space, stratified_sample  # noqa: E402
 from perfmodel.devices import DEFAULT_DEVICE, get_spec  # noqa: E402
+from perfmodel.locations import default_model_dir  # noqa: E402
 from perfmodel.schema import GemmConfig, GemmProblem  # noqa: E402
 
 N_CONFIGS = 368
@@ -264,7 +265,7 @@ def markdown(res: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", type=Path, default=REPO / "models" / "h100", help="model folder (default: shipped)")
+    ap.add_argument("--model", type=Path, default=default_model_dir(), help="model folder (default: shipped)")
     ap.add_argument("--synthetic", action="store_true", help="time a random-weight model instead (no trained one yet)")
     ap.add_argument("--repeats", type=int, default=50)
     ap.add_argument("--seed", type=int, default=0)

@@ -41,6 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/_runner.p
 
 from _runner import resolve_model, run_worker, save_results  # noqa: E402
 
+from perfmodel.locations import default_model_dir  # noqa: E402
+
 # (M, N, K, dtype): square, a small-M GEMM where cuBLAS shines, an LLM MLP, decode, an unaligned one.
 SHAPES = [
     (4096, 4096, 4096, "float16"),
@@ -160,7 +162,7 @@ def markdown(results: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", type=Path, default=REPO / "models" / "h100")
+    ap.add_argument("--model", type=Path, default=default_model_dir())
     ap.add_argument("--synthetic", action="store_true", help="random-weight model (exercises the script only)")
     ap.add_argument("--configs", type=int, default=40, help="configs of the full autotune")
     ap.add_argument("--top-k", type=int, default=5)

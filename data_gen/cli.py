@@ -61,10 +61,6 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     comp.add_argument("path", type=Path)
 
 
-def default_data_dir() -> Path:
-    return Path(__file__).resolve().parent.parent / "data" / "h100"
-
-
 def _multi_gpu(args: argparse.Namespace) -> int | None:
     """On a host with several GPUs, run one child per GPU, each a shard of this shard."""
     import torch
@@ -94,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
             for p in compress_parts(args.path):
                 print(p)
             return 0
+        from perfmodel.locations import default_data_dir
+
         path = args.path or default_data_dir()
         if not path.is_dir():
             raise FileNotFoundError(f"path: no dataset folder at {path}")

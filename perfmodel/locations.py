@@ -1,10 +1,10 @@
-"""Where the package's parts are: its subpackages in a plain checkout.
+"""Where the package's parts are: its subpackages in a plain checkout, the shipped model, the dataset.
 
 The repo keeps serve/, train/ and data_gen/ at its top level, beside perfmodel/; the build maps them to
-perfmodel.serve, perfmodel.train and perfmodel.data_gen
+perfmodel.serve, perfmodel.train and perfmodel.data_gen, and models/ to perfmodel/_models
 (pyproject.toml, [tool.setuptools.package-dir]). So the same code runs from two layouts:
 
-- an installed wheel: everything under site-packages/perfmodel/;
+- an installed wheel: everything under site-packages/perfmodel/, the model in perfmodel/_models/<device>/;
 - a checkout, plain (nothing installed, the repo root on sys.path: the GPU machine runs `python -m ...`,
   pytest and benchmarks/*.py that way) or under an editable install: perfmodel/ is the checkout's
   folder, and `CheckoutFinder` below resolves the three subpackages to the folders beside it.
@@ -31,6 +31,32 @@ def checkout_root() -> Path | None:
     if (root / "pyproject.toml").is_file() and all((root / name / "__init__.py").is_file() for name in SUBPACKAGES):
         return root
     return None
+
+
+def default_model_dir() -> Path:
+    """The shipped default model folder (the default device's, models/h100 in the repo).
+
+    Inside an installed wheel it is package data, perfmodel/_models/h100; in a plain checkout and an
+    editable install (where perfmodel/ is the checkout's folder) it is the checkout's models/h100. Every
+    default model path (Predictor.load(), `perfmodel eval`, the training output, the benchmarks) comes
+    from here. The folder may not exist (a wheel built without it): loaders say so by name."""
+    from .devices import DEFAULT_DEVICE, DEVICE_FOLDER
+
+    folder = DEVICE_FOLDER[DEFAULT_DEVICE]
+    packaged = PACKAGE_DIR / "_models" / folder
+    root = checkout_root()
+    if packaged.is_dir() or root is None:
+        return packaged
+    return root / "models" / folder
+
+
+def default_data_dir() -> Path:
+    """The shipped dataset folder, data/h100 of the checkout. The dataset is not in the wheel: outside a
+    checkout this is data/h100 under the working directory (where `perfmodel gen` writes by default)."""
+    from .devices import DEFAULT_DEVICE, DEVICE_FOLDER
+
+    root = checkout_root()
+    return (root if root is not None else Path()) / "data" / DEVICE_FOLDER[DEFAULT_DEVICE]
 
 
 class CheckoutFinder(importlib.abc.MetaPathFinder):

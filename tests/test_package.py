@@ -4,9 +4,13 @@ from __future__ import annotations
 import ast
 import json
 import os
+import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 # The repo's folders that install as perfmodel.<name>: no code may import them by their folder name.
@@ -111,3 +115,59 @@ def test_no_top_level_subpackage_imports() -> None:
     bad = [line for p in files for line in _top_level_imports(p)]
     assert not bad, "\n".join(bad)
 
+
+
+@pytest.fixture(scope="module")
+def wheel_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel built from a copy of the checkout, unpacked: the tree pip installs into site-packages."""
+    pytest.importorskip("setuptools")
+    tmp = tmp_path_factory.mktemp("wheel")
+    src = tmp / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(REPO / name, src / name)
+    skip = shutil.ignore_patterns("__pycache__", "*.pyc", ".*")
+    for name in ("perfmodel", *SUBPACKAGES, "models", "data", "tests", "benchmarks"):
+        shutil.copytree(REPO / name, src / name, ignore=skip)
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                        str(tmp / "dist"), str(src)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    (whl,) = (tmp / "dist").glob("perfmodel-*.whl")
+    with zipfile.ZipFile(whl) as z:
+        z.extractall(tmp / "site")
+    return tmp / "site"
+
+
+def test_wheel_installs_one_name_and_the_model(wheel_tree: Path) -> None:
+    top = sorted(p.name for p in wheel_tree.iterdir())
+    assert [n for n in top if not n.endswith(".dist-info")] == ["perfmodel"]
+    pkg = wheel_tree / "perfmodel"
+    for name in SUBPACKAGES:
+        assert (pkg / name / "__init__.py").is_file(), name
+    model = sorted(p.name for p in (pkg / "_models" / "h100").iterdir())
+    assert model == ["MODEL_CARD.md", "metadata.json", "model.onnx", "model.safetensors"]
+    files = [p.relative_to(pkg).as_posix() for p in pkg.rglob("*") if p.is_file()]
+    assert not [f for f in files if f.endswith((".jsonl.gz", ".jsonl")) or f.startswith(("data/", "tests/"))]
+    (entry,) = wheel_tree.glob("perfmodel-*.dist-info/entry_points.txt")
+    assert "perfmodel = perfmodel.serve.cli:main" in entry.read_text()
+
+
+def test_wheel_loads_default_model(wheel_tree: Path, tmp_path: Path) -> None:
+    """Predictor.load() with no path finds the model inside the installed package, not a checkout's."""
+    code = PLAIN_CHECKOUT + """
+import json
+from perfmodel import GemmProblem, GemmConfig, PadProblem, Predictor
+import perfmodel, perfmodel.locations, perfmodel.serve.triton_hook, perfmodel.train.cli, perfmodel.data_gen.cli
+p = Predictor.load()
+best = p.rank(GemmProblem(m=4096, n=4096, k=4096, dtype="float16"), top_k=5)
+assert len(best) == 5
+print(json.dumps({"pkg": perfmodel.__file__, "serve": perfmodel.serve.__file__, "source": p.source,
+                  "root": str(perfmodel.locations.checkout_root())}))
+"""
+    r = _run(code, tmp_path, {"PYTHONPATH": str(wheel_tree)})
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert Path(out["pkg"]) == wheel_tree / "perfmodel" / "__init__.py"
+    assert Path(out["serve"]) == wheel_tree / "perfmodel" / "serve" / "__init__.py"
+    assert Path(out["source"]) == wheel_tree / "perfmodel" / "_models" / "h100"
+    assert out["root"] == "None"

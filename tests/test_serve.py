@@ -131,13 +131,21 @@ def test_load_errors(model_dir: Path, tmp_path: Path) -> None:
 
 
 def test_default_model() -> None:
-    """models/h100 holds no trained model until train/ ships one: then it must load and predict."""
-    if (REPO / "models" / "h100" / "metadata.json").is_file():
-        p = Predictor.load()
-        assert np.all(np.isfinite(p.predict(PROB))) and p.pad(PadProblem(4095, 4097, 1000, "bfloat16"))
-    else:
-        with pytest.raises(FileNotFoundError, match="models/h100"):
-            Predictor.load()
+    """The shipped model (models/h100 of this checkout) is the default, and it loads and predicts."""
+    from perfmodel.locations import default_model_dir
+
+    assert default_model_dir() == REPO / "models" / "h100"
+    p = Predictor.load()
+    assert p.source == str(REPO / "models" / "h100")
+    assert np.all(np.isfinite(p.predict(PROB))) and p.pad(PadProblem(4095, 4097, 1000, "bfloat16"))
+
+
+def test_default_model_missing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import perfmodel.serve.predictor as sp
+
+    monkeypatch.setattr(sp, "default_model_dir", lambda: tmp_path / "_models" / "h100")
+    with pytest.raises(FileNotFoundError, match="_models/h100"):
+        Predictor.load()
 
 
 # ---------------------------------------------------------------------------------- corrupt artifacts

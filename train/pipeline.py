@@ -7,7 +7,7 @@ import os
 import shutil
 import tempfile
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,19 +18,19 @@ from perfmodel import artifact
 from perfmodel.analytic import estimate_ms
 from perfmodel.devices import DEFAULT_DEVICE, get_spec
 from perfmodel.features import FeatureEncoder
+from perfmodel.locations import checkout_root, default_data_dir, default_model_dir
 from perfmodel.model import MLPConfig, PerfMLP
 
 from . import evaluate as ev
 from .data import GemmTable, PadTable, dataset_hash, load_gemm, load_pad, make_loader, split_problems
 
-REPO = Path(__file__).resolve().parent.parent
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 
 
 @dataclass
 class TrainSettings:
-    data: Path = REPO / "data" / "h100"
-    out: Path = REPO / "models" / "h100"
+    data: Path = field(default_factory=default_data_dir)
+    out: Path = field(default_factory=default_model_dir)  # replaces the shipped default model
     device_spec: str = DEFAULT_DEVICE
     seed: int = 0
     epochs: int = 40
@@ -205,6 +205,13 @@ def _portable(path: Path) -> str:
         return str(path)
 
 
+def _dataset_path(data: Path) -> str:
+    """The dataset as recorded in the model's metadata: relative to the checkout (data/h100) when run
+    from one, else as given."""
+    root = checkout_root()
+    return os.path.relpath(data, root) if root is not None else _portable(data)
+
+
 def run(settings: TrainSettings) -> dict[str, Any]:
     import mlflow
     from lightning.pytorch.loggers import MLFlowLogger
@@ -307,7 +314,7 @@ def run(settings: TrainSettings) -> dict[str, Any]:
         bundle = artifact.ModelBundle(spec, heads, encoders)
         meta = {
             "device": spec.name,
-            "dataset": {"path": os.path.relpath(settings.data, REPO), "sha256": dataset_hash(settings.data),
+            "dataset": {"path": _dataset_path(settings.data), "sha256": dataset_hash(settings.data),
                         "gemm_rows": int(len(gemm.ms)), "gemm_problems": int(len(gemm.problems)),
                         "pad_rows": int(len(pads.orig_ms))},
             "split": {"train": int((split == 0).sum()), "val": int((split == 1).sum()), "test": int((split == 2).sum())},
