@@ -44,7 +44,7 @@ def parse_problem(text: str) -> GemmProblem:
     mode = parts[3]
     tl, tr = (bool(int(x)) for x in parts[4:6]) if len(parts) == 6 else (False, False)
     dtype = "float32" if mode == "tf32" else mode
-    return GemmProblem(m, n, k, dtype, allow_tf32=mode == "tf32", transpose_left=tl, transpose_right=tr)
+    return GemmProblem(m=m, n=n, k=k, dtype=dtype, allow_tf32=mode == "tf32", transpose_left=tl, transpose_right=tr)
 
 
 def row_key(r: dict) -> str:

@@ -146,7 +146,7 @@ def _triton_configs(configs: Sequence[GemmConfig]) -> list[Any]:
 def _problems(n: int, seed: int) -> list[GemmProblem]:
     rng = np.random.default_rng(seed)
     dims = np.exp(rng.uniform(np.log(16), np.log(16384), size=(n, 3))).astype(int)
-    return [GemmProblem(int(m), int(nn_), int(k), "float16") for m, nn_, k in dims]
+    return [GemmProblem(m=int(m), n=int(nn_), k=int(k), dtype="float16") for m, nn_, k in dims]
 
 
 def _time_interleaved(fns: dict[str, Callable[[], Any]], repeats: int, warmup: int = 3,
@@ -200,7 +200,7 @@ def run(model: Path, repeats: int, seed: int, block: int = 10) -> dict[str, Any]
     spec = get_spec(DEFAULT_DEVICE)
     configs = stratified_sample(pruned_space("float16", spec), N_CONFIGS, seed)
     problems = _problems(N_PROBLEMS, seed)
-    one = GemmProblem(4096, 4096, 4096, "float16")
+    one = GemmProblem(m=4096, n=4096, k=4096, dtype="float16")
     out: dict[str, Any] = {"model": _portable(model), "n_configs": len(configs), "n_problems": len(problems),
                            "torch": torch.__version__, "python": platform.python_version(),
                            "cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),

@@ -108,7 +108,7 @@ def _worker(args: argparse.Namespace) -> dict[str, Any]:
             best = tuned.best_config
             row["chosen"] = {**best.kwargs, "num_stages": best.num_stages, "num_warps": best.num_warps}
             (row["kernel_ms"], _), (row["cublas_ms"], _) = bench.time_many([launch, lambda: torch.mm(a, b)])
-            prob = GemmProblem(m, n, k, dtype)
+            prob = GemmProblem(m=m, n=n, k=k, dtype=dtype)
             row["cublas_pred_ms"] = pred.predict_cublas(prob) if pred.has_cublas else None
             row["tflops"] = 2 * m * n * k / (row["kernel_ms"] * 1e-3) / 1e12
         except Exception as exc:  # one failing shape must not lose the others' results; recorded below

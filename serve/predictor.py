@@ -2,7 +2,7 @@
 
     p = Predictor.load()                        # the shipped model (models/h100), torch backend
     p = Predictor.load("models:/perfmodel@prod", backend="onnx")
-    p.rank(GemmProblem(4096, 4096, 4096, "float16"), top_k=5)
+    p.rank(GemmProblem(m=4096, n=4096, k=4096, dtype="float16"), top_k=5)
 
 Two backends run the same folded network: "torch" (BatchNorm and standardisation folded into plain
 Linear layers, under torch.inference_mode) and "onnx" (an onnxruntime session on the folder's

@@ -111,7 +111,7 @@ def test_empty_and_top_k(pt: Predictor) -> None:
     with pytest.raises(ValueError, match="max_k"):
         pt.candidates(PROB, CFGS, top_k=3, max_k=2)
     with pytest.raises(ValueError, match="configs"):  # mixed dtypes have no common default space
-        pt.predict_many([PROB, GemmProblem(64, 64, 64, "float32")])
+        pt.predict_many([PROB, GemmProblem(m=64, n=64, k=64, dtype="float32")])
 
 
 def test_load_errors(model_dir: Path, tmp_path: Path) -> None:
@@ -137,7 +137,7 @@ def test_default_model() -> None:
     assert default_model_dir() == REPO / "models" / "h100"
     p = Predictor.load()
     assert p.source == str(REPO / "models" / "h100")
-    assert np.all(np.isfinite(p.predict(PROB))) and p.pad(PadProblem(4095, 4097, 1000, "bfloat16"))
+    assert np.all(np.isfinite(p.predict(PROB))) and p.pad(PadProblem(m=4095, k=4097, n=1000, dtype="bfloat16"))
 
 
 def test_default_model_missing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -234,7 +234,7 @@ def test_onnx_with_shared_batch_dim(model_dir: Path, tmp_path: Path) -> None:
         vi.type.tensor_type.shape.dim[0].dim_param = "batch"
     onnx.save(m, str(folder / "model.onnx"))
     p = Predictor.load(folder, backend="onnx")
-    assert p.predict(PROB, CFGS).shape == (len(CFGS),) and p.pad(PadProblem(100, 100, 100)).orig_ms > 0
+    assert p.predict(PROB, CFGS).shape == (len(CFGS),) and p.pad(PadProblem(m=100, k=100, n=100)).orig_ms > 0
 
 
 # ---------------------------------------------------------------------------------- predictions
@@ -245,22 +245,22 @@ def test_predict_shapes_and_defaults(pt: Predictor) -> None:
     space = pruned_space("float16", pt.spec)
     assert pt.predict(PROB).shape == (len(space),)
     assert pt.default_configs("float32") == tuple(pruned_space("float32", pt.spec))
-    assert len(pt.predict(GemmProblem(64, 64, 64, "float32"))) == len(pruned_space("float32", pt.spec))
+    assert len(pt.predict(GemmProblem(m=64, n=64, k=64, dtype="float32"))) == len(pruned_space("float32", pt.spec))
 
 
 def test_torch_and_onnx_agree(pt: Predictor, ox: Predictor) -> None:
-    probs = [PROB, GemmProblem(1, 1, 1, "bfloat16"), GemmProblem(4095, 17, 300, "float32", allow_tf32=True,
-                                                                 transpose_left=True)]
+    probs = [PROB, GemmProblem(m=1, n=1, k=1, dtype="bfloat16"),
+             GemmProblem(m=4095, n=17, k=300, dtype="float32", allow_tf32=True, transpose_left=True)]
     for prob in probs:
         np.testing.assert_allclose(ox.predict(prob), pt.predict(prob), rtol=1e-3)
         assert math.isclose(ox.predict_cublas(prob), pt.predict_cublas(prob), rel_tol=1e-3)
-    pp = PadProblem(4095, 4097, 1000, "bfloat16")
+    pp = PadProblem(m=4095, k=4097, n=1000, dtype="bfloat16")
     a, b = pt.pad(pp), ox.pad(pp)
     assert math.isclose(a.orig_ms, b.orig_ms, rel_tol=1e-3) and math.isclose(a.padded_ms, b.padded_ms, rel_tol=1e-3)
 
 
 def test_predict_many_equals_stacked_predict(pt: Predictor, ox: Predictor) -> None:
-    probs = [PROB, GemmProblem(128, 1000, 4096), GemmProblem(7, 9, 11), GemmProblem(1, 8192, 8192)]
+    probs = [PROB, GemmProblem(m=128, n=1000, k=4096), GemmProblem(m=7, n=9, k=11), GemmProblem(m=1, n=8192, k=8192)]
     for p in (pt, ox):
         many = p.predict_many(probs, CFGS)
         assert many.shape == (len(probs), len(CFGS))
@@ -297,12 +297,12 @@ def test_candidates_and_cublas(pt: Predictor) -> None:
 
 
 def test_pad(pt: Predictor) -> None:
-    d = pt.pad(PadProblem(4095, 4097, 1000, "bfloat16"))
+    d = pt.pad(PadProblem(m=4095, k=4097, n=1000, dtype="bfloat16"))
     assert isinstance(d, PadDecision) and d.orig_ms > 0 and d.padded_ms > 0
     assert d.should_pad == (d.padded_ms * pt.pad_threshold < d.orig_ms)
-    aligned = pt.pad(PadProblem(4096, 4096, 1024, "float16", transpose_left=True))
+    aligned = pt.pad(PadProblem(m=4096, k=4096, n=1024, dtype="float16", transpose_left=True))
     assert aligned.should_pad is False and aligned.padded_ms == aligned.orig_ms
-    assert pt.pad(PadProblem(1, 4096, 1, "float32")).should_pad is False  # size-1 dims are never padded
+    assert pt.pad(PadProblem(m=1, k=4096, n=1, dtype="float32")).should_pad is False  # size-1 dims are never padded
 
 
 MAX = 2**31 - 1
@@ -315,7 +315,7 @@ def test_huge_valid_problem(pt: Predictor, ox: Predictor) -> None:
         ms = p.predict(large)
         assert np.all(np.isfinite(ms)) and np.all(ms > 0)
         assert math.isfinite(p.predict_cublas(big)) and p.predict_cublas(big) > 0
-        d = p.pad(PadProblem(MAX, MAX - 2, MAX - 4, "float16"))
+        d = p.pad(PadProblem(m=MAX, k=MAX - 2, n=MAX - 4, dtype="float16"))
         assert math.isfinite(d.orig_ms) and math.isfinite(d.padded_ms)
 
 
@@ -329,7 +329,7 @@ def test_models_without_optional_heads(tmp_path: Path) -> None:
     p = Predictor.load(folder)
     assert p.rank(PROB, CFGS, top_k=1)
     with pytest.raises(RuntimeError, match="pad head"):
-        p.pad(PadProblem(100, 100, 100))
+        p.pad(PadProblem(m=100, k=100, n=100))
     with pytest.raises(RuntimeError, match="cuBLAS head"):
         p.predict_cublas(PROB)
     c = p.candidates(PROB, CFGS)
@@ -377,7 +377,7 @@ def test_property_invalid_blocks_rejected(field: str, bad: int) -> None:
 @pytest.mark.parametrize("backend", ["torch", "onnx"])
 def test_concurrent_predict_matches_serial(pt: Predictor, ox: Predictor, backend: str) -> None:
     p = pt if backend == "torch" else ox
-    probs = [GemmProblem(64 * (i + 1), 4096 - 100 * i, 129 + 7 * i, "float16") for i in range(8)]
+    probs = [GemmProblem(m=64 * (i + 1), n=4096 - 100 * i, k=129 + 7 * i, dtype="float16") for i in range(8)]
     serial = [p.predict(q) for q in probs]
     # the screened rank path (default space: 1,431 configs) and explicit config lists (cached per set)
     lists = [list(p.default_configs("float16")[i::3]) for i in range(3)]
@@ -432,10 +432,10 @@ from perfmodel.serve import Predictor
 import perfmodel.serve.commands, perfmodel.serve.triton_hook, perfmodel.serve.inductor
 from perfmodel import GemmProblem, PadProblem
 p = Predictor.load({str(model_dir)!r})
-assert p.rank(GemmProblem(512, 512, 512), top_k=2)
-p.pad(PadProblem(511, 513, 100))
+assert p.rank(GemmProblem(m=512, n=512, k=512), top_k=2)
+p.pad(PadProblem(m=511, k=513, n=100))
 q = Predictor.load({str(model_dir)!r}, backend="onnx")
-assert q.rank(GemmProblem(512, 512, 512), top_k=2)
+assert q.rank(GemmProblem(m=512, n=512, k=512), top_k=2)
 leaked = [m for m in sys.modules if m.split(".")[0] in BLOCKED]
 assert not leaked, leaked
 print("ok")
@@ -462,7 +462,8 @@ def test_torch_fast_path_matches_the_module(pt: Predictor) -> None:
     assert set(runner.chains) == set(runner.heads)  # synthetic heads are BatchNorm MLPs: all foldable
     cfgs = pt.default_configs("float16")[:64]
     x = pt.bundle.encoders["gemm"].encode_cross(
-        problems_tensor([GemmProblem(100, 200, 300, "float16"), GemmProblem(4096, 1, 8192, "float16")]),
+        problems_tensor([GemmProblem(m=100, n=200, k=300, dtype="float16"),
+                         GemmProblem(m=4096, n=1, k=8192, dtype="float16")]),
         configs_tensor(cfgs))
     with torch.inference_mode():
         ref = runner.heads["gemm"](x).numpy()
@@ -486,7 +487,8 @@ def test_screen_identical_to_gemm_gives_the_full_ranking(pt: Predictor, ox: Pred
     must not change the ranking: rank == the full predict()'s order, and its times."""
     assert pt.has_screen and len(pt.default_configs("float16")) > 2 * pt.screen_keep
     for p in (pt, ox):
-        for prob in (PROB, GemmProblem(37, 5000, 129, "bfloat16"), GemmProblem(1000, 64, 4096, "float32", allow_tf32=True)):
+        for prob in (PROB, GemmProblem(m=37, n=5000, k=129, dtype="bfloat16"),
+                     GemmProblem(m=1000, n=64, k=4096, dtype="float32", allow_tf32=True)):
             full = p.predict(prob)
             order = np.argsort(full, kind="stable")[:7]
             ranked = p.rank(prob, top_k=7)
@@ -531,7 +533,7 @@ def test_ensemble_gemm_head_serves_on_both_backends(tmp_path: Path, average: str
 
 
 def test_rank_many_matches_rank(pt: Predictor, ox: Predictor) -> None:
-    probs = [PROB, GemmProblem(37, 5000, 129, "float16"), GemmProblem(8, 8, 8, "float16")]
+    probs = [PROB, GemmProblem(m=37, n=5000, k=129, dtype="float16"), GemmProblem(m=8, n=8, k=8, dtype="float16")]
     for p in (pt, ox):
         for configs in (None, CFGS):
             many = p.rank_many(probs, configs, top_k=4)
@@ -540,7 +542,7 @@ def test_rank_many_matches_rank(pt: Predictor, ox: Predictor) -> None:
             # batched matmuls may round differently from one problem's
             np.testing.assert_allclose([[t for _, t in r] for r in many], [[t for _, t in r] for r in one], rtol=1e-5)
     with pytest.raises(ValueError, match="configs"):
-        pt.rank_many([PROB, GemmProblem(8, 8, 8, "float32")], top_k=2)
+        pt.rank_many([PROB, GemmProblem(m=8, n=8, k=8, dtype="float32")], top_k=2)
     with pytest.raises(TypeError, match="top_k"):
         pt.rank_many([PROB], CFGS, top_k=1.5)
 
@@ -549,7 +551,7 @@ def test_torch_floor_matches_the_head(pt: Predictor) -> None:
     """Ranking orders rows by the output before the overhead floor and floors only the rows it
     returns, in numpy: that must agree with the head's own (torch) output."""
     with torch.inference_mode():
-        x = pt.bundle.encoders["gemm"].encode_cross(problems_tensor([PROB, GemmProblem(1, 1, 1)]),
+        x = pt.bundle.encoders["gemm"].encode_cross(problems_tensor([PROB, GemmProblem(m=1, n=1, k=1)]),
                                                     configs_tensor(pt.default_configs("float16")))
     z = pt._run.scores("gemm", x)
     np.testing.assert_allclose(pt._run.floor("gemm", z), pt._run("gemm", x), rtol=1e-6, atol=1e-7)

@@ -252,8 +252,9 @@ def write_synthetic_dataset(folder: Path, seed: int = 0) -> Path:
     with ShardWriter(folder, "gemm", HEADER) as w:
         for i in range(32):
             dtype, tf32 = modes[i % 4]
-            p = GemmProblem(rng.randrange(1, 3000), rng.randrange(16, 3000), rng.randrange(16, 3000), dtype, tf32,
-                            transpose_left=rng.random() < 0.3, transpose_right=rng.random() < 0.5)
+            p = GemmProblem(m=rng.randrange(1, 3000), n=rng.randrange(16, 3000), k=rng.randrange(16, 3000),
+                            dtype=dtype, allow_tf32=tf32, transpose_left=rng.random() < 0.3,
+                            transpose_right=rng.random() < 0.5)
             rows = [{**p.as_dict(), "kind": "cublas", "status": "ok", "flag": None, "ms": _fake_ms(p, None, rng),
                      "reps": 100}]
             for c in rng.sample(space, 8):
@@ -267,8 +268,9 @@ def write_synthetic_dataset(folder: Path, seed: int = 0) -> Path:
         pads = []
         for i in range(40):
             dtype = ("float16", "bfloat16", "float32")[i % 3]
-            pp = PadProblem(rng.randrange(1, 2000) | 1, rng.randrange(2, 2000) | 1, rng.randrange(2, 2000), dtype,
-                            rng.random() < 0.3, rng.random() < 0.3, rng.random() < 0.2, rng.random() < 0.2,
+            pp = PadProblem(m=rng.randrange(1, 2000) | 1, k=rng.randrange(2, 2000) | 1, n=rng.randrange(2, 2000),
+                            dtype=dtype, transpose_left=rng.random() < 0.3, transpose_right=rng.random() < 0.3,
+                            prepadded_left=rng.random() < 0.2, prepadded_right=rng.random() < 0.2,
                             allow_tf32=dtype == "float32" and rng.random() < 0.5)
             mp, kp, np_ = pp.padded_dims()
             orig = _fake_ms(pp.gemm(), None, rng) * (1.5 if pp.needs_padding() else 1.0)
