@@ -7,6 +7,7 @@ of perfmodel.serve, perfmodel.train, perfmodel.data_gen, and needs neither Light
 pandas. `Predictor` is the one exception: a lazy export of perfmodel.serve's, imported on first use, so
 that `import perfmodel` stays light.
 """
+from ._version import __version__
 from .locations import install_checkout_finder
 from .schema import DTYPES, SCHEMA_VERSION, GemmConfig, GemmProblem, PadDecision, PadProblem
 
@@ -14,7 +15,11 @@ from .schema import DTYPES, SCHEMA_VERSION, GemmConfig, GemmProblem, PadDecision
 # importable as perfmodel.serve, perfmodel.train and perfmodel.data_gen (see locations.CheckoutFinder).
 install_checkout_finder()
 
-__all__ = ["DTYPES", "SCHEMA_VERSION", "GemmConfig", "GemmProblem", "PadDecision", "PadProblem", "Predictor"]
+# __version__ is read from perfmodel/_version.py, never from importlib.metadata: that constant is what
+# the build writes into the installed metadata, and it stays right where the metadata does not (a plain
+# checkout has none; an editable install's goes stale until reinstalled).
+__all__ = ["DTYPES", "SCHEMA_VERSION", "GemmConfig", "GemmProblem", "PadDecision", "PadProblem", "Predictor",
+           "__version__"]
 
 
 def __getattr__(name: str):

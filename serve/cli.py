@@ -7,7 +7,10 @@ import sys
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from perfmodel import __version__
+
     parser = argparse.ArgumentParser(prog="perfmodel", description="Learned Triton GEMM performance model")
+    parser.add_argument("--version", action="version", version=f"perfmodel {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     from perfmodel.data_gen.cli import add_parsers as add_data
 

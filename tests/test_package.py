@@ -171,3 +171,28 @@ print(json.dumps({"pkg": perfmodel.__file__, "serve": perfmodel.serve.__file__, 
     assert Path(out["serve"]) == wheel_tree / "perfmodel" / "serve" / "__init__.py"
     assert Path(out["source"]) == wheel_tree / "perfmodel" / "_models" / "h100"
     assert out["root"] == "None"
+
+
+def test_version_single_source() -> None:
+    """perfmodel.__version__ is perfmodel/_version.py's constant, which pyproject reads at build time."""
+    tomllib = pytest.importorskip("tomllib")
+    import perfmodel
+    from perfmodel._version import __version__
+
+    assert perfmodel.__version__ == __version__ and __version__.count(".") == 2
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert "version" not in project["project"] and "version" in project["project"]["dynamic"]
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "perfmodel._version.__version__"}
+
+
+def test_cli_version(tmp_path: Path) -> None:
+    from perfmodel import __version__
+
+    code = PLAIN_CHECKOUT + """
+import runpy
+sys.argv = ["perfmodel", "--version"]
+runpy.run_module("perfmodel.serve.cli", run_name="__main__", alter_sys=True)
+"""
+    r = _run(code, tmp_path, {"PYTHONPATH": str(REPO)})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == f"perfmodel {__version__}"

@@ -357,6 +357,10 @@ def test_training_writes_a_loadable_model_folder(trained):
     card = (out / "MODEL_CARD.md").read_text()
     assert "pytest tests/test_train.py" in card and bundle.metadata["dataset"]["sha256"] in card
     assert "gemm 2 x 32x32, averaged after floor" in card and "pad 5 x 128x128x128, averaged before floor" in card
+    from perfmodel import __version__
+
+    assert bundle.metadata["package_version"] == __version__  # the perfmodel that trained it
+    assert f"Trained with perfmodel {__version__}." in card
     # nothing but the model folder and what the test made next to it
     assert not [p.name for p in out.parent.iterdir() if p.name.startswith(".model")]
 
