@@ -173,6 +173,25 @@ def test_loading_never_unpickles(model_dir: Path, monkeypatch: pytest.MonkeyPatc
         assert Predictor.load(model_dir, backend=backend).predict(PROB, CFGS).shape == (len(CFGS),)
 
 
+@pytest.mark.parametrize("key, current", [("schema_version", "SCHEMA_VERSION"), ("encoder_version", "ENCODER_VERSION")])
+def test_newer_artifact_says_upgrade(model_dir: Path, tmp_path: Path, key: str, current: str) -> None:
+    """A model written by a newer perfmodel names the field, both numbers and both package versions."""
+    from perfmodel import __version__, artifact
+
+    want = getattr(artifact, current)
+    folder = _copy(model_dir, tmp_path)
+    _edit_meta(folder, lambda m: m.update({key: want + 1, "package_version": "9.9.0"}))
+    with pytest.raises(ValueError) as exc:
+        Predictor.load(folder)
+    msg = str(exc.value)
+    assert f"{key} {want + 1} is newer than this code's {key} {want}" in msg
+    assert "perfmodel 9.9.0" in msg and f"this is perfmodel {__version__}" in msg and "upgrade perfmodel" in msg
+    # an older one says to retrain instead
+    _edit_meta(folder, lambda m: m.update({key: want - 1}))
+    with pytest.raises(ValueError, match=f"{key} is {want - 1}, this code needs {want}.*retrain"):
+        Predictor.load(folder)
+
+
 @pytest.mark.parametrize("damage, match", [
     ("garbage_weights", "checksum"),
     ("garbage_weights_unchecked", "unreadable weights"),
