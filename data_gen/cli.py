@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from perfmodel.locations import default_data_dir
+
 
 def parse_shard(text: str) -> tuple[int, int]:
     try:
@@ -90,8 +92,6 @@ def run(args: argparse.Namespace) -> int:
             for p in compress_parts(args.path):
                 print(p)
             return 0
-        from perfmodel.locations import default_data_dir
-
         path = args.path or default_data_dir()
         if not path.is_dir():
             raise FileNotFoundError(f"path: no dataset folder at {path}")
