@@ -15,14 +15,15 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from perfmodel.artifact import load  # noqa: E402
-from train import evaluate as ev  # noqa: E402
-from train.data import load_gemm, split_problems  # noqa: E402
+from perfmodel.locations import default_data_dir, default_model_dir  # noqa: E402
+from perfmodel.train import evaluate as ev  # noqa: E402
+from perfmodel.train.data import load_gemm, split_problems  # noqa: E402
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", type=Path, default=REPO / "models" / "h100")
-    ap.add_argument("--data", type=Path, default=REPO / "data" / "h100")
+    ap.add_argument("--model", type=Path, default=default_model_dir())
+    ap.add_argument("--data", type=Path, default=default_data_dir())
     ap.add_argument("--tiny-ms", type=float, default=0.01, help="'tiny': best measured config under this")
     args = ap.parse_args()
     bundle = load(args.model)

@@ -1,15 +1,15 @@
-"""torch.compile(mode="max-autotune-no-cudagraphs") of torch.mm: stock Inductor vs serve.inductor (GPU; H100).
+"""torch.compile(mode="max-autotune-no-cudagraphs") of torch.mm: stock Inductor vs perfmodel.serve.inductor (GPU; H100).
 
 Variants, each in its own process (so none reuses another's compiled kernels), every shape compiled
 after torch._dynamo.reset() inside a fresh Inductor cache (torch._inductor.utils.fresh_inductor_cache):
 
   stock             Inductor's default max-autotune choices
-  perfmodel         serve.inductor installed: the model's top-k Triton mm configs (aten etc. kept)
+  perfmodel         perfmodel.serve.inductor installed: the model's top-k Triton mm configs (aten etc. kept)
   perfmodel-cublas  as perfmodel, and no Triton at all where cuBLAS is predicted >= 10% faster
   perfmodel-pad     as perfmodel-cublas, and Inductor's pad_mm pass decided by the model (pad=True)
 
 Reported per shape: compile time of the first call (lowering + compiling and benchmarking the
-choices), the compiled function's GPU time and torch.mm's, side by side (data_gen.measure.Bench: L2
+choices), the compiled function's GPU time and torch.mm's, side by side (perfmodel.data_gen.measure.Bench: L2
 flushed, a 500 us GPU spin before each run so that the compiled wrapper's Python is not timed, median
 of >= 10 runs), which kernel won (aten mm or a
 Triton template config, read from the generated code), and how many mm choices the hook kept. A
@@ -38,6 +38,8 @@ if str(REPO) not in sys.path:
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/_runner.py
 
 from _runner import resolve_model, run_worker, save_results  # noqa: E402
+
+from perfmodel.locations import default_model_dir  # noqa: E402
 
 # (name, M, K, N, dtype): C[M, N] = A[M, K] @ B[K, N]
 SHAPES = [
@@ -78,9 +80,9 @@ def _winner(codes: list[str]) -> str:
 def _worker(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     from torch._inductor.utils import fresh_inductor_cache, run_and_get_code
-    import serve.inductor as si
-    from data_gen.measure import Bench, TimingSettings
-    from serve import Predictor
+    import perfmodel.serve.inductor as si
+    from perfmodel.data_gen.measure import Bench, TimingSettings
+    from perfmodel.serve import Predictor
 
     variant = args.worker
     out: dict[str, Any] = {"variant": variant, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
@@ -103,7 +105,7 @@ def _worker(args: argparse.Namespace) -> dict[str, Any]:
         ok = si.install(top_k=args.top_k, predictor=pred, pad=variant == "perfmodel-pad",
                         cublas_margin=0.1 if variant in ("perfmodel-cublas", "perfmodel-pad") else None)
         if not ok:
-            out["error"] = "serve.inductor.install() returned False (Inductor API check failed); see warnings"
+            out["error"] = "perfmodel.serve.inductor.install() returned False (Inductor API check failed); see warnings"
             return out
 
     def mm(a, b):
@@ -166,7 +168,7 @@ def _run_variant(variant: str, args: argparse.Namespace, tmp: Path) -> dict[str,
 
 
 def markdown(results: dict[str, Any]) -> str:
-    lines = [f"torch.mm under torch.compile(mode='max-autotune-no-cudagraphs'), stock vs serve.inductor top-"
+    lines = [f"torch.mm under torch.compile(mode='max-autotune-no-cudagraphs'), stock vs perfmodel.serve.inductor top-"
              f"{results['top_k']} (model {results['model']})", "",
              "| shape | MxKxN dtype | variant | compile s | vs stock | kernel ms | vs stock | torch.mm ms | winner "
              "| mm choices kept |", "|---|---|---|---:|---:|---:|---:|---:|---|---|"]
@@ -207,7 +209,7 @@ def markdown(results: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", type=Path, default=REPO / "models" / "h100")
+    ap.add_argument("--model", type=Path, default=default_model_dir())
     ap.add_argument("--synthetic", action="store_true", help="random-weight model (exercises the script only)")
     ap.add_argument("--top-k", type=int, default=5)
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of " + ",".join(VARIANTS))

@@ -19,8 +19,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from data_gen import kernel  # noqa: E402
-from data_gen.measure import Bench, TimingSettings  # noqa: E402
+from perfmodel.data_gen import kernel  # noqa: E402
+from perfmodel.data_gen.measure import Bench, TimingSettings  # noqa: E402
 from perfmodel import GemmConfig  # noqa: E402
 
 CASES = [((2, 256, 16), torch.bfloat16), ((1, 128, 128), torch.bfloat16), ((64, 64, 64), torch.float16),

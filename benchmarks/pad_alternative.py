@@ -15,14 +15,15 @@ import torch  # noqa: E402
 from pathlib import Path  # noqa: E402
 from perfmodel import artifact, GemmProblem, PadProblem  # noqa: E402
 from perfmodel.features import problems_tensor  # noqa: E402
-from train.data import load_pad, split_problems, PadTable  # noqa: E402
-from train import evaluate as ev  # noqa: E402
-b = artifact.load(Path('models/h100'))
-pads = load_pad(Path('data/h100'))
+from perfmodel.locations import default_data_dir, default_model_dir  # noqa: E402
+from perfmodel.train.data import load_pad, split_problems, PadTable  # noqa: E402
+from perfmodel.train import evaluate as ev  # noqa: E402
+b = artifact.load(default_model_dir())
+pads = load_pad(default_data_dir())
 ps = split_problems(pads.modes, 0)
 cols = ["m","k","n","dtype","transpose_left","transpose_right","prepadded_left","prepadded_right","allow_tf32"]
-from data_gen.shards import iter_rows  # noqa: E402
-rows = [r for r in iter_rows(Path('data/h100'), 'pad') if r['status']=='ok']
+from perfmodel.data_gen.shards import iter_rows  # noqa: E402
+rows = [r for r in iter_rows(default_data_dir(), 'pad') if r['status']=='ok']
 assert len(rows) == len(pads.orig_ms)
 pp = [PadProblem(**{c: r[c] for c in cols}) for r in rows]
 go = [GemmProblem(m=p.m, n=p.n, k=p.k, dtype=p.dtype, allow_tf32=p.allow_tf32, transpose_left=p.transpose_left, transpose_right=p.transpose_right) for p in pp]

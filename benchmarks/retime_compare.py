@@ -16,7 +16,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from data_gen.shards import iter_rows  # noqa: E402
+from perfmodel.data_gen.shards import iter_rows  # noqa: E402
 
 
 def ratios(name: str, x: np.ndarray, y: np.ndarray) -> None:

@@ -1,7 +1,7 @@
 """GPU: re-time every dataset config of a few problems with the sweep's own measurement, side by side.
 
 For each problem given as M,N,K,MODE[,TL,TR] (MODE: float16, bfloat16, tf32, float32; TL/TR 1 for a
-transposed operand), reads its rows from the dataset and runs data_gen.gemm_sweep.measure_problem
+transposed operand), reads its rows from the dataset and runs perfmodel.data_gen.gemm_sweep.measure_problem
 on the same configs, `--passes` times, in this process (L2 flush, GPU spin, median, correctness
 check as in the sweep). Prints the dataset's ms next to each pass's, and a JSON file with --out.
 
@@ -25,11 +25,12 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from data_gen.gemm_sweep import measure_problem  # noqa: E402
-from data_gen.measure import Bench, TimingSettings  # noqa: E402
-from data_gen.runtime import resolve_spec  # noqa: E402
-from data_gen.shards import iter_rows  # noqa: E402
+from perfmodel.data_gen.gemm_sweep import measure_problem  # noqa: E402
+from perfmodel.data_gen.measure import Bench, TimingSettings  # noqa: E402
+from perfmodel.data_gen.runtime import resolve_spec  # noqa: E402
+from perfmodel.data_gen.shards import iter_rows  # noqa: E402
 from perfmodel.devices import ClockReader  # noqa: E402
+from perfmodel.locations import default_data_dir  # noqa: E402
 from perfmodel.schema import GemmConfig, GemmProblem  # noqa: E402
 
 CONFIG_FIELDS = ("block_m", "block_n", "block_k", "group_m", "num_stages", "num_warps")
@@ -43,7 +44,7 @@ def parse_problem(text: str) -> GemmProblem:
     mode = parts[3]
     tl, tr = (bool(int(x)) for x in parts[4:6]) if len(parts) == 6 else (False, False)
     dtype = "float32" if mode == "tf32" else mode
-    return GemmProblem(m, n, k, dtype, allow_tf32=mode == "tf32", transpose_left=tl, transpose_right=tr)
+    return GemmProblem(m=m, n=n, k=k, dtype=dtype, allow_tf32=mode == "tf32", transpose_left=tl, transpose_right=tr)
 
 
 def row_key(r: dict) -> str:
@@ -71,7 +72,7 @@ def _spin() -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("problems", nargs="+", help="M,N,K,MODE[,TL,TR]")
-    ap.add_argument("--data", type=Path, default=REPO / "data" / "h100")
+    ap.add_argument("--data", type=Path, default=default_data_dir())
     ap.add_argument("--passes", type=int, default=2)
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--stress", type=int, default=0, help="busy-loop processes (niced) running meanwhile")

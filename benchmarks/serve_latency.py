@@ -38,6 +38,7 @@ if str(REPO) not in sys.path:
 
 from perfmodel.configs import pruned_space, stratified_sample  # noqa: E402
 from perfmodel.devices import DEFAULT_DEVICE, get_spec  # noqa: E402
+from perfmodel.locations import default_model_dir  # noqa: E402
 from perfmodel.schema import GemmConfig, GemmProblem  # noqa: E402
 
 N_CONFIGS = 368
@@ -145,7 +146,7 @@ def _triton_configs(configs: Sequence[GemmConfig]) -> list[Any]:
 def _problems(n: int, seed: int) -> list[GemmProblem]:
     rng = np.random.default_rng(seed)
     dims = np.exp(rng.uniform(np.log(16), np.log(16384), size=(n, 3))).astype(int)
-    return [GemmProblem(int(m), int(nn_), int(k), "float16") for m, nn_, k in dims]
+    return [GemmProblem(m=int(m), n=int(nn_), k=int(k), dtype="float16") for m, nn_, k in dims]
 
 
 def _time_interleaved(fns: dict[str, Callable[[], Any]], repeats: int, warmup: int = 3,
@@ -194,12 +195,12 @@ def _portable(path: Path) -> str:
 
 
 def run(model: Path, repeats: int, seed: int, block: int = 10) -> dict[str, Any]:
-    from serve import Predictor
+    from perfmodel.serve import Predictor
 
     spec = get_spec(DEFAULT_DEVICE)
     configs = stratified_sample(pruned_space("float16", spec), N_CONFIGS, seed)
     problems = _problems(N_PROBLEMS, seed)
-    one = GemmProblem(4096, 4096, 4096, "float16")
+    one = GemmProblem(m=4096, n=4096, k=4096, dtype="float16")
     out: dict[str, Any] = {"model": _portable(model), "n_configs": len(configs), "n_problems": len(problems),
                            "torch": torch.__version__, "python": platform.python_version(),
                            "cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
@@ -264,7 +265,7 @@ def markdown(res: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", type=Path, default=REPO / "models" / "h100", help="model folder (default: shipped)")
+    ap.add_argument("--model", type=Path, default=default_model_dir(), help="model folder (default: shipped)")
     ap.add_argument("--synthetic", action="store_true", help="time a random-weight model instead (no trained one yet)")
     ap.add_argument("--repeats", type=int, default=50)
     ap.add_argument("--seed", type=int, default=0)
@@ -276,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="perfmodel-bench-") as tmp:
         model = args.model
         if args.synthetic:
-            from serve._synthetic import write_synthetic_model
+            from perfmodel.serve._synthetic import write_synthetic_model
 
             model = write_synthetic_model(Path(tmp) / "synthetic")
         elif not (model / "metadata.json").is_file():

@@ -18,8 +18,8 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from data_gen import kernel  # noqa: E402
-from data_gen.measure import Bench, TimingSettings  # noqa: E402
+from perfmodel.data_gen import kernel  # noqa: E402
+from perfmodel.data_gen.measure import Bench, TimingSettings  # noqa: E402
 from perfmodel import GemmConfig  # noqa: E402
 
 SHAPES = [(2048, 768, 3072), (2048, 3072, 768), (1024, 768, 2304), (4096, 4096, 4096)]  # (M, K, N)

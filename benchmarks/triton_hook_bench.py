@@ -5,13 +5,13 @@ triton.autotune three ways, each in its own process with an empty Triton cache (
 that no variant reuses another's compiled kernels:
 
   full        autotune over N configs (a stratified sample of the device's pruned space; default 40)
-  pruned      the same N configs, pruned to the model's top-k by serve.triton_hook.perfmodel_prune
+  pruned      the same N configs, pruned to the model's top-k by perfmodel.serve.triton_hook.perfmodel_prune
   model-space the model's top-k of the WHOLE pruned space (no sample: what the model would choose)
 
 Per shape: the wall time of the first (autotuning) launch, which includes compiling every benchmarked
 config (kernels compiled for one shape are reused by later shapes of the same specialisation within
 a variant: the per-shape and total columns show it), the chosen config, and the chosen kernel's time
-and torch.mm's timed side by side (data_gen.measure.Bench: L2 flushed, a 500 us GPU spin before each run
+and torch.mm's timed side by side (perfmodel.data_gen.measure.Bench: L2 flushed, a 500 us GPU spin before each run
 so that the autotuner's Python dispatch is not timed, median of >= 10 runs). Each shape runs in
 try/except and records its error.
 
@@ -41,6 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/_runner.p
 
 from _runner import resolve_model, run_worker, save_results  # noqa: E402
 
+from perfmodel.locations import default_model_dir  # noqa: E402
+
 # (M, N, K, dtype): square, a small-M GEMM where cuBLAS shines, an LLM MLP, decode, an unaligned one.
 SHAPES = [
     (4096, 4096, 4096, "float16"),
@@ -56,12 +58,12 @@ def _worker(args: argparse.Namespace) -> dict[str, Any]:
     """One variant, all shapes, in this (fresh) process."""
     import torch
     import triton
-    from data_gen.kernel import input_precision, matmul_kernel
-    from data_gen.measure import Bench, TimingSettings
+    from perfmodel.data_gen.kernel import input_precision, matmul_kernel
+    from perfmodel.data_gen.measure import Bench, TimingSettings
     from perfmodel.configs import pruned_space, stratified_sample
     from perfmodel.schema import GemmProblem
-    from serve import Predictor
-    from serve.triton_hook import perfmodel_prune
+    from perfmodel.serve import Predictor
+    from perfmodel.serve.triton_hook import perfmodel_prune
 
     t0 = time.perf_counter()
     pred = Predictor.load(args.model)
@@ -106,7 +108,7 @@ def _worker(args: argparse.Namespace) -> dict[str, Any]:
             best = tuned.best_config
             row["chosen"] = {**best.kwargs, "num_stages": best.num_stages, "num_warps": best.num_warps}
             (row["kernel_ms"], _), (row["cublas_ms"], _) = bench.time_many([launch, lambda: torch.mm(a, b)])
-            prob = GemmProblem(m, n, k, dtype)
+            prob = GemmProblem(m=m, n=n, k=k, dtype=dtype)
             row["cublas_pred_ms"] = pred.predict_cublas(prob) if pred.has_cublas else None
             row["tflops"] = 2 * m * n * k / (row["kernel_ms"] * 1e-3) / 1e12
         except Exception as exc:  # one failing shape must not lose the others' results; recorded below
@@ -160,7 +162,7 @@ def markdown(results: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", type=Path, default=REPO / "models" / "h100")
+    ap.add_argument("--model", type=Path, default=default_model_dir())
     ap.add_argument("--synthetic", action="store_true", help="random-weight model (exercises the script only)")
     ap.add_argument("--configs", type=int, default=40, help="configs of the full autotune")
     ap.add_argument("--top-k", type=int, default=5)

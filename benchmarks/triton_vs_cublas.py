@@ -13,13 +13,14 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from data_gen.problems import SEED_SHAPES  # noqa: E402
-from train.data import load_gemm  # noqa: E402
+from perfmodel.data_gen.problems import SEED_SHAPES  # noqa: E402
+from perfmodel.locations import default_data_dir  # noqa: E402
+from perfmodel.train.data import load_gemm  # noqa: E402
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--data", type=Path, default=Path(__file__).resolve().parent.parent / "data" / "h100")
+    ap.add_argument("--data", type=Path, default=default_data_dir())
     ap.add_argument("--all", action="store_true", help="every problem, not the seed-table and LLM samples")
     args = ap.parse_args()
     g = load_gemm(args.data)

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from perfmodel.locations import default_data_dir
+
 
 def parse_shard(text: str) -> tuple[int, int]:
     try:
@@ -67,10 +69,6 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     comp.add_argument("path", type=Path)
 
 
-def default_data_dir() -> Path:
-    return Path(__file__).resolve().parent.parent / "data" / "h100"
-
-
 def _multi_gpu(args: argparse.Namespace) -> int | None:
     """On a host with several GPUs, run one child per GPU, each a shard of this shard."""
     import torch
@@ -86,7 +84,8 @@ def _multi_gpu(args: argparse.Namespace) -> int | None:
             j = argv.index("--shard")
             del argv[j:j + 2]
         env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(d), PERFMODEL_GPU_CHILD="1")
-        procs.append(subprocess.Popen([sys.executable, "-m", "serve.cli", *argv, "--shard", f"{i * g + d}/{n * g}"], env=env))
+        procs.append(subprocess.Popen([sys.executable, "-m", "perfmodel.serve.cli", *argv,
+                                       "--shard", f"{i * g + d}/{n * g}"], env=env))
     return max(p.wait() for p in procs)
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from ._version import __version__
 from .devices import DeviceSpec
 from .features import ENCODER_VERSION, FeatureEncoder
 from .model import MLPConfig, PerfMLP
@@ -95,8 +96,7 @@ def load(folder: Path) -> ModelBundle:
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise ArtifactError(f"{meta_path}: not a {FORMAT} metadata file")
     for key, want in (("schema_version", SCHEMA_VERSION), ("encoder_version", ENCODER_VERSION)):
-        if meta.get(key) != want:
-            raise ArtifactError(f"{folder}: {key} is {meta.get(key)!r}, this code needs {want}; retrain or upgrade")
+        _check_version(folder, meta, key, want)
     if meta.get("weights_sha256") and meta["weights_sha256"] != sha256_file(weights_path):
         raise ArtifactError(f"{weights_path}: checksum differs from metadata.weights_sha256 (corrupt or edited)")
     spec = spec_from_dict(meta.get("device_spec", {}))
@@ -126,6 +126,20 @@ def load(folder: Path) -> ModelBundle:
     if "gemm" not in heads:
         raise ArtifactError(f"{folder}: no gemm head")
     return ModelBundle(spec, heads, encoders, meta)
+
+
+def _check_version(folder: Path, meta: dict[str, Any], key: str, want: int) -> None:
+    """Refuse a folder whose schema/encoder version is not this code's, saying which side is newer."""
+    got = meta.get(key)
+    if got == want:
+        return
+    by = meta.get("package_version")
+    written = f"written by perfmodel {by}" if by else "written by an unrecorded perfmodel version"
+    if isinstance(got, int) and not isinstance(got, bool) and got > want:
+        raise ArtifactError(f"{folder}: {key} {got} is newer than this code's {key} {want} ({written}, this is "
+                            f"perfmodel {__version__}); upgrade perfmodel to load this model")
+    raise ArtifactError(f"{folder}: {key} is {got!r}, this code needs {want} ({written}, this is perfmodel "
+                        f"{__version__}); retrain the model with this version, or load it with the one that wrote it")
 
 
 def sha256_file(path: Path) -> str:

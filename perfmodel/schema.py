@@ -72,9 +72,11 @@ def _check_choice(name: str, value: Any, choices: tuple[int, ...], what: str) ->
 MAX_DIM = 2**31 - 1
 
 
-@dataclass(frozen=True)
+# Problems are keyword-only: GemmProblem's sizes are (m, n, k) and PadProblem's (m, k, n) (as
+# AutoHeuristic's pad_mm data), so a positional call could silently swap n and k.
+@dataclass(frozen=True, kw_only=True)
 class GemmProblem:
-    """C[m, n] = A[m, k] @ B[k, n]; transpose_left/right: A/B stored column-major."""
+    """C[m, n] = A[m, k] @ B[k, n]; transpose_left/right: A/B stored column-major. Keyword-only."""
 
     m: int
     n: int
@@ -193,9 +195,9 @@ def check_problem(value: Any, name: str = "problem") -> GemmProblem:
     return value
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PadProblem:
-    """A GEMM whose operands Inductor's pad_mm pass may pad to the dtype's alignment."""
+    """A GEMM whose operands Inductor's pad_mm pass may pad to the dtype's alignment. Keyword-only."""
 
     m: int
     k: int

@@ -27,7 +27,8 @@ def _sample_problems(rng: random.Random, n: int) -> list[GemmProblem]:
     out = []
     for _ in range(n):
         dtype = rng.choice(DTYPES)
-        out.append(GemmProblem(dim(), dim(), dim(), dtype, allow_tf32=dtype == "float32" and rng.random() < 0.5,
+        out.append(GemmProblem(m=dim(), n=dim(), k=dim(), dtype=dtype,
+                               allow_tf32=dtype == "float32" and rng.random() < 0.5,
                                transpose_left=rng.random() < 0.3, transpose_right=rng.random() < 0.3))
     return out
 
@@ -36,8 +37,9 @@ def _sample_pads(rng: random.Random, n: int) -> list[PadProblem]:
     def dim() -> int:
         return max(1, int(2 ** rng.uniform(0, 14)))
 
-    return [PadProblem(dim(), dim(), dim(), rng.choice(DTYPES), rng.random() < 0.3, rng.random() < 0.3,
-                       rng.random() < 0.2, rng.random() < 0.2) for _ in range(n)]
+    return [PadProblem(m=dim(), k=dim(), n=dim(), dtype=rng.choice(DTYPES), transpose_left=rng.random() < 0.3,
+                       transpose_right=rng.random() < 0.3, prepadded_left=rng.random() < 0.2,
+                       prepadded_right=rng.random() < 0.2) for _ in range(n)]
 
 
 def _randomise_batchnorm(head: PerfMLP, gen: torch.Generator) -> None:
@@ -100,6 +102,6 @@ def write_synthetic_model(folder: Path, seed: int = 0, onnx: bool = True, **kwar
     if onnx:
         export_onnx(bundle, folder / "model.onnx")
     (folder / "MODEL_CARD.md").write_text(
-        "# SYNTHETIC model (random weights)\n\nWritten by serve._synthetic.write_synthetic_model for tests and "
-        f"latency benchmarks (seed {seed}). Its predictions mean nothing.\n")
+        "# SYNTHETIC model (random weights)\n\nWritten by perfmodel.serve._synthetic.write_synthetic_model for tests "
+        f"and latency benchmarks (seed {seed}). Its predictions mean nothing.\n")
     return folder

@@ -7,18 +7,21 @@ import sys
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from perfmodel import __version__
+
     parser = argparse.ArgumentParser(prog="perfmodel", description="Learned Triton GEMM performance model")
+    parser.add_argument("--version", action="version", version=f"perfmodel {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    from data_gen.cli import add_parsers as add_data
+    from perfmodel.data_gen.cli import add_parsers as add_data
 
     add_data(sub)
     try:
-        from train.cli import add_parsers as add_train
+        from perfmodel.train.cli import add_parsers as add_train
     except ImportError:
         add_train = None
     if add_train is not None:
         add_train(sub)
-    from serve.commands import add_parsers as add_serve
+    from perfmodel.serve.commands import add_parsers as add_serve
 
     add_serve(sub)
     return parser
@@ -28,11 +31,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command in ("gen", "data"):
-            from data_gen.cli import run
+            from perfmodel.data_gen.cli import run
         elif args.command in ("train", "eval"):
-            from train.cli import run
+            from perfmodel.train.cli import run
         else:
-            from serve.commands import run
+            from perfmodel.serve.commands import run
         return run(args)
     except (ValueError, TypeError, FileNotFoundError, RuntimeError) as exc:
         print(f"perfmodel {args.command}: error: {exc}", file=sys.stderr)

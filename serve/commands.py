@@ -140,11 +140,13 @@ def _pad(args: argparse.Namespace) -> int:
 def _export_onnx(args: argparse.Namespace) -> int:
     from perfmodel.artifact import ONNX, export_onnx, load
 
-    from .predictor import DEFAULT_MODEL_DIR, _is_mlflow_uri
+    from perfmodel.locations import default_model_dir
+
+    from .predictor import _is_mlflow_uri
 
     if args.model is not None and _is_mlflow_uri(str(args.model)):
         raise ValueError("--model: export-onnx needs a model folder (download the MLflow artifacts first)")
-    folder = Path(args.model) if args.model is not None else DEFAULT_MODEL_DIR
+    folder = Path(args.model) if args.model is not None else default_model_dir()
     bundle = load(folder)
     out = args.out if args.out is not None else folder / ONNX
     export_onnx(bundle, out)

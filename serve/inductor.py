@@ -1,9 +1,9 @@
 """Inductor hook: under max-autotune, compile and benchmark only the model's top-k Triton mm configs.
 
-    import serve.inductor
-    serve.inductor.install(top_k=5)          # or: with serve.inductor.installed(top_k=5): ...
+    from perfmodel.serve import inductor
+    inductor.install(top_k=5)          # or: with inductor.installed(top_k=5): ...
     torch.compile(f, mode="max-autotune-no-cudagraphs")(a, b)
-    serve.inductor.uninstall()
+    inductor.uninstall()
 
 It installs, through torch._inductor.virtualized.V.set_choices_handler, a subclass of
 torch._inductor.choices.InductorChoices whose _finalize_template_configs -- called with every
@@ -58,7 +58,7 @@ def _warn_once(key: str, message: str) -> None:
         if key in _warned:
             return
         _warned.add(key)
-    warnings.warn(f"serve.inductor: {message}", RuntimeWarning, stacklevel=3)
+    warnings.warn(f"perfmodel.serve.inductor: {message}", RuntimeWarning, stacklevel=3)
 
 
 def check_torch_api() -> str | None:

@@ -1,8 +1,8 @@
 """The Predictor: ranks Triton GEMM configs, predicts cuBLAS time and decides padding (shared/DESIGN.md).
 
-    p = Predictor.load()                        # models/h100, torch backend
+    p = Predictor.load()                        # the shipped model (models/h100), torch backend
     p = Predictor.load("models:/perfmodel@prod", backend="onnx")
-    p.rank(GemmProblem(4096, 4096, 4096, "float16"), top_k=5)
+    p.rank(GemmProblem(m=4096, n=4096, k=4096, dtype="float16"), top_k=5)
 
 Two backends run the same folded network: "torch" (BatchNorm and standardisation folded into plain
 Linear layers, under torch.inference_mode) and "onnx" (an onnxruntime session on the folder's
@@ -28,12 +28,11 @@ from torch import nn
 from perfmodel.artifact import ONNX, RANK_INPUTS, RANK_OUTPUTS, ArtifactError, ModelBundle, load as load_bundle
 from perfmodel.configs import pruned_space
 from perfmodel.features import configs_tensor, pad_tensor, problems_array, problems_tensor
+from perfmodel.locations import default_model_dir
 from perfmodel.model import GroupedNet
 from perfmodel.schema import DTYPES, GemmConfig, GemmProblem, PadDecision, PadProblem
 
 BACKENDS = ("torch", "onnx")
-# The shipped default model, relative to the checkout/package (never to the working directory).
-DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "models" / "h100"
 MLFLOW_SCHEMES = ("models:/", "runs:/", "mlflow-artifacts:/")
 # Intra-op threads for the torch backend: the network is small (a few hundred rows x 256 wide), so
 # more threads than this mostly add synchronisation.
@@ -377,7 +376,8 @@ class Predictor:
     def load(cls, path_or_uri: str | os.PathLike | None = None, *, backend: str = "torch") -> "Predictor":
         """Load a model folder (weights + metadata [+ model.onnx]).
 
-        path_or_uri: None for the shipped default (models/h100 of this checkout), a folder path, or an
+        path_or_uri: None for the shipped default (models/h100, inside the installed package or the
+            checkout: perfmodel.locations.default_model_dir()), a folder path, or an
         MLflow URI ("models:/name@alias", "models:/name/version", "runs:/<run id>/<path>"), downloaded
         with MLFLOW_TRACKING_URI (default sqlite:///mlflow.db).
         backend: "torch" or "onnx" (onnxruntime on the folder's model.onnx).
@@ -387,7 +387,7 @@ class Predictor:
         if not isinstance(backend, str) or backend not in BACKENDS:
             raise ValueError(f"backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")
         if path_or_uri is None:
-            folder = DEFAULT_MODEL_DIR
+            folder = default_model_dir()
             if not (folder / "metadata.json").is_file():
                 raise FileNotFoundError(f"path_or_uri: the shipped default model {folder} is not there yet "
                                         "(no metadata.json); pass a model folder or an MLflow URI")

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-# The test files import perfmodel/ and data_gen/ from the checkout, installed or not.
+# The test files import perfmodel (and through it perfmodel.serve, .train, .data_gen) from the checkout,
+# installed or not.
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 

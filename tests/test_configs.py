@@ -170,7 +170,7 @@ def test_inductor_default_configs_fit_h100():
 
 
 def test_config_sample_keeps_inductor_defaults_and_caps_ieee_compiles():
-    from data_gen.gemm_sweep import IEEE_MAX_FMA_PER_THREAD, config_sample, fma_per_thread
+    from perfmodel.data_gen.gemm_sweep import IEEE_MAX_FMA_PER_THREAD, config_sample, fma_per_thread
 
     defaults = set(inductor_default_configs())
     for dtype, tf32 in (("float16", False), ("float32", True), ("float32", False)):

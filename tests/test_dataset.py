@@ -8,8 +8,8 @@ from collections import defaultdict
 
 import pytest
 
-from data_gen.info import dataset_info
-from data_gen.shards import IDENTITY_FIELDS, read_dataset
+from perfmodel.data_gen.info import dataset_info
+from perfmodel.data_gen.shards import IDENTITY_FIELDS, read_dataset
 from perfmodel import GemmConfig, GemmProblem, PadProblem
 from perfmodel.configs import fits
 from perfmodel.devices import get_spec
@@ -123,7 +123,7 @@ def test_one_identity(gemm, pad, retimed):
 
 
 def test_cli_data_info_json(repo_root, info):
-    proc = subprocess.run([sys.executable, "-m", "serve.cli", "data", "info", "--json"], cwd=repo_root,
+    proc = subprocess.run([sys.executable, "-m", "perfmodel.serve.cli", "data", "info", "--json"], cwd=repo_root,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout)
@@ -138,7 +138,7 @@ def test_cli_data_info_json(repo_root, info):
 
 
 def test_cli_data_info_missing_folder(repo_root, tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "serve.cli", "data", "info", str(tmp_path / "nope"), "--json"],
+    proc = subprocess.run([sys.executable, "-m", "perfmodel.serve.cli", "data", "info", str(tmp_path / "nope"), "--json"],
                           cwd=repo_root, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert "nope" in proc.stderr
@@ -146,7 +146,7 @@ def test_cli_data_info_missing_folder(repo_root, tmp_path):
 
 def test_dataset_matches_current_kernel(gemm, pad):
     # A resumed sweep refuses parts of another kernel version; the shipped data must be of this one.
-    from data_gen.kernel import kernel_source_hash
+    from perfmodel.data_gen.kernel import kernel_source_hash
 
     current = kernel_source_hash()
     assert {h["kernel_hash"] for h in gemm[1] + pad[1]} == {current}
@@ -167,8 +167,8 @@ def test_every_problem_retimed_in_a_quiet_process(gemm, retimed, info):
 def test_sweep_regenerates_the_shipped_problems_and_configs(gemm):
     # `perfmodel gen gemm --problems-from data/h100` re-times the dataset: the sweep's problem list and
     # per-group config samples (seeded) must give back exactly the shipped problems and their configs.
-    from data_gen.gemm_sweep import config_sample, is_aligned, spec_key
-    from data_gen.problems import Budget, gemm_problems, problem_id
+    from perfmodel.data_gen.gemm_sweep import config_sample, is_aligned, spec_key
+    from perfmodel.data_gen.problems import Budget, gemm_problems, problem_id
 
     spec = get_spec("h100-sxm")
     rows, headers = gemm

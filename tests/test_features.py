@@ -146,18 +146,18 @@ def _cases(seed: int = 1234) -> list[tuple[GemmProblem, GemmConfig]]:
         def dim() -> int:
             return rng.choice([1, rng.randrange(1, 64), rng.randrange(1, 20000) | 1, 16 * rng.randrange(1, 512)])
 
-        p = GemmProblem(dim(), dim(), dim(), dtype, tf32, transpose_left=rng.random() < 0.5,
+        p = GemmProblem(m=dim(), n=dim(), k=dim(), dtype=dtype, allow_tf32=tf32, transpose_left=rng.random() < 0.5,
                         transpose_right=rng.random() < 0.5)
         out.append((p, rng.choice(space)))
     out += [
-        (GemmProblem(1, 4096, 4096, "float16"), GemmConfig(16, 128, 64, 8, 4, 4)),
-        (GemmProblem(4097, 1, 333, "bfloat16", transpose_left=True, transpose_right=True),
+        (GemmProblem(m=1, n=4096, k=4096, dtype="float16"), GemmConfig(16, 128, 64, 8, 4, 4)),
+        (GemmProblem(m=4097, n=1, k=333, dtype="bfloat16", transpose_left=True, transpose_right=True),
          GemmConfig(128, 16, 32, 1, 2, 8)),
-        (GemmProblem(8191, 12289, 7, "float32", allow_tf32=True, transpose_right=True),
+        (GemmProblem(m=8191, n=12289, k=7, dtype="float32", allow_tf32=True, transpose_right=True),
          GemmConfig(256, 256, 16, 16, 1, 2)),
-        (GemmProblem(8191, 12289, 7, "float32", allow_tf32=False, transpose_left=True),
+        (GemmProblem(m=8191, n=12289, k=7, dtype="float32", allow_tf32=False, transpose_left=True),
          GemmConfig(256, 256, 16, 16, 1, 2)),
-        (GemmProblem(132 * 128, 128, 64, "float16"), GemmConfig(128, 128, 64, 8, 3, 4)),  # exactly one wave
+        (GemmProblem(m=132 * 128, n=128, k=64, dtype="float16"), GemmConfig(128, 128, 64, 8, 3, 4)),  # exactly one wave
     ]
     return out
 
@@ -170,14 +170,14 @@ def test_columns_match_schema_tensors():
     assert problems_tensor([p]).shape == (1, len(PROBLEM_COLUMNS))
     assert configs_tensor([c]).shape == (1, len(CONFIG_COLUMNS))
     # the packed rows hold each problem's columns, in PROBLEM_COLUMNS order
-    probs = [p for p, _ in CASES] + [GemmProblem(3, 5, 7, "float32", allow_tf32=True, transpose_left=True)]
+    probs = [p for p, _ in CASES] + [GemmProblem(m=3, n=5, k=7, dtype="float32", allow_tf32=True, transpose_left=True)]
     want = [[q.m, q.n, q.k, q.dtype_bytes, q.dtype == "bfloat16", q.allow_tf32, q.transpose_left, q.transpose_right]
             for q in probs]
     assert problems_tensor(probs).tolist() == [[float(v) for v in row] for row in want]
-    pp = PadProblem(5, 6, 7, "float32")
+    pp = PadProblem(m=5, k=6, n=7, dtype="float32")
     assert pad_tensor([pp]).shape == (1, len(PAD_COLUMNS))
     assert pad_tensor([pp])[0, PAD_COLUMNS.index("alignment")].item() == 4
-    assert pad_tensor([PadProblem(5, 6, 7, "bfloat16")])[0, PAD_COLUMNS.index("alignment")].item() == 8
+    assert pad_tensor([PadProblem(m=5, k=6, n=7, dtype="bfloat16")])[0, PAD_COLUMNS.index("alignment")].item() == 8
 
 
 def test_cases_cover_the_brief():
@@ -196,7 +196,7 @@ def test_names_match_feature_count(kind):
     assert len(enc) == len(enc.names) == len(set(enc.names))
     p, c = CASES[0]
     if kind == "pad":
-        x = enc.encode(pad_tensor([PadProblem(5, 6, 7), PadProblem(8, 8, 8)]))
+        x = enc.encode(pad_tensor([PadProblem(m=5, k=6, n=7), PadProblem(m=8, k=8, n=8)]))
     elif kind == "cublas":
         x = enc.encode(problems_tensor([p, p]))
     else:
@@ -218,7 +218,7 @@ def test_gemm_matches_reference_per_feature():
 def test_gemm_reference_values_that_are_known_by_hand():
     """Anchor the reference itself on cases whose answer needs no formula."""
     enc = FeatureEncoder(SPEC, "gemm")
-    p, c = GemmProblem(132 * 128, 128, 64, "float16"), GemmConfig(128, 128, 64, 8, 3, 4)
+    p, c = GemmProblem(m=132 * 128, n=128, k=64, dtype="float16"), GemmConfig(128, 128, 64, 8, 3, 4)
     row = dict(zip(enc.names, enc.encode(problems_tensor([p]), configs_tensor([c]))[0].tolist()))
     assert row["log_tiles"] == pytest.approx(math.log(132))
     assert row["log_waves"] == pytest.approx(0.0, abs=1e-6)        # exactly one full wave
@@ -226,7 +226,7 @@ def test_gemm_reference_values_that_are_known_by_hand():
     assert row["tile_waste_mn"] == pytest.approx(0.0, abs=1e-6)    # tiles divide the problem
     assert row["log_acc_regs"] == pytest.approx(math.log(128))     # 128*128 / (4 warps * 32 threads)
     # one tile more than a wave: the second wave holds 1 of 132 CTAs
-    p2 = GemmProblem(132 * 128 + 1, 128, 64, "float16")
+    p2 = GemmProblem(m=132 * 128 + 1, n=128, k=64, dtype="float16")
     row2 = dict(zip(enc.names, enc.encode(problems_tensor([p2]), configs_tensor([c]))[0].tolist()))
     assert row2["last_wave_fill"] == pytest.approx(133 / 264)
     assert row2["log_full_waves"] == pytest.approx(math.log(2))
@@ -247,7 +247,7 @@ def test_cublas_matches_reference():
 
 def test_tf32_and_dtype_change_the_peak():
     enc = FeatureEncoder(SPEC, "cublas")
-    ps = [GemmProblem(512, 512, 512, d, t) for d, t in
+    ps = [GemmProblem(m=512, n=512, k=512, dtype=d, allow_tf32=t) for d, t in
           (("float16", False), ("bfloat16", False), ("float32", True), ("float32", False))]
     peak = enc.encode(problems_tensor(ps))[:, enc.names.index("log_peak_tflops")].exp()
     assert peak[0] == peak[1] > peak[2] > peak[3]
@@ -291,16 +291,18 @@ def _pad_cases(seed: int = 99) -> list[PadProblem]:
         dtype = ("float16", "bfloat16", "float32")[i % 3]
         dims = [rng.choice([1, rng.randrange(2, 100), rng.randrange(100, 9000), 8 * rng.randrange(1, 500)])
                 for _ in range(3)]
-        out.append(PadProblem(*dims, dtype, rng.random() < 0.5, rng.random() < 0.5, rng.random() < 0.3,
-                              rng.random() < 0.3, allow_tf32=dtype == "float32" and rng.random() < 0.5))
+        m, k, n = dims
+        out.append(PadProblem(m=m, k=k, n=n, dtype=dtype, transpose_left=rng.random() < 0.5,
+                              transpose_right=rng.random() < 0.5, prepadded_left=rng.random() < 0.3,
+                              prepadded_right=rng.random() < 0.3, allow_tf32=dtype == "float32" and rng.random() < 0.5))
     out += [
-        PadProblem(1, 7, 1, "float16"),                                 # only k pads: both operands copy
-        PadProblem(13, 64, 64, "float16", prepadded_left=True),         # only A pads, and it is prepadded
-        PadProblem(13, 64, 64, "float16"),                              # the same, not prepadded
-        PadProblem(64, 64, 13, "float32", prepadded_right=True),        # only B pads, prepadded
-        PadProblem(6, 6, 6, "float32", prepadded_left=True, prepadded_right=True),
-        PadProblem(6, 6, 6, "bfloat16"),
-        PadProblem(16, 16, 16, "float16"),                              # aligned: nothing to pad
+        PadProblem(m=1, k=7, n=1, dtype="float16"),                                 # only k pads: both operands copy
+        PadProblem(m=13, k=64, n=64, dtype="float16", prepadded_left=True),         # only A pads, and it is prepadded
+        PadProblem(m=13, k=64, n=64, dtype="float16"),                              # the same, not prepadded
+        PadProblem(m=64, k=64, n=13, dtype="float32", prepadded_right=True),        # only B pads, prepadded
+        PadProblem(m=6, k=6, n=6, dtype="float32", prepadded_left=True, prepadded_right=True),
+        PadProblem(m=6, k=6, n=6, dtype="bfloat16"),
+        PadProblem(m=16, k=16, n=16, dtype="float16"),                              # aligned: nothing to pad
     ]
     return out
 
@@ -344,11 +346,11 @@ def test_finite_over_the_full_dim_range(kind):
     triples = [(m, n, k) for m in dims for n in dims for k in dims]
     enc = FeatureEncoder(SPEC, kind)
     if kind == "pad":
-        pads = [PadProblem(m, k, n, d, prepadded_left=pl) for (m, n, k) in triples
+        pads = [PadProblem(m=m, k=k, n=n, dtype=d, prepadded_left=pl) for (m, n, k) in triples
                 for d in ("float16", "float32") for pl in (False, True)]
         x = enc.encode(pad_tensor(pads))
     else:
-        probs = [GemmProblem(m, n, k, d, allow_tf32=t) for (m, n, k) in triples
+        probs = [GemmProblem(m=m, n=n, k=k, dtype=d, allow_tf32=t) for (m, n, k) in triples
                  for d, t in (("float16", False), ("float32", True), ("float32", False))]
         if kind == "cublas":
             x = enc.encode(problems_tensor(probs))

@@ -39,7 +39,7 @@ def spec():
 def test_kernel_matches_reference(spec, shape, layout, mode):
     import torch
 
-    from data_gen import kernel
+    from perfmodel.data_gen import kernel
 
     (m, n, k), (tl_, tr), (dtype, tf32) = shape, layout, mode
     dt = getattr(torch, dtype)
@@ -76,7 +76,7 @@ def test_tf32_changes_fp32_precision():
     # With tf32 the fp32 product loses precision (10-bit mantissa inputs); without it, it does not.
     import torch
 
-    from data_gen import kernel
+    from perfmodel.data_gen import kernel
 
     a = torch.randn(256, 512, device="cuda")
     b = torch.randn(512, 256, device="cuda")
@@ -89,8 +89,8 @@ def test_tf32_changes_fp32_precision():
 
 
 def _check_gemm_rows(rows, settings, spec):
-    from data_gen.gemm_sweep import is_aligned, spec_key
-    from data_gen.measure import TOLERANCE
+    from perfmodel.data_gen.gemm_sweep import is_aligned, spec_key
+    from perfmodel.data_gen.measure import TOLERANCE
     from perfmodel import GemmProblem
 
     units: dict[str, list[dict]] = {}
@@ -118,9 +118,9 @@ def _check_gemm_rows(rows, settings, spec):
 def test_gemm_sweep_end_to_end(tmp_path, spec):
     import torch
 
-    from data_gen.gemm_sweep import GemmSweepSettings, run
-    from data_gen.kernel import kernel_source_hash
-    from data_gen.shards import read_dataset
+    from perfmodel.data_gen.gemm_sweep import GemmSweepSettings, run
+    from perfmodel.data_gen.kernel import kernel_source_hash
+    from perfmodel.data_gen.shards import read_dataset
 
     settings = GemmSweepSettings(n_random=2, configs_per_group=4, configs_unaligned=2, max_problems=3,
                                  compile_workers=2)
@@ -149,8 +149,8 @@ def test_gemm_sweep_end_to_end(tmp_path, spec):
     assert set(units) < set(units2) and len(units2) == 4
 
     # The quiet cuBLAS re-time: one ok row per GEMM problem, resumable, preferred by the loaders.
-    from data_gen import cublas_sweep
-    from data_gen.shards import cublas_times
+    from perfmodel.data_gen import cublas_sweep
+    from perfmodel.data_gen.shards import cublas_times
 
     cstats = cublas_sweep.run(tmp_path, tmp_path, progress=False)
     assert cstats["rows"] == cstats["ok_rows"] == 4
@@ -162,9 +162,9 @@ def test_gemm_sweep_end_to_end(tmp_path, spec):
 
 
 def test_pad_sweep_end_to_end(tmp_path, spec):
-    from data_gen.measure import TOLERANCE
-    from data_gen.pad_sweep import UNIT_SIZE, run
-    from data_gen.shards import read_dataset
+    from perfmodel.data_gen.measure import TOLERANCE
+    from perfmodel.data_gen.pad_sweep import UNIT_SIZE, run
+    from perfmodel.data_gen.shards import read_dataset
 
     stats = run(tmp_path, n=30, max_problems=25, progress=False)
     assert stats["rows"] == UNIT_SIZE == 25

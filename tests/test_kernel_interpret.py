@@ -28,7 +28,7 @@ CHILD = textwrap.dedent("""
     import torch
     import triton
     from perfmodel import GemmConfig
-    from data_gen import kernel
+    from perfmodel.data_gen import kernel
 
     assert triton.runtime.interpreter is not None
     spec = json.loads(sys.argv[1])

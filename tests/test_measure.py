@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from data_gen.measure import FLAG_ABOVE, FLAG_BELOW, REJECT_ABOVE, fraction_of_peak, validate
+from perfmodel.data_gen.measure import FLAG_ABOVE, FLAG_BELOW, REJECT_ABOVE, fraction_of_peak, validate
 from perfmodel import GemmProblem
 from perfmodel.devices import DEFAULT_DEVICE, KNOWN_DEVICES, get_spec, match_spec
 
@@ -171,7 +171,7 @@ class _FakeEvent:
 def _fake_bench(monkeypatch, pre_sleep_us: float = 100.0, **kw):
     import torch
 
-    from data_gen.measure import Bench, TimingSettings
+    from perfmodel.data_gen.measure import Bench, TimingSettings
 
     monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
     monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: None)

@@ -47,11 +47,12 @@ def _features(seed: int = 0) -> dict[str, torch.Tensor]:
         return max(1, int(2 ** rng.uniform(0, 14)))
 
     dts = ("float16", "bfloat16", "float32")
-    probs = [GemmProblem(dim(), dim(), dim(), rng.choice(dts), rng.random() < 0.5, rng.random() < 0.5,
-                         rng.random() < 0.5) for _ in range(24)]
+    probs = [GemmProblem(m=dim(), n=dim(), k=dim(), dtype=rng.choice(dts), allow_tf32=rng.random() < 0.5,
+                         transpose_left=rng.random() < 0.5, transpose_right=rng.random() < 0.5) for _ in range(24)]
     cfgs = rng.sample(exhaustive_space(), 10)
-    pads = [PadProblem(dim(), dim(), dim(), rng.choice(dts), rng.random() < 0.5, rng.random() < 0.5,
-                       rng.random() < 0.3, rng.random() < 0.3) for _ in range(40)]
+    pads = [PadProblem(m=dim(), k=dim(), n=dim(), dtype=rng.choice(dts), transpose_left=rng.random() < 0.5,
+                       transpose_right=rng.random() < 0.5, prepadded_left=rng.random() < 0.3,
+                       prepadded_right=rng.random() < 0.3) for _ in range(40)]
     return {"gemm": FeatureEncoder(SPEC, "gemm").encode_cross(problems_tensor(probs), configs_tensor(cfgs)),
             "cublas": FeatureEncoder(SPEC, "cublas").encode(problems_tensor(probs)),
             "pad": FeatureEncoder(SPEC, "pad").encode(pad_tensor(pads))}

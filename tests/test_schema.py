@@ -209,8 +209,24 @@ def test_pad_problem_gemm():
 
 
 def test_pad_problem_field_order_and_defaults():
-    # PadProblem takes (m, k, n) positionally, as AutoHeuristic's pad_mm data does.
-    pp = PadProblem(10, 20, 30)
+    # PadProblem's fields are in (m, k, n) order, as AutoHeuristic's pad_mm data has them.
+    pp = PadProblem(m=10, k=20, n=30)
     assert (pp.m, pp.k, pp.n) == (10, 20, 30)
     assert pp.as_dict() == dict(m=10, k=20, n=30, dtype="float16", transpose_left=False, transpose_right=False,
                                 prepadded_left=False, prepadded_right=False, allow_tf32=False)
+
+
+@pytest.mark.parametrize("cls,args", [
+    (GemmProblem, (4096, 4096, 4096)),
+    (GemmProblem, (4096, 4096, 4096, "float16")),
+    (PadProblem, (4095, 4097, 1000)),
+])
+def test_problems_are_keyword_only(cls, args):
+    """GemmProblem is (m, n, k) and PadProblem (m, k, n): positional sizes would be a trap."""
+    with pytest.raises(TypeError, match="positional"):
+        cls(*args)
+
+
+def test_config_stays_positional():
+    assert GemmConfig(128, 64, 32, 8, 3, 4) == GemmConfig(block_m=128, block_n=64, block_k=32, group_m=8,
+                                                          num_stages=3, num_warps=4)

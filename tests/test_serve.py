@@ -1,6 +1,6 @@
 """The Predictor against the public contract (shared/DESIGN.md).
 
-The model folders here are SYNTHETIC: random weights (serve._synthetic) in the real artifact format,
+The model folders here are SYNTHETIC: random weights (perfmodel.serve._synthetic) in the real artifact format,
 so these tests check the serving machinery -- validation, batching, backends, artifacts, threads --
 not the quality of predictions.
 """
@@ -25,8 +25,8 @@ from perfmodel import GemmConfig, GemmProblem, PadDecision, PadProblem
 from perfmodel.artifact import ArtifactError
 from perfmodel.configs import pruned_space
 from perfmodel.features import configs_tensor, problems_tensor
-from serve import Candidates, Predictor
-from serve._synthetic import write_synthetic_model
+from perfmodel.serve import Candidates, Predictor
+from perfmodel.serve._synthetic import write_synthetic_model
 
 REPO = Path(__file__).resolve().parent.parent
 PROB = GemmProblem(m=4096, n=4096, k=4096, dtype="float16")
@@ -111,7 +111,7 @@ def test_empty_and_top_k(pt: Predictor) -> None:
     with pytest.raises(ValueError, match="max_k"):
         pt.candidates(PROB, CFGS, top_k=3, max_k=2)
     with pytest.raises(ValueError, match="configs"):  # mixed dtypes have no common default space
-        pt.predict_many([PROB, GemmProblem(64, 64, 64, "float32")])
+        pt.predict_many([PROB, GemmProblem(m=64, n=64, k=64, dtype="float32")])
 
 
 def test_load_errors(model_dir: Path, tmp_path: Path) -> None:
@@ -131,13 +131,21 @@ def test_load_errors(model_dir: Path, tmp_path: Path) -> None:
 
 
 def test_default_model() -> None:
-    """models/h100 holds no trained model until train/ ships one: then it must load and predict."""
-    if (REPO / "models" / "h100" / "metadata.json").is_file():
-        p = Predictor.load()
-        assert np.all(np.isfinite(p.predict(PROB))) and p.pad(PadProblem(4095, 4097, 1000, "bfloat16"))
-    else:
-        with pytest.raises(FileNotFoundError, match="models/h100"):
-            Predictor.load()
+    """The shipped model (models/h100 of this checkout) is the default, and it loads and predicts."""
+    from perfmodel.locations import default_model_dir
+
+    assert default_model_dir() == REPO / "models" / "h100"
+    p = Predictor.load()
+    assert p.source == str(REPO / "models" / "h100")
+    assert np.all(np.isfinite(p.predict(PROB))) and p.pad(PadProblem(m=4095, k=4097, n=1000, dtype="bfloat16"))
+
+
+def test_default_model_missing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import perfmodel.serve.predictor as sp
+
+    monkeypatch.setattr(sp, "default_model_dir", lambda: tmp_path / "_models" / "h100")
+    with pytest.raises(FileNotFoundError, match="_models/h100"):
+        Predictor.load()
 
 
 # ---------------------------------------------------------------------------------- corrupt artifacts
@@ -163,6 +171,25 @@ def test_loading_never_unpickles(model_dir: Path, monkeypatch: pytest.MonkeyPatc
     _no_pickle(monkeypatch)
     for backend in ("torch", "onnx"):
         assert Predictor.load(model_dir, backend=backend).predict(PROB, CFGS).shape == (len(CFGS),)
+
+
+@pytest.mark.parametrize("key, current", [("schema_version", "SCHEMA_VERSION"), ("encoder_version", "ENCODER_VERSION")])
+def test_newer_artifact_says_upgrade(model_dir: Path, tmp_path: Path, key: str, current: str) -> None:
+    """A model written by a newer perfmodel names the field, both numbers and both package versions."""
+    from perfmodel import __version__, artifact
+
+    want = getattr(artifact, current)
+    folder = _copy(model_dir, tmp_path)
+    _edit_meta(folder, lambda m: m.update({key: want + 1, "package_version": "9.9.0"}))
+    with pytest.raises(ValueError) as exc:
+        Predictor.load(folder)
+    msg = str(exc.value)
+    assert f"{key} {want + 1} is newer than this code's {key} {want}" in msg
+    assert "perfmodel 9.9.0" in msg and f"this is perfmodel {__version__}" in msg and "upgrade perfmodel" in msg
+    # an older one says to retrain instead
+    _edit_meta(folder, lambda m: m.update({key: want - 1}))
+    with pytest.raises(ValueError, match=f"{key} is {want - 1}, this code needs {want}.*retrain"):
+        Predictor.load(folder)
 
 
 @pytest.mark.parametrize("damage, match", [
@@ -226,7 +253,7 @@ def test_onnx_with_shared_batch_dim(model_dir: Path, tmp_path: Path) -> None:
         vi.type.tensor_type.shape.dim[0].dim_param = "batch"
     onnx.save(m, str(folder / "model.onnx"))
     p = Predictor.load(folder, backend="onnx")
-    assert p.predict(PROB, CFGS).shape == (len(CFGS),) and p.pad(PadProblem(100, 100, 100)).orig_ms > 0
+    assert p.predict(PROB, CFGS).shape == (len(CFGS),) and p.pad(PadProblem(m=100, k=100, n=100)).orig_ms > 0
 
 
 # ---------------------------------------------------------------------------------- predictions
@@ -237,22 +264,22 @@ def test_predict_shapes_and_defaults(pt: Predictor) -> None:
     space = pruned_space("float16", pt.spec)
     assert pt.predict(PROB).shape == (len(space),)
     assert pt.default_configs("float32") == tuple(pruned_space("float32", pt.spec))
-    assert len(pt.predict(GemmProblem(64, 64, 64, "float32"))) == len(pruned_space("float32", pt.spec))
+    assert len(pt.predict(GemmProblem(m=64, n=64, k=64, dtype="float32"))) == len(pruned_space("float32", pt.spec))
 
 
 def test_torch_and_onnx_agree(pt: Predictor, ox: Predictor) -> None:
-    probs = [PROB, GemmProblem(1, 1, 1, "bfloat16"), GemmProblem(4095, 17, 300, "float32", allow_tf32=True,
-                                                                 transpose_left=True)]
+    probs = [PROB, GemmProblem(m=1, n=1, k=1, dtype="bfloat16"),
+             GemmProblem(m=4095, n=17, k=300, dtype="float32", allow_tf32=True, transpose_left=True)]
     for prob in probs:
         np.testing.assert_allclose(ox.predict(prob), pt.predict(prob), rtol=1e-3)
         assert math.isclose(ox.predict_cublas(prob), pt.predict_cublas(prob), rel_tol=1e-3)
-    pp = PadProblem(4095, 4097, 1000, "bfloat16")
+    pp = PadProblem(m=4095, k=4097, n=1000, dtype="bfloat16")
     a, b = pt.pad(pp), ox.pad(pp)
     assert math.isclose(a.orig_ms, b.orig_ms, rel_tol=1e-3) and math.isclose(a.padded_ms, b.padded_ms, rel_tol=1e-3)
 
 
 def test_predict_many_equals_stacked_predict(pt: Predictor, ox: Predictor) -> None:
-    probs = [PROB, GemmProblem(128, 1000, 4096), GemmProblem(7, 9, 11), GemmProblem(1, 8192, 8192)]
+    probs = [PROB, GemmProblem(m=128, n=1000, k=4096), GemmProblem(m=7, n=9, k=11), GemmProblem(m=1, n=8192, k=8192)]
     for p in (pt, ox):
         many = p.predict_many(probs, CFGS)
         assert many.shape == (len(probs), len(CFGS))
@@ -289,12 +316,12 @@ def test_candidates_and_cublas(pt: Predictor) -> None:
 
 
 def test_pad(pt: Predictor) -> None:
-    d = pt.pad(PadProblem(4095, 4097, 1000, "bfloat16"))
+    d = pt.pad(PadProblem(m=4095, k=4097, n=1000, dtype="bfloat16"))
     assert isinstance(d, PadDecision) and d.orig_ms > 0 and d.padded_ms > 0
     assert d.should_pad == (d.padded_ms * pt.pad_threshold < d.orig_ms)
-    aligned = pt.pad(PadProblem(4096, 4096, 1024, "float16", transpose_left=True))
+    aligned = pt.pad(PadProblem(m=4096, k=4096, n=1024, dtype="float16", transpose_left=True))
     assert aligned.should_pad is False and aligned.padded_ms == aligned.orig_ms
-    assert pt.pad(PadProblem(1, 4096, 1, "float32")).should_pad is False  # size-1 dims are never padded
+    assert pt.pad(PadProblem(m=1, k=4096, n=1, dtype="float32")).should_pad is False  # size-1 dims are never padded
 
 
 MAX = 2**31 - 1
@@ -307,7 +334,7 @@ def test_huge_valid_problem(pt: Predictor, ox: Predictor) -> None:
         ms = p.predict(large)
         assert np.all(np.isfinite(ms)) and np.all(ms > 0)
         assert math.isfinite(p.predict_cublas(big)) and p.predict_cublas(big) > 0
-        d = p.pad(PadProblem(MAX, MAX - 2, MAX - 4, "float16"))
+        d = p.pad(PadProblem(m=MAX, k=MAX - 2, n=MAX - 4, dtype="float16"))
         assert math.isfinite(d.orig_ms) and math.isfinite(d.padded_ms)
 
 
@@ -321,7 +348,7 @@ def test_models_without_optional_heads(tmp_path: Path) -> None:
     p = Predictor.load(folder)
     assert p.rank(PROB, CFGS, top_k=1)
     with pytest.raises(RuntimeError, match="pad head"):
-        p.pad(PadProblem(100, 100, 100))
+        p.pad(PadProblem(m=100, k=100, n=100))
     with pytest.raises(RuntimeError, match="cuBLAS head"):
         p.predict_cublas(PROB)
     c = p.candidates(PROB, CFGS)
@@ -369,7 +396,7 @@ def test_property_invalid_blocks_rejected(field: str, bad: int) -> None:
 @pytest.mark.parametrize("backend", ["torch", "onnx"])
 def test_concurrent_predict_matches_serial(pt: Predictor, ox: Predictor, backend: str) -> None:
     p = pt if backend == "torch" else ox
-    probs = [GemmProblem(64 * (i + 1), 4096 - 100 * i, 129 + 7 * i, "float16") for i in range(8)]
+    probs = [GemmProblem(m=64 * (i + 1), n=4096 - 100 * i, k=129 + 7 * i, dtype="float16") for i in range(8)]
     serial = [p.predict(q) for q in probs]
     # the screened rank path (default space: 1,431 configs) and explicit config lists (cached per set)
     lists = [list(p.default_configs("float16")[i::3]) for i in range(3)]
@@ -419,15 +446,15 @@ sys.meta_path.insert(0, Block())
 
 def test_serve_imports_without_training_stack(model_dir: Path) -> None:
     code = BLOCKER + f"""
-import serve
-from serve import Predictor
-import serve.commands, serve.triton_hook, serve.inductor
+import perfmodel.serve
+from perfmodel.serve import Predictor
+import perfmodel.serve.commands, perfmodel.serve.triton_hook, perfmodel.serve.inductor
 from perfmodel import GemmProblem, PadProblem
 p = Predictor.load({str(model_dir)!r})
-assert p.rank(GemmProblem(512, 512, 512), top_k=2)
-p.pad(PadProblem(511, 513, 100))
+assert p.rank(GemmProblem(m=512, n=512, k=512), top_k=2)
+p.pad(PadProblem(m=511, k=513, n=100))
 q = Predictor.load({str(model_dir)!r}, backend="onnx")
-assert q.rank(GemmProblem(512, 512, 512), top_k=2)
+assert q.rank(GemmProblem(m=512, n=512, k=512), top_k=2)
 leaked = [m for m in sys.modules if m.split(".")[0] in BLOCKED]
 assert not leaked, leaked
 print("ok")
@@ -438,7 +465,8 @@ print("ok")
 
 
 def test_import_does_not_touch_torch_threads() -> None:
-    code = ("import torch; torch.set_num_threads(3); import serve, serve.triton_hook, serve.inductor; "
+    code = ("import torch; torch.set_num_threads(3); "
+            "import perfmodel.serve, perfmodel.serve.triton_hook, perfmodel.serve.inductor; "
             "print(torch.get_num_threads())")
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
@@ -453,7 +481,8 @@ def test_torch_fast_path_matches_the_module(pt: Predictor) -> None:
     assert set(runner.chains) == set(runner.heads)  # synthetic heads are BatchNorm MLPs: all foldable
     cfgs = pt.default_configs("float16")[:64]
     x = pt.bundle.encoders["gemm"].encode_cross(
-        problems_tensor([GemmProblem(100, 200, 300, "float16"), GemmProblem(4096, 1, 8192, "float16")]),
+        problems_tensor([GemmProblem(m=100, n=200, k=300, dtype="float16"),
+                         GemmProblem(m=4096, n=1, k=8192, dtype="float16")]),
         configs_tensor(cfgs))
     with torch.inference_mode():
         ref = runner.heads["gemm"](x).numpy()
@@ -462,7 +491,7 @@ def test_torch_fast_path_matches_the_module(pt: Predictor) -> None:
 
 def test_torch_fast_path_skips_other_heads() -> None:
     from perfmodel.model import MLPConfig, PerfMLP
-    from serve.predictor import _linear_relu_chain
+    from perfmodel.serve.predictor import _linear_relu_chain
 
     assert _linear_relu_chain(PerfMLP(MLPConfig(5, (8, 8), "batch")).folded()) is not None
     assert _linear_relu_chain(PerfMLP(MLPConfig(5, (8, 8), "layer")).folded()) is None  # LayerNorm stays
@@ -477,7 +506,8 @@ def test_screen_identical_to_gemm_gives_the_full_ranking(pt: Predictor, ox: Pred
     must not change the ranking: rank == the full predict()'s order, and its times."""
     assert pt.has_screen and len(pt.default_configs("float16")) > 2 * pt.screen_keep
     for p in (pt, ox):
-        for prob in (PROB, GemmProblem(37, 5000, 129, "bfloat16"), GemmProblem(1000, 64, 4096, "float32", allow_tf32=True)):
+        for prob in (PROB, GemmProblem(m=37, n=5000, k=129, dtype="bfloat16"),
+                     GemmProblem(m=1000, n=64, k=4096, dtype="float32", allow_tf32=True)):
             full = p.predict(prob)
             order = np.argsort(full, kind="stable")[:7]
             ranked = p.rank(prob, top_k=7)
@@ -522,7 +552,7 @@ def test_ensemble_gemm_head_serves_on_both_backends(tmp_path: Path, average: str
 
 
 def test_rank_many_matches_rank(pt: Predictor, ox: Predictor) -> None:
-    probs = [PROB, GemmProblem(37, 5000, 129, "float16"), GemmProblem(8, 8, 8, "float16")]
+    probs = [PROB, GemmProblem(m=37, n=5000, k=129, dtype="float16"), GemmProblem(m=8, n=8, k=8, dtype="float16")]
     for p in (pt, ox):
         for configs in (None, CFGS):
             many = p.rank_many(probs, configs, top_k=4)
@@ -531,7 +561,7 @@ def test_rank_many_matches_rank(pt: Predictor, ox: Predictor) -> None:
             # batched matmuls may round differently from one problem's
             np.testing.assert_allclose([[t for _, t in r] for r in many], [[t for _, t in r] for r in one], rtol=1e-5)
     with pytest.raises(ValueError, match="configs"):
-        pt.rank_many([PROB, GemmProblem(8, 8, 8, "float32")], top_k=2)
+        pt.rank_many([PROB, GemmProblem(m=8, n=8, k=8, dtype="float32")], top_k=2)
     with pytest.raises(TypeError, match="top_k"):
         pt.rank_many([PROB], CFGS, top_k=1.5)
 
@@ -540,7 +570,7 @@ def test_torch_floor_matches_the_head(pt: Predictor) -> None:
     """Ranking orders rows by the output before the overhead floor and floors only the rows it
     returns, in numpy: that must agree with the head's own (torch) output."""
     with torch.inference_mode():
-        x = pt.bundle.encoders["gemm"].encode_cross(problems_tensor([PROB, GemmProblem(1, 1, 1)]),
+        x = pt.bundle.encoders["gemm"].encode_cross(problems_tensor([PROB, GemmProblem(m=1, n=1, k=1)]),
                                                     configs_tensor(pt.default_configs("float16")))
     z = pt._run.scores("gemm", x)
     np.testing.assert_allclose(pt._run.floor("gemm", z), pt._run("gemm", x), rtol=1e-6, atol=1e-7)

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from perfmodel import GemmProblem, PadProblem
-from serve import Predictor
-from serve._synthetic import write_synthetic_model
-from serve.cli import main
+from perfmodel.serve import Predictor
+from perfmodel.serve._synthetic import write_synthetic_model
+from perfmodel.serve.cli import main
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -43,7 +43,7 @@ def test_rank_table(model_dir: Path, capsys: pytest.CaptureFixture) -> None:
     assert [r[0] for r in rows] == ["1", "2", "3"]
     times = [float(r[7]) for r in rows]
     assert times == sorted(times)
-    best = Predictor.load(model_dir).rank(GemmProblem(4096, 4096, 4096, "float16"), top_k=3)
+    best = Predictor.load(model_dir).rank(GemmProblem(m=4096, n=4096, k=4096, dtype="float16"), top_k=3)
     assert [int(x) for x in rows[0][1:7]] == list(best[0][0].as_dict().values())
     assert "cuBLAS" in out
 
@@ -55,7 +55,8 @@ def test_rank_json(model_dir: Path, capsys: pytest.CaptureFixture, backend: str)
                         "--backend", backend, "--json")
     assert rc == 0, err
     res = json.loads(out)
-    assert res["problem"] == GemmProblem(128, 1000, 4096, "float32", allow_tf32=True, transpose_left=True).as_dict()
+    want = GemmProblem(m=128, n=1000, k=4096, dtype="float32", allow_tf32=True, transpose_left=True)
+    assert res["problem"] == want.as_dict()
     assert [r["rank"] for r in res["configs"]] == [1, 2, 3, 4]
     ms = [r["predicted_ms"] for r in res["configs"]]
     assert ms == sorted(ms) and res["cublas_ms"] > 0 and isinstance(res["prefer_cublas"], bool)
@@ -69,7 +70,7 @@ def test_pad(model_dir: Path, capsys: pytest.CaptureFixture) -> None:
                         "--model", str(model_dir), "--json")
     assert rc == 0, err
     res = json.loads(out)
-    d = Predictor.load(model_dir).pad(PadProblem(4095, 4097, 1000, "bfloat16"))
+    d = Predictor.load(model_dir).pad(PadProblem(m=4095, k=4097, n=1000, dtype="bfloat16"))
     assert res["should_pad"] == d.should_pad and res["orig_ms"] == pytest.approx(d.orig_ms)
     assert res["padded_dims"] == {"m": 4096, "k": 4104, "n": 1000}
     rc, out, _ = _run(capsys, "pad", "--m", "4096", "--k", "4096", "--n", "1024", "--prepadded-left",
@@ -110,14 +111,14 @@ def test_export_onnx(model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixt
     assert rc == 0, err
     assert (folder / "model.onnx").is_file()
     p = Predictor.load(folder, backend="onnx")
-    assert p.rank(GemmProblem(64, 64, 64), top_k=1)
+    assert p.rank(GemmProblem(m=64, n=64, k=64), top_k=1)
     rc, _, _ = _run(capsys, "export-onnx", "--model", str(folder), "--out", str(tmp_path / "x.onnx"))
     assert rc == 0 and (tmp_path / "x.onnx").is_file()
 
 
 def test_python_m_serve_cli(model_dir: Path) -> None:
-    """`python -m serve.cli rank ...` from the repo root."""
-    r = subprocess.run([sys.executable, "-m", "serve.cli", "rank", "--m", "512", "--n", "512", "--k", "512",
+    """`python -m perfmodel.serve.cli rank ...` from the repo root."""
+    r = subprocess.run([sys.executable, "-m", "perfmodel.serve.cli", "rank", "--m", "512", "--n", "512", "--k", "512",
                         "--model", str(model_dir), "--json"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert len(json.loads(r.stdout)["configs"]) == 5

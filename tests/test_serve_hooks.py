@@ -1,5 +1,6 @@
-"""serve.triton_hook (Triton autotuner pruning) and serve.inductor (Inductor choices handler), on the CPU
-with a SYNTHETIC random-weight model: they check that the model's order is what survives, not its quality."""
+"""perfmodel.serve.triton_hook (Triton autotuner pruning) and perfmodel.serve.inductor (Inductor choices
+handler), on the CPU with a SYNTHETIC random-weight model: they check that the model's order is what
+survives, not its quality."""
 from __future__ import annotations
 
 import os
@@ -15,14 +16,14 @@ import pytest
 import torch
 
 from perfmodel import GemmConfig, GemmProblem
-from serve import Predictor
-from serve._synthetic import write_synthetic_model
+from perfmodel.serve import Predictor
+from perfmodel.serve._synthetic import write_synthetic_model
 
 triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 
-from serve import inductor as si  # noqa: E402
-from serve.triton_hook import (config_to_gemm, perfmodel_perf_model, perfmodel_prune,  # noqa: E402
+from perfmodel.serve import inductor as si  # noqa: E402
+from perfmodel.serve.triton_hook import (config_to_gemm, perfmodel_perf_model, perfmodel_prune,  # noqa: E402
                                prune_configs_by)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -77,7 +78,7 @@ def test_early_prune_keeps_top_k_in_model_order(pt: Predictor) -> None:
     a = torch.empty(1000, 300, dtype=torch.float16)
     b = torch.empty(600, 300, dtype=torch.float16).t()  # column-major B
     kept = _prune(tuner, a, b, None, 1000, 600, 300)
-    prob = GemmProblem(1000, 600, 300, "float16", transpose_right=True)
+    prob = GemmProblem(m=1000, n=600, k=300, dtype="float16", transpose_right=True)
     assert [str(c) for c in kept] == _expected(pt, prob, cfgs, 5)
     assert all(c in cfgs for c in kept)  # the caller's own Config objects
 
@@ -89,7 +90,7 @@ def test_sizes_from_tensor_shapes_and_other_names(pt: Predictor) -> None:
     a = torch.empty(64, 4096, dtype=torch.float32).t()  # (4096, 64) column-major A
     b = torch.empty(64, 8, dtype=torch.float32)
     kept = _prune(tuner, a, b, None)
-    prob = GemmProblem(4096, 8, 64, "float32", allow_tf32=True, transpose_left=True)  # tl.dot's fp32 default
+    prob = GemmProblem(m=4096, n=8, k=64, dtype="float32", allow_tf32=True, transpose_left=True)  # tl.dot's fp32 default
     assert [str(c) for c in kept] == _expected(pt, prob, cfgs, 3)
 
 
@@ -99,7 +100,7 @@ def test_perf_model_form_matches(pt: Predictor) -> None:
                             prune_configs_by={"perf_model": perfmodel_perf_model(predictor=pt), "top_k": 4})(_kernel)
     a, b = torch.empty(256, 512, dtype=torch.bfloat16), torch.empty(512, 128, dtype=torch.bfloat16)
     kept = _prune(tuner, a, b, None, 256, 128, 512)
-    assert [str(c) for c in kept] == _expected(pt, GemmProblem(256, 128, 512, "bfloat16"), cfgs, 4)
+    assert [str(c) for c in kept] == _expected(pt, GemmProblem(m=256, n=128, k=512, dtype="bfloat16"), cfgs, 4)
 
 
 def test_unknown_configs_kept_or_dropped(pt: Predictor) -> None:
@@ -127,8 +128,8 @@ def test_prune_loads_model_lazily(model_dir: Path, tmp_path: Path) -> None:
 KERNEL_SCRIPT = textwrap.dedent('''
     import sys, time
     import torch, triton, triton.language as tl
-    from serve import Predictor
-    from serve.triton_hook import perfmodel_prune
+    from perfmodel.serve import Predictor
+    from perfmodel.serve.triton_hook import perfmodel_prune
 
     p = Predictor.load(sys.argv[1])
     cfgs = [triton.Config({"BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": bk, "GROUP_SIZE_M": 8},
@@ -250,7 +251,7 @@ def test_filter_keeps_top_k_triton_mm_and_passes_the_rest(pt: Predictor) -> None
     ki = _Inputs(2048, 1024, 512, b_col_major=True)
     out = si.filter_template_choices(choices, ki, "mm", pt, top_k=4)
     assert out[0] is aten and out[-1] is tma and len(out) == 6
-    prob = GemmProblem(2048, 1024, 512, "float16", transpose_right=True)
+    prob = GemmProblem(m=2048, n=1024, k=512, dtype="float16", transpose_right=True)
     ms = pt.predict(prob, [GemmConfig(**{f: c.params.kw[n] for f, n in (
         ("block_m", "BLOCK_M"), ("block_n", "BLOCK_N"), ("block_k", "BLOCK_K"), ("group_m", "GROUP_M"),
         ("num_stages", "num_stages"), ("num_warps", "num_warps"))}) for c in tri])
@@ -331,7 +332,7 @@ def test_real_compile_calls_the_hook(pt: Predictor, monkeypatch: pytest.MonkeyPa
         out = torch.compile(lambda x, y: x @ y)(a, b)
     torch._dynamo.reset()
     torch.testing.assert_close(out, a @ b)
-    assert ("mm", GemmProblem(64, 48, 32, "float32", transpose_right=True)) in seen
+    assert ("mm", GemmProblem(m=64, n=48, k=32, dtype="float32", transpose_right=True)) in seen
 
 
 def test_pad_hook_decides_pad_mm_with_the_model(pt: Predictor, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -355,7 +356,7 @@ def test_pad_hook_decides_pad_mm_with_the_model(pt: Predictor, monkeypatch: pyte
         assert hooked is not original
         a, b = torch.randn(63, 65, dtype=torch.float16), torch.randn(33, 65, dtype=torch.float16).t()
         got = hooked(None, a, b, torch.ops.aten.mm)
-        pp = PadProblem(63, 65, 33, "float16", transpose_right=True, prepadded_right=True)
+        pp = PadProblem(m=63, k=65, n=33, dtype="float16", transpose_right=True, prepadded_right=True)
         assert got is pt.pad(pp).should_pad
         assert si.pad_decisions() == [(pp, pt.pad(pp))]
         monkeypatch.setattr(si, "PAD_LOG_SIZE", 2)  # the log keeps the most recent decisions only

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from perfmodel import GemmProblem
-from serve import Predictor
-from serve._synthetic import write_synthetic_model
+from perfmodel.serve import Predictor
+from perfmodel.serve._synthetic import write_synthetic_model
 
 mlflow = pytest.importorskip("mlflow")
 
@@ -34,12 +34,12 @@ def registry(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 def test_load_mlflow_uris(registry: dict, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MLFLOW_TRACKING_URI", registry["uri"])
-    want = Predictor.load(registry["model"]).predict(GemmProblem(1024, 512, 256))
+    want = Predictor.load(registry["model"]).predict(GemmProblem(m=1024, n=512, k=256))
     for uri in (f"runs:/{registry['run_id']}/model", "models:/perfmodel-test/1", "models:/perfmodel-test@prod"):
         for backend in ("torch", "onnx"):
             p = Predictor.load(uri, backend=backend)
             assert p.source == uri
-            np.testing.assert_allclose(p.predict(GemmProblem(1024, 512, 256)), want, rtol=1e-3)
+            np.testing.assert_allclose(p.predict(GemmProblem(m=1024, n=512, k=256)), want, rtol=1e-3)
 
 
 def test_missing_registered_model(registry: dict, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from data_gen.shards import (IDENTITY_FIELDS, ShardMismatchError, ShardWriter, compress_parts, iter_rows,
+from perfmodel.data_gen.shards import (IDENTITY_FIELDS, ShardMismatchError, ShardWriter, compress_parts, iter_rows,
                              part_files, read_dataset, read_part)
 
 HEADER = {"device_name": "NVIDIA H100 80GB HBM3", "sm_count": 132, "capability": "9.0",
@@ -47,7 +47,7 @@ def assert_units_intact(rows: list[dict], rows_per_unit: int, payload: int) -> N
 
 CHILD = textwrap.dedent("""
     import sys, time
-    from data_gen.shards import ShardWriter
+    from perfmodel.data_gen.shards import ShardWriter
 
     class TearingFile:
         # Stalls in the middle of a unit's write, so that the kill lands inside the unit: what a short
@@ -368,7 +368,7 @@ def test_truncated_gzip_keeps_complete_units(tmp_path):
 
 
 def test_cublas_times_prefer_the_quiet_retime():
-    from data_gen.shards import cublas_times
+    from perfmodel.data_gen.shards import cublas_times
 
     gemm = [{"unit": "a", "kind": "cublas", "status": "ok", "ms": 0.2},
             {"unit": "b", "kind": "cublas", "status": "ok", "ms": 0.3},

@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 import torch
 
-from data_gen.shards import ShardWriter
+from perfmodel.data_gen.shards import ShardWriter
 from perfmodel import GemmConfig, GemmProblem, PadProblem
 from perfmodel.configs import exhaustive_space
-from train import evaluate as ev
-from train.data import GemmTable, PadTable, split_problems
-from train.module import within_problem_loss
+from perfmodel.train import evaluate as ev
+from perfmodel.train.data import GemmTable, PadTable, split_problems
+from perfmodel.train.module import within_problem_loss
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -252,8 +252,9 @@ def write_synthetic_dataset(folder: Path, seed: int = 0) -> Path:
     with ShardWriter(folder, "gemm", HEADER) as w:
         for i in range(32):
             dtype, tf32 = modes[i % 4]
-            p = GemmProblem(rng.randrange(1, 3000), rng.randrange(16, 3000), rng.randrange(16, 3000), dtype, tf32,
-                            transpose_left=rng.random() < 0.3, transpose_right=rng.random() < 0.5)
+            p = GemmProblem(m=rng.randrange(1, 3000), n=rng.randrange(16, 3000), k=rng.randrange(16, 3000),
+                            dtype=dtype, allow_tf32=tf32, transpose_left=rng.random() < 0.3,
+                            transpose_right=rng.random() < 0.5)
             rows = [{**p.as_dict(), "kind": "cublas", "status": "ok", "flag": None, "ms": _fake_ms(p, None, rng),
                      "reps": 100}]
             for c in rng.sample(space, 8):
@@ -267,8 +268,9 @@ def write_synthetic_dataset(folder: Path, seed: int = 0) -> Path:
         pads = []
         for i in range(40):
             dtype = ("float16", "bfloat16", "float32")[i % 3]
-            pp = PadProblem(rng.randrange(1, 2000) | 1, rng.randrange(2, 2000) | 1, rng.randrange(2, 2000), dtype,
-                            rng.random() < 0.3, rng.random() < 0.3, rng.random() < 0.2, rng.random() < 0.2,
+            pp = PadProblem(m=rng.randrange(1, 2000) | 1, k=rng.randrange(2, 2000) | 1, n=rng.randrange(2, 2000),
+                            dtype=dtype, transpose_left=rng.random() < 0.3, transpose_right=rng.random() < 0.3,
+                            prepadded_left=rng.random() < 0.2, prepadded_right=rng.random() < 0.2,
                             allow_tf32=dtype == "float32" and rng.random() < 0.5)
             mp, kp, np_ = pp.padded_dims()
             orig = _fake_ms(pp.gemm(), None, rng) * (1.5 if pp.needs_padding() else 1.0)
@@ -281,7 +283,7 @@ def write_synthetic_dataset(folder: Path, seed: int = 0) -> Path:
 
 
 def _settings(tmp: Path, out: Path, **kw):
-    from train.pipeline import TrainSettings
+    from perfmodel.train.pipeline import TrainSettings
 
     base = dict(data=tmp / "data", out=out, epochs=1, small_head_epochs=1, fast_dev_run=True,
                 tracking_uri=f"sqlite:///{tmp}/mlflow.db", register_name="perfmodel-test", alias="candidate",
@@ -313,7 +315,7 @@ def isolated():
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, isolated):
-    from train.pipeline import run
+    from perfmodel.train.pipeline import run
 
     tmp = tmp_path_factory.mktemp("train")
     write_synthetic_dataset(tmp / "data")
@@ -327,7 +329,7 @@ def trained(tmp_path_factory, isolated):
 
 
 def test_synthetic_dataset_loads(trained):
-    from train.data import load_gemm, load_pad
+    from perfmodel.train.data import load_gemm, load_pad
 
     g = load_gemm(trained["tmp"] / "data")
     assert len(g.problems) == 32 and len(g.ms) == 32 * 8  # failed rows skipped
@@ -355,6 +357,10 @@ def test_training_writes_a_loadable_model_folder(trained):
     card = (out / "MODEL_CARD.md").read_text()
     assert "pytest tests/test_train.py" in card and bundle.metadata["dataset"]["sha256"] in card
     assert "gemm 2 x 32x32, averaged after floor" in card and "pad 5 x 128x128x128, averaged before floor" in card
+    from perfmodel import __version__
+
+    assert bundle.metadata["package_version"] == __version__  # the perfmodel that trained it
+    assert f"Trained with perfmodel {__version__}." in card
     # nothing but the model folder and what the test made next to it
     assert not [p.name for p in out.parent.iterdir() if p.name.startswith(".model")]
 
@@ -401,7 +407,7 @@ def test_failed_run_leaves_the_previous_model(trained, tmp_path, monkeypatch):
 
     monkeypatch.setattr(artifact, "export_onnx", broken_export)
     monkeypatch.chdir(trained["tmp"])
-    from train.pipeline import run
+    from perfmodel.train.pipeline import run
 
     with pytest.raises(RuntimeError, match="synthetic failure"):
         run(_settings(trained["tmp"], out, baselines=False, register_name="perfmodel-test-failed"))
@@ -420,7 +426,7 @@ def test_failed_run_leaves_the_previous_model(trained, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("command, option", [("train", "--epochs"), ("eval", "--model")])
 def test_cli_help(command, option):
-    proc = subprocess.run([sys.executable, "-m", "serve.cli", command, "--help"], cwd=REPO,
+    proc = subprocess.run([sys.executable, "-m", "perfmodel.serve.cli", command, "--help"], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert option in proc.stdout

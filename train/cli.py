@@ -7,7 +7,9 @@ import shlex
 import sys
 from pathlib import Path
 
-from .pipeline import REPO, TrainSettings
+from perfmodel.locations import default_model_dir
+
+from .pipeline import TrainSettings
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -42,7 +44,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--fast-dev-run", action="store_true", help="one batch per stage (smoke test)")
     t.add_argument("--no-progress", action="store_true")
     e = sub.add_parser("eval", help="evaluate a model folder on held-out problems, with baselines")
-    e.add_argument("--model", type=Path, default=REPO / "models" / "h100")
+    e.add_argument("--model", type=Path, default=default_model_dir(), help="model folder (default: the shipped one)")
     e.add_argument("--data", type=Path, default=d.data)
     e.add_argument("--json", action="store_true")
     e.add_argument("--log-mlflow", action="store_true", help="also log the metrics to an MLflow run")

@@ -57,7 +57,7 @@ def _problem_row(r: dict) -> list[float]:
 
 
 def load_gemm(folder: Path) -> GemmTable:
-    from data_gen.shards import cublas_times, read_dataset
+    from perfmodel.data_gen.shards import cublas_times, read_dataset
 
     rows, _ = read_dataset(Path(folder), "gemm")
     if not rows:
@@ -86,7 +86,7 @@ def load_gemm(folder: Path) -> GemmTable:
 
 
 def load_pad(folder: Path) -> PadTable:
-    from data_gen.shards import read_dataset
+    from perfmodel.data_gen.shards import read_dataset
 
     rows, _ = read_dataset(Path(folder), "pad")
     rows = [r for r in rows if r["status"] == "ok"]
