@@ -130,7 +130,7 @@ def _compile(which: str, mode: str, M: int, N: int, K: int, strides: tuple[int, 
              tf32: bool) -> str:
     """Worker: compile one (kernel, config) for the shape's specialisation; "" or the error."""
 
-    from data_gen import kernel
+    from perfmodel.data_gen import kernel
     from perfmodel.schema import GemmConfig
 
     c = GemmConfig(*cfg)
@@ -160,8 +160,8 @@ def spearman(x: list[float], y: list[float]) -> float:
 def time_ours(shape, captured: dict[str, Any], bench) -> dict[str, Any]:
     import torch
 
-    from data_gen import kernel
-    from data_gen.measure import TOLERANCE
+    from perfmodel.data_gen import kernel
+    from perfmodel.data_gen.measure import TOLERANCE
     from perfmodel.schema import GemmConfig
 
     name, M, K, N, mode, tl_, tr = shape
@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import triton
 
-    from data_gen.measure import Bench, TimingSettings
+    from perfmodel.data_gen.measure import Bench, TimingSettings
 
     shapes = [s for s in SHAPES if not args.only or s[0] in args.only]
     if args.index:

@@ -39,7 +39,7 @@ CASES = [
     (256, 128, 64, 2, 4, "float16", 98304, 256.0, False),
     (128, 128, 16, 1, 2, "float16", 8192, 256.0, False),       # 16384 / 64 threads
     (64, 128, 16, 1, 2, "float16", 6144, 128.0, True),
-    (16, 16, 256, 5, 2, "float32", 163840, 4.0, True),
+    (16, 16, 256, 5, 1, "float32", 163840, 8.0, True),        # 16x16 tiles: 1 warp (Inductor's cap)
     (256, 64, 128, 5, 8, "float16", 409600, 64.0, False),
     (64, 64, 256, 4, 4, "float32", 524288, 32.0, False),
     (128, 64, 128, 3, 4, "float16", 147456, 64.0, True),
@@ -77,14 +77,18 @@ def test_a100_prunes_more():
 
 
 def test_exhaustive_space():
+    # Inductor's EXHAUSTIVE space as it emits it: 5^3 tiles x 5 stages x warps {2, 4, 8}, each capped at
+    # one warp per 16x16 accumulator tile and de-duplicated (16x16: 1 warp; 16x32: 2; 32x32/16x64: 2, 4).
     space = exhaustive_space()
-    assert len(space) == 1875 == 5 * 5 * 5 * 5 * 3
-    assert len(set(space)) == 1875
+    assert len(space) == len(set(space)) == 1875 - 2 * 25 - 2 * 50 - 3 * 25 == 1650
+    assert all(c.num_warps <= max(1, c.block_m * c.block_n // 256) for c in space)
+    assert sum(c.num_warps == 1 for c in space) == 25
+    assert {(c.block_m, c.block_n) for c in space if c.num_warps == 1} == {(16, 16)}
     assert {c.group_m for c in space} == {8}
     assert {c.block_m for c in space} == {c.block_n for c in space} == {c.block_k for c in space} \
         == {16, 32, 64, 128, 256}
     assert {c.num_stages for c in space} == {1, 2, 3, 4, 5}
-    assert {c.num_warps for c in space} == {2, 4, 8}
+    assert {c.num_warps for c in space} == {1, 2, 4, 8}
     assert {c.group_m for c in exhaustive_space(group_m=4)} == {4}
 
 

@@ -144,12 +144,16 @@ def test_cli_data_info_missing_folder(repo_root, tmp_path):
     assert "nope" in proc.stderr
 
 
-def test_dataset_matches_current_kernel(gemm, pad):
-    # A resumed sweep refuses parts of another kernel version; the shipped data must be of this one.
-    from perfmodel.data_gen.kernel import kernel_source_hash
+def test_v4_parts_match_current_kernel(repo_root, info):
+    # A resumed sweep refuses parts of another kernel version: the v4 parts (which the next device
+    # session resumes) must be of this kernel, and say which; data/h100 is the v3 kernel's dataset.
+    from perfmodel.data_gen.kernel import kernel_mode, kernel_source_hash
 
-    current = kernel_source_hash()
-    assert {h["kernel_hash"] for h in gemm[1] + pad[1]} == {current}
+    headers = [h for kind in ("gemm", "pad", "cublas") for h in read_dataset(repo_root / "data" / "h100-v4", kind)[1]]
+    assert len(headers) >= 3
+    assert {h["kernel_hash"] for h in headers} == {kernel_source_hash()}
+    assert {h["kernel_mode"] for h in headers} == {kernel_mode()}
+    assert info["kernel_modes"] == ["v3 (M, N not specialised; no mode recorded)"]
 
 
 def test_every_problem_retimed_in_a_quiet_process(gemm, retimed, info):
@@ -164,27 +168,28 @@ def test_every_problem_retimed_in_a_quiet_process(gemm, retimed, info):
     assert info["cublas_retimed_problems"] == info["gemm_problems"]
 
 
-def test_sweep_regenerates_the_shipped_problems_and_configs(gemm):
-    # `perfmodel gen gemm --problems-from data/h100` re-times the dataset: the sweep's problem list and
-    # per-group config samples (seeded) must give back exactly the shipped problems and their configs.
-    from perfmodel.data_gen.gemm_sweep import config_sample, is_aligned, spec_key
-    from perfmodel.data_gen.problems import Budget, gemm_problems, problem_id
+def test_sweep_regenerates_the_v4_problems_and_configs(repo_root):
+    # The v4 sweep (data/h100-v4, resumed across device sessions) must keep drawing the same seeded
+    # problems and per-group config samples: every problem in its parts is on the current problem list
+    # and timed exactly its group's sample (a large problem: large_subset of it).
+    from perfmodel.data_gen.gemm_sweep import config_sample, is_aligned, large_subset
+    from perfmodel.data_gen.problems import estimated_ms, gemm_problems, problem_id, spec_key
 
     spec = get_spec("h100-sxm")
-    rows, headers = gemm
+    rows, headers = read_dataset(repo_root / "data" / "h100-v4", "gemm")
     sweep = headers[0]["sweep"]
-    problems = {problem_id(p): p for p in gemm_problems(sweep["n_random"], spec, sweep["seed"], Budget())}
+    problems = {problem_id(p): p for p in gemm_problems(sweep["n_random"], spec, sweep["seed"])}
     shipped = defaultdict(set)
     for r in rows:
         if r["kind"] == "triton":
             shipped[r["unit"]].add(GemmConfig(*(r[f] for f in ("block_m", "block_n", "block_k", "group_m",
                                                                  "num_stages", "num_warps"))))
-    assert shipped and set(shipped) <= set(problems)
-    samples = {}
+    assert len(shipped) >= 400 and set(shipped) <= set(problems)
     for unit, cfgs in shipped.items():
         p = problems[unit]
         key = spec_key(p)
-        if key not in samples:
-            n = sweep["configs_per_group"] if is_aligned(key) else 40
-            samples[key] = set(config_sample(p.dtype, p.allow_tf32, (p.transpose_left, p.transpose_right), spec, n))
-        assert cfgs == samples[key], p
+        n = sweep["configs_per_group"] if is_aligned(key) else 40
+        sample = config_sample(p.dtype, p.allow_tf32, (p.transpose_left, p.transpose_right), spec, n)
+        if estimated_ms(p, spec) > sweep["large_ms"]:
+            sample = large_subset(sample, sweep["configs_large"])
+        assert cfgs == set(sample), p
