@@ -1,0 +1,52 @@
+"""The Inductor hook on Inductor's EXHAUSTIVE space: every config it emits for the mm template is one the
+model ranks (num_warps=1 16x16 tiles included), so the hook keeps exactly top_k of them and none passes
+through unranked. Choices are stand-ins for KernelTemplateChoice (the fields the hook reads; see
+tests/test_serve_hooks.py); the predictor is a random-weight model (synthetic, as that test's)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from perfmodel import GemmConfig
+from perfmodel.configs import exhaustive_space, pruned_space
+from perfmodel.devices import get_spec
+from perfmodel.serve import Predictor
+from perfmodel.serve._synthetic import write_synthetic_model
+
+pytest.importorskip("triton")
+from perfmodel.serve import inductor as si  # noqa: E402
+from test_serve_hooks import _KTC, _Inputs  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def pt(tmp_path_factory: pytest.TempPathFactory) -> Predictor:
+    return Predictor.load(write_synthetic_model(tmp_path_factory.mktemp("synthetic") / "m", onnx=False))
+
+
+def _choice(c: GemmConfig) -> _KTC:
+    return _KTC("triton::mm", BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m,
+                num_stages=c.num_stages, num_warps=c.num_warps, EVEN_K=True, ACC_TYPE="tl.float32")
+
+
+def test_every_exhaustive_config_is_a_gemm_config():
+    space = exhaustive_space()
+    assert sum(c.num_warps == 1 for c in space) == 25
+    for c in space:  # what Inductor passes the hook, read back
+        assert si.kwargs_to_gemm(_choice(c).params.to_kwargs()) == c
+
+
+@pytest.mark.parametrize("m,n,k", [(32, 4096, 4096), (8, 14336, 4096), (2048, 2048, 2048)])
+def test_hook_ranks_the_whole_exhaustive_space(pt: Predictor, m: int, n: int, k: int):
+    aten = _KTC("aten::mm")
+    tri = [_choice(c) for c in pruned_space("float16", get_spec("h100-sxm"))]
+    assert any(t.params.kw["num_warps"] == 1 for t in tri)
+    out = si.filter_template_choices([aten, *tri], _Inputs(m, n, k, torch.float16), "mm", pt, top_k=5)
+    kept = [c for c in out if c is not aten]
+    assert out[0] is aten and len(kept) == 5  # top_k of ~1,200 Triton configs: none passed through unranked
+    ms = pt.predict(si.problem_from_kernel_inputs(_Inputs(m, n, k, torch.float16)),
+                    [si.kwargs_to_gemm(t.params.to_kwargs()) for t in tri])
+    best5 = sorted(ms)[:5]
+    got = sorted(ms[[tri.index(c) for c in kept]])
+    assert got == pytest.approx(best5)
