@@ -47,6 +47,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--model", type=Path, default=default_model_dir(), help="model folder (default: the shipped one)")
     e.add_argument("--data", type=Path, default=d.data)
     e.add_argument("--json", action="store_true")
+    e.add_argument("--plots", type=Path, default=None, metavar="DIR",
+                   help="also write the held-out plots (PNG, needs matplotlib) into DIR")
     e.add_argument("--log-mlflow", action="store_true", help="also log the metrics to an MLflow run")
     e.add_argument("--tracking-uri", default=None)
 

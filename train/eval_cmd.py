@@ -15,7 +15,9 @@ from .data import PadTable, load_gemm, load_pad, split_problems
 
 
 
-def evaluate_bundle(bundle: artifact.ModelBundle, data) -> dict:
+def evaluate_bundle(bundle: artifact.ModelBundle, data, plots=None) -> dict:
+    """The held-out metrics of a model folder (the test split of `data` by the model's split seed), with
+    baselines. plots: a folder to write the held-out plots into (train/plots.py), or None."""
     seed = int(bundle.metadata.get("settings", {}).get("seed", 0))
     gemm = load_gemm(data)
     split = split_problems(gemm.modes, seed)
@@ -49,6 +51,11 @@ def evaluate_bundle(bundle: artifact.ModelBundle, data) -> dict:
             pmet = ev.pad_metrics(pt, bundle.heads["pad"](px).double().numpy(), bundle.pad_threshold)
         if screen is not None:
             cmet.update(full_space)
+    if plots is not None:
+        from .plots import model_plots
+
+        rank_score = ev.screened(test, pred, screen, keep) if screen is not None else None
+        model_plots(test, pred, plots, rank_score, results)
     return {"results": results, "cublas": cmet, "pad": pmet, "test_problems": int(len(test.problems))}
 
 
@@ -79,7 +86,7 @@ def full_space_agreement(bundle: artifact.ModelBundle, test, keep: int) -> dict[
 
 def run_eval(args: argparse.Namespace) -> int:
     bundle = artifact.load(args.model)
-    out = evaluate_bundle(bundle, args.data)
+    out = evaluate_bundle(bundle, args.data, args.plots)
     if args.log_mlflow:
         import mlflow
 

@@ -23,6 +23,7 @@ from perfmodel.model import MLPConfig, PerfMLP
 
 from . import evaluate as ev
 from .data import GemmTable, PadTable, dataset_hash, load_gemm, load_pad, make_loader, split_problems
+from .plots import model_plots
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 
@@ -112,36 +113,6 @@ def _fit_members(make, n: int, x: torch.Tensor, y: torch.Tensor, split: np.ndarr
 @torch.inference_mode()
 def predict_rows(head: PerfMLP, x: torch.Tensor) -> np.ndarray:
     return head.eval()(x).double().numpy()
-
-
-def _plots(table: GemmTable, pred: np.ndarray, folder: Path) -> list[Path]:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return []
-    out = []
-    fig, ax = plt.subplots(figsize=(5, 5))
-    ax.scatter(table.ms, np.exp(pred), s=1, alpha=0.3)
-    lo, hi = table.ms.min(), table.ms.max()
-    ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)
-    ax.set(xscale="log", yscale="log", xlabel="measured ms", ylabel="predicted ms", title="held-out problems")
-    fig.tight_layout()
-    out.append(folder / "pred_vs_measured.png")
-    fig.savefig(out[-1], dpi=120)
-    plt.close(fig)
-    pp = ev.per_problem(table, pred)
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.hist([pp["top1"], pp["top5"]], bins=30, label=["top-1", "top-5"])
-    ax.set(xlabel="efficiency (oracle ms / chosen ms)", ylabel="problems", title="per-problem efficiency")
-    ax.legend()
-    fig.tight_layout()
-    out.append(folder / "topk_efficiency.png")
-    fig.savefig(out[-1], dpi=120)
-    plt.close(fig)
-    return out
 
 
 def model_card(meta: dict[str, Any]) -> str:
@@ -331,7 +302,8 @@ def run(settings: TrainSettings) -> dict[str, Any]:
             meta["fast_dev_run"] = True
         out = write_model_folder(bundle, meta, settings.out)
         with tempfile.TemporaryDirectory() as tmp:
-            for p in _plots(test, pred, Path(tmp)):
+            rank_score = ev.screened(test, pred, screen_pred, settings.screen_keep) if screen_pred is not None else None
+            for p in model_plots(test, pred, Path(tmp), rank_score, results):
                 mlflow.log_artifact(str(p), "plots")
         mlflow.log_artifacts(str(out), "model")
         version = None
