@@ -77,7 +77,22 @@ class PerfMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(N, n_inputs) raw features -> (N,) log ms (or (N, n_outputs))."""
-        return self.overhead_floor(self.net((x - self.x_mean) / self.x_std))
+        return self.floor(self.score(x), x)
+
+    def score(self, x: torch.Tensor) -> torch.Tensor:
+        """(N, n_inputs) raw features -> the output before the floors, (N,) or (N, n_outputs): it orders
+        a problem's rows as their log ms do (perfmodel/ranking.py). An after-floor ensemble has no output
+        before its overhead floor that does: its score is the members' floored mean."""
+        z = self.net((x - self.x_mean) / self.x_std)
+        if self.floors_each_member:
+            return self.overhead_floor(z)
+        return z.squeeze(-1) if self.cfg.n_outputs == 1 else z
+
+    def floor(self, score: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """score(x) -> log ms: the floors of the output layer."""
+        if self.floors_each_member:
+            return score
+        return self.overhead_floor(score.unsqueeze(-1) if self.cfg.n_outputs == 1 else score)
 
     @staticmethod
     def n_raw_outputs(cfg: MLPConfig) -> int:

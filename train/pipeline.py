@@ -274,11 +274,13 @@ def run(settings: TrainSettings) -> dict[str, Any]:
         # ---- evaluation on held-out problems
         test = gemm.subset(split == 2)
         xt = x[torch.from_numpy(row_split == 2)]
-        pred = predict_rows(gemm_head, xt)
-        screen_pred = predict_rows(screen_head, xt) if screen_head is not None else None
-        results = {"perfmodel": ev.rank_path(test, pred, screen_pred, settings.screen_keep)}
+        from .eval_cmd import head_outputs
+
+        score, pred = head_outputs(gemm_head.eval(), xt)
+        screen_pred = head_outputs(screen_head.eval(), xt)[0] if screen_head is not None else None
+        results = {"perfmodel": ev.rank_path(test, pred, screen_pred, settings.screen_keep, score)}
         if screen_head is not None:
-            results["perfmodel, gemm head on every config"] = ev.summarize(test, pred)
+            results["perfmodel, gemm head on every config"] = ev.summarize(test, pred, score)
         if settings.baselines:
             benc = FeatureEncoder(spec, "pr156851")
             bx = benc.encode(torch.from_numpy(gemm.problems[gemm.problem_idx]), torch.from_numpy(gemm.configs))
