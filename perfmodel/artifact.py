@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,7 @@ import torch
 from ._version import __version__
 from .devices import DeviceSpec
 from .features import ENCODER_VERSION, FeatureEncoder
-from .model import MLPConfig, PerfMLP
+from .model import MLPConfig, PerfMLP, floor_features
 from .ranking import screened_rank
 from .schema import SCHEMA_VERSION
 
@@ -112,6 +112,8 @@ def load(folder: Path) -> ModelBundle:
         try:
             enc = FeatureEncoder(spec, hm.get("encoder_kind", name))
             cfg = MLPConfig.from_dict(hm["mlp"])
+            if "floor_features" not in hm["mlp"]:  # written before the field: the floor from the names
+                cfg = replace(cfg, floor_features=floor_features(enc.names, cfg.n_outputs))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ArtifactError(f"{folder}: head {name!r}: bad metadata ({exc!r})") from None
         if list(hm.get("features", [])) != enc.names:
