@@ -1,4 +1,4 @@
-"""The Predictor: ranks Triton GEMM configs, predicts cuBLAS time and decides padding (shared/DESIGN.md).
+"""The Predictor: ranks Triton GEMM configs, predicts cuBLAS time and decides padding (docs/design.md).
 
     p = Predictor.load()                        # the shipped model (models/h100), torch backend
     p = Predictor.load("models:/perfmodel@prod", backend="onnx")

@@ -1,4 +1,4 @@
-"""The Predictor against the public contract (shared/DESIGN.md).
+"""The Predictor against the public contract (docs/design.md).
 
 The model folders here are SYNTHETIC: random weights (perfmodel.serve._synthetic) in the real artifact format,
 so these tests check the serving machinery -- validation, batching, backends, artifacts, threads --
