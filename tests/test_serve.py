@@ -137,7 +137,10 @@ def test_default_model() -> None:
     assert default_model_dir() == REPO / "models" / "h100"
     p = Predictor.load()
     assert p.source == str(REPO / "models" / "h100")
-    assert np.all(np.isfinite(p.predict(PROB))) and p.pad(PadProblem(m=4095, k=4097, n=1000, dtype="bfloat16"))
+    ms = p.predict(PROB)
+    assert ms.shape == (len(p.default_configs(PROB.dtype)),) and np.all(np.isfinite(ms)) and np.all(ms > 0)
+    d = p.pad(PadProblem(m=4095, k=4097, n=1000, dtype="bfloat16"))
+    assert isinstance(d.should_pad, bool) and 0 < d.orig_ms < 10 and 0 < d.padded_ms < 10
 
 
 def test_default_model_missing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
