@@ -1,4 +1,4 @@
-"""Timing, correctness and physical-limit checks (shared/DESIGN.md, "Measuring").
+"""Timing, correctness and physical-limit checks (docs/design.md, "Measuring").
 
 Timing follows triton.testing.do_bench: CUDA events around each run, the L2 flushed (a buffer of
 twice the L2 zeroed) before each, warm-up first, the median reported. Many callables are timed in

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,8 @@ import torch
 from ._version import __version__
 from .devices import DeviceSpec
 from .features import ENCODER_VERSION, FeatureEncoder
-from .model import MLPConfig, PerfMLP
+from .model import MLPConfig, PerfMLP, floor_features
+from .ranking import screened_rank
 from .schema import SCHEMA_VERSION
 
 FORMAT = "perfmodel-artifact"
@@ -111,6 +112,8 @@ def load(folder: Path) -> ModelBundle:
         try:
             enc = FeatureEncoder(spec, hm.get("encoder_kind", name))
             cfg = MLPConfig.from_dict(hm["mlp"])
+            if "floor_features" not in hm["mlp"]:  # written before the field: the floor from the names
+                cfg = replace(cfg, floor_features=floor_features(enc.names, cfg.n_outputs))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ArtifactError(f"{folder}: head {name!r}: bad metadata ({exc!r})") from None
         if list(hm.get("features", [])) != enc.names:
@@ -151,58 +154,60 @@ def sha256_file(path: Path) -> str:
 
 
 class _OnnxHeads(torch.nn.Module):
-    """All heads in one graph: one input and one output (log ms) per head. With a screen head, also
-    the whole screened ranking of `rank_problems` x `rank_configs` (RANK_INPUTS -> RANK_OUTPUTS): the
-    GEMM encoding, the screen on every config, its best `keep` per problem, and the gemm head on those
-    -- one onnxruntime call, where the torch backend dispatches ~100 small ops."""
+    """All heads in one graph: per head one input <head>_x and two outputs, <head>_log_ms and
+    <head>_score (its output before the floors, which ranking sorts by: PerfMLP.score). With a screen head, also the
+    whole screened ranking of `rank_problems` x `rank_configs` (RANK_INPUTS -> RANK_OUTPUTS), traced
+    from perfmodel.ranking.screened_rank: the GEMM encoding, the screen on every config, the gemm head
+    on its best `keep` per problem -- one onnxruntime call, where the torch backend dispatches ~100
+    small ops."""
 
     def __init__(self, heads: dict[str, PerfMLP], encoder: FeatureEncoder | None = None, keep: int = 0) -> None:
         super().__init__()
         self.names = list(heads)
         self.heads = torch.nn.ModuleList(heads[n].for_serving() for n in self.names)
         self.encoder, self.keep = encoder, keep
+        self.gemm = self.heads[self.names.index("gemm")]
         if encoder is not None:
-            self.gemm, self.screen = self.heads[self.names.index("gemm")], self.heads[self.names.index("screen")]
+            self.screen = self.heads[self.names.index("screen")]
 
     def forward(self, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         n = len(self.names)
         out = tuple(h(x) for h, x in zip(self.heads, xs[:n]))
+        out = out + tuple(h.score(x) for h, x in zip(self.heads, xs[:n]))
         if self.encoder is None:
             return out
         problems, configs, cfg_part, cfg_smem = xs[n:]
         x = self.encoder.encode_cross(problems, configs, (cfg_part, cfg_smem))       # (P * C, F)
         n_cfg = configs.shape[0]
-        # (P, C): before the floor (the same order), unless the head floors each member before its mean
-        screen = (self.screen(x) if self.screen.floors_each_member else self.screen.net(x)).reshape(-1, n_cfg)
-        _, kept = torch.topk(screen, self.keep, dim=1, largest=False, sorted=False)  # (P, keep)
-        # in config order, so that the sort by time below (onnxruntime's TopK puts the lower index first
-        # among equal values) breaks ties by it
-        kept = torch.sort(kept, dim=1)[0]
-        rows = kept + torch.arange(screen.shape[0]).unsqueeze(1) * n_cfg
-        log_ms = self.gemm.overhead_floor(self.gemm.net(x[rows.reshape(-1)])).reshape(-1, self.keep)
-        log_ms, order = torch.topk(log_ms, self.keep, dim=1, largest=False, sorted=True)
-        return out + (kept.gather(1, order), log_ms)
+        screen = self.screen.score(x).reshape(-1, n_cfg)                            # (P, C)
+
+        def gemm(rows: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+            xr = x[rows]
+            score = self.gemm.score(xr)
+            return score, self.gemm.floor(score, xr)
+
+        return out + screened_rank(gemm, screen.shape[0], n_cfg, screen, self.keep, self.keep)
 
 
 RANK_INPUTS = ("rank_problems", "rank_configs", "rank_config_part", "rank_config_smem")
 # Per problem, the screen's best `keep` configs (indices) and their log ms by the gemm head, fastest
-# first, ties in config order. (Exports before this version returned "rank_scores", unsorted and
-# before the overhead floor; loaders ignore such a ranking graph.)
+# first, ties in config order (perfmodel.ranking.screened_rank).
 RANK_OUTPUTS = ("rank_kept", "rank_log_ms")
 
 
 def export_onnx(bundle: ModelBundle, path: Path) -> Path:
-    """A single-file ONNX graph (no external data) with inputs <head>_x and outputs <head>_log_ms,
-    and, when the bundle has a screen head, the screened ranking (RANK_INPUTS -> RANK_OUTPUTS)."""
+    """A single-file ONNX graph (no external data) with inputs <head>_x and outputs <head>_log_ms and
+    <head>_score, and, when the bundle has a screen head, the screened ranking (RANK_INPUTS -> RANK_OUTPUTS)."""
     rank = "screen" in bundle.heads
     keep = bundle.screen_keep
     enc = bundle.encoders["gemm"]
     mod = _OnnxHeads(bundle.heads, enc if rank else None, keep).eval()
     xs = tuple(torch.randn(4, len(bundle.encoders[n])) for n in mod.names)
     names_in = [f"{n}_x" for n in mod.names]
-    names_out = [f"{n}_log_ms" for n in mod.names]
+    names_out = [f"{n}_log_ms" for n in mod.names] + [f"{n}_score" for n in mod.names]
     # One batch dimension per head: a shared name would force every input to the same row count.
-    axes = {**{f"{n}_x": {0: f"{n}_batch"} for n in mod.names}, **{f"{n}_log_ms": {0: f"{n}_batch"} for n in mod.names}}
+    axes = {**{f"{n}_x": {0: f"{n}_batch"} for n in mod.names}, **{f"{n}_log_ms": {0: f"{n}_batch"} for n in mod.names},
+            **{f"{n}_score": {0: f"{n}_batch"} for n in mod.names}}
     if rank:
         # traced with 2 problems and 3 * keep configs, so that neither count is frozen at 1
         gen = torch.Generator().manual_seed(0)

@@ -1,7 +1,7 @@
 """Device specs: datasheet figures for known GPUs, and the live device when one is present.
 
 Peak rates are stored per SM per clock so that a timing can be checked against the
-peak at the *measured* SM clock (shared/DESIGN.md, "Measuring").
+peak at the *measured* SM clock (docs/design.md, "Measuring").
 """
 from __future__ import annotations
 

@@ -27,17 +27,31 @@ class MLPConfig:
     # how an ensemble averages: "before_floor" (one output layer, the mean of the members' outputs, then
     # the floor) or "after_floor" (each member's output floored by its own overhead, then the mean)
     average: str = "before_floor"
+    # The physical floor (docs/design.md, "The model"): per output, the raw input column holding its
+    # log roofline ms (FLOPs at the dtype's peak, compulsory bytes at DRAM bandwidth, max clock); the
+    # output is max(prediction, that column). -1: no floor for that output; (): no floor at all.
+    floor_features: tuple[int, ...] = ()
 
     def as_dict(self) -> dict:
         d = asdict(self)
         d["hidden"] = list(self.hidden)
+        d["floor_features"] = list(self.floor_features)
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "MLPConfig":
         d = dict(d)
         d["hidden"] = tuple(d["hidden"])
+        if "floor_features" in d:
+            d["floor_features"] = tuple(int(i) for i in d["floor_features"])
         return cls(**d)
+
+
+def floor_features(names: list[str], n_outputs: int) -> tuple[int, ...]:
+    """The physical floor's input columns of a head on features `names`: its log roofline ms for the
+    first output, the padded problem's for a second (the pad head's padded time); -1 where absent."""
+    wanted = ("log_roofline_ms", "log_padded_roofline_ms")[:n_outputs]
+    return tuple(names.index(w) if w in names else -1 for w in wanted) + (-1,) * (n_outputs - len(wanted))
 
 
 class PerfMLP(nn.Module):
@@ -77,7 +91,33 @@ class PerfMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(N, n_inputs) raw features -> (N,) log ms (or (N, n_outputs))."""
-        return self.overhead_floor(self.net((x - self.x_mean) / self.x_std))
+        return self.floor(self.score(x), x)
+
+    def score(self, x: torch.Tensor) -> torch.Tensor:
+        """(N, n_inputs) raw features -> the output before the floors, (N,) or (N, n_outputs): it orders
+        a problem's rows as their log ms do (perfmodel/ranking.py). An after-floor ensemble has no output
+        before its overhead floor that does: its score is the members' floored mean."""
+        z = self.net((x - self.x_mean) / self.x_std)
+        if self.floors_each_member:
+            return self.overhead_floor(z)
+        return z.squeeze(-1) if self.cfg.n_outputs == 1 else z
+
+    def floor(self, score: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """score(x) -> log ms: the floors of the output layer (the overhead, then the physical floor)."""
+        if not self.floors_each_member:
+            score = self.overhead_floor(score.unsqueeze(-1) if self.cfg.n_outputs == 1 else score)
+        return self.physical_floor(score, x)
+
+    def physical_floor(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """max(out, the log roofline ms column of x) per output (cfg.floor_features): no prediction is
+        faster than the device's physical limits. Exact (a maximum): outputs above it are unchanged."""
+        idx = self.cfg.floor_features
+        if not any(i >= 0 for i in idx):
+            return out
+        if self.cfg.n_outputs == 1:
+            return torch.maximum(out, x[:, idx[0]])
+        lows = [x[:, i] if i >= 0 else torch.full_like(x[:, 0], -math.inf) for i in idx]
+        return torch.maximum(out, torch.stack(lows, -1))
 
     @staticmethod
     def n_raw_outputs(cfg: MLPConfig) -> int:
@@ -164,7 +204,7 @@ class PerfMLP(nn.Module):
         after = average == "after_floor"
         out = PerfMLP(MLPConfig(first.n_inputs, hidden, "none", learn_overhead=first.learn_overhead,
                                 init_overhead_ms=first.init_overhead_ms, n_outputs=first.n_outputs, members=k,
-                                average=average))
+                                average=average, floor_features=first.floor_features))
         big = [m for m in out.net if isinstance(m, nn.Linear)]
         with torch.no_grad():
             for i, lin in enumerate(big):

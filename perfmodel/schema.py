@@ -1,4 +1,4 @@
-"""The problem/config schema of the public contract (shared/DESIGN.md).
+"""The problem/config schema of the public contract (docs/design.md).
 
 Every value is validated on construction; errors name the field. Nothing is clamped.
 """

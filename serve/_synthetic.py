@@ -16,7 +16,7 @@ from perfmodel.artifact import ModelBundle, export_onnx, save
 from perfmodel.configs import pruned_space
 from perfmodel.devices import DEFAULT_DEVICE, get_spec
 from perfmodel.features import FeatureEncoder, configs_tensor, pad_tensor, problems_tensor
-from perfmodel.model import MLPConfig, PerfMLP
+from perfmodel.model import MLPConfig, PerfMLP, floor_features
 from perfmodel.schema import DTYPES, GemmProblem, PadProblem
 
 
@@ -78,7 +78,8 @@ def make_synthetic_bundle(seed: int = 0, hidden: tuple[int, ...] = (256, 256, 25
             x = enc.encode_pad(pad_tensor(_sample_pads(rng, 256)))
         parts = []
         for _ in range(members if kind == "gemm" else 1):
-            head = PerfMLP(MLPConfig(n_inputs=len(enc), hidden=hidden, n_outputs=2 if kind == "pad" else 1))
+            head = PerfMLP(MLPConfig(n_inputs=len(enc), hidden=hidden, n_outputs=2 if kind == "pad" else 1,
+                                     floor_features=floor_features(enc.names, 2 if kind == "pad" else 1)))
             head.set_normalisation(x.mean(0), x.std(0))
             _randomise_batchnorm(head, gen)
             parts.append(head.eval())
@@ -87,7 +88,7 @@ def make_synthetic_bundle(seed: int = 0, hidden: tuple[int, ...] = (256, 256, 25
         if kind == "gemm" and screen == "copy":
             heads["screen"], encoders["screen"] = copy.deepcopy(head).eval(), enc
         elif kind == "gemm" and screen == "random":
-            small = PerfMLP(MLPConfig(n_inputs=len(enc), hidden=(64, 64)))
+            small = PerfMLP(MLPConfig(n_inputs=len(enc), hidden=(64, 64), floor_features=floor_features(enc.names, 1)))
             small.set_normalisation(x.mean(0), x.std(0))
             _randomise_batchnorm(small, gen)
             heads["screen"], encoders["screen"] = small.eval(), enc

@@ -1,4 +1,4 @@
-"""The Predictor: ranks Triton GEMM configs, predicts cuBLAS time and decides padding (shared/DESIGN.md).
+"""The Predictor: ranks Triton GEMM configs, predicts cuBLAS time and decides padding (docs/design.md).
 
     p = Predictor.load()                        # the shipped model (models/h100), torch backend
     p = Predictor.load("models:/perfmodel@prod", backend="onnx")
@@ -30,6 +30,7 @@ from perfmodel.configs import pruned_space
 from perfmodel.features import configs_tensor, pad_tensor, problems_array, problems_tensor
 from perfmodel.locations import default_model_dir
 from perfmodel.model import GroupedNet
+from perfmodel.ranking import screened_rank, screens
 from perfmodel.schema import DTYPES, GemmConfig, GemmProblem, PadDecision, PadProblem
 
 BACKENDS = ("torch", "onnx")
@@ -69,47 +70,44 @@ class _TorchRunner:
 
     A folded head that is a plain chain of Linear and ReLU layers runs as addmm with in-place ReLU
     (no per-layer output allocation for the activation): ~1.5x faster than the module on a 36,800-row
-    batch on the 2-core CPU, bit-identical output. Any other head runs as its module."""
+    batch on the 2-core CPU, bit-identical output. An ensemble runs its GroupedNet; any other head
+    runs as its module."""
+
+    rank_keep = None  # no ranking graph: Predictor ranks with perfmodel.ranking.screened_rank
 
     def __init__(self, bundle: ModelBundle) -> None:
         self.heads = {name: head.for_serving().eval() for name, head in bundle.heads.items()}
-        # per head, its output before the overhead floor: an addmm chain, or an ensemble's GroupedNet
-        self.chains: dict[str, Any] = {}
+        # per head, its net (the output before the overhead floor): an addmm chain, or a GroupedNet
+        self.nets: dict[str, Any] = {}
         for name, head in self.heads.items():
             head.requires_grad_(False)
             if isinstance(head.net, GroupedNet):
-                self.chains[name] = head.net
+                self.nets[name] = head.net
                 continue
             chain = _linear_relu_chain(head)
             if chain is not None:
-                self.chains[name] = lambda x, chain=chain: _addmm_chain(chain, x)
-        # Heads whose output before the floor orders rows as their log ms do (scores() and floor());
-        # an after-floor ensemble has no such single output.
-        self.prefloor = {name for name in self.chains if not self.heads[name].floors_each_member}
-        self.log_overhead = {name: head.log_overhead.detach().numpy() for name, head in self.heads.items()}
+                self.nets[name] = lambda x, chain=chain: _addmm_chain(chain, x)
+
+    def score(self, head: str, x: torch.Tensor) -> torch.Tensor:
+        """PerfMLP.score of the head: (N,) or (N, n_outputs), before the floors."""
+        h = self.heads[head]
+        with torch.inference_mode():
+            if head not in self.nets:
+                return h.score(x)
+            z = self.nets[head](x)
+            if h.floors_each_member:
+                return h.overhead_floor(z)
+            return z.squeeze(-1) if h.cfg.n_outputs == 1 else z
+
+    def score_log_ms(self, head: str, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(score, log ms) of the head on x."""
+        z = self.score(head, x)
+        with torch.inference_mode():
+            return z, self.heads[head].floor(z, x)
 
     def __call__(self, head: str, x: torch.Tensor) -> np.ndarray:
         """log ms (float64), the head's full output."""
-        with torch.inference_mode():
-            if head not in self.chains:
-                return self.heads[head](x).numpy().astype(np.float64)
-            return self.heads[head].overhead_floor(self.chains[head](x)).numpy().astype(np.float64)
-
-    def scores(self, head: str, x: torch.Tensor) -> np.ndarray:
-        """Scores that order rows as the head's log ms do: the output before the overhead floor
-        (logaddexp(z, log overhead) is increasing in z), which ranking needs for every row while the
-        floor is only applied to the few rows returned (floor())."""
-        if head not in self.prefloor:
-            return self(head, x)
-        with torch.inference_mode():
-            z = self.chains[head](x)
-        return z.numpy().reshape(-1) if z.shape[-1] == 1 else z.numpy()
-
-    def floor(self, head: str, z: np.ndarray) -> np.ndarray:
-        """log ms of scores(); PerfMLP.overhead_floor in float32, as the torch head computes it."""
-        if head not in self.prefloor:
-            return z
-        return _overhead_floor(z, self.log_overhead[head])
+        return self.score_log_ms(head, x)[1].numpy().astype(np.float64)
 
 
 def _addmm_chain(chain: list[tuple[torch.Tensor, torch.Tensor]], x: torch.Tensor) -> torch.Tensor:
@@ -135,8 +133,9 @@ def _linear_relu_chain(head: Any) -> list[tuple[torch.Tensor, torch.Tensor]] | N
 
 
 class _OnnxRunner:
-    """One onnxruntime session over all heads (inputs <head>_x, outputs <head>_log_ms).
-    InferenceSession.run is thread-safe."""
+    """Two onnxruntime sessions on the folder's model.onnx: the heads (inputs <head>_x, outputs
+    <head>_log_ms and <head>_score) and, with a screen head, the screened ranking graph (traced from
+    perfmodel.ranking.screened_rank). InferenceSession.run is thread-safe."""
 
     def __init__(self, bundle: ModelBundle, path: Path) -> None:
         import onnxruntime as ort
@@ -156,8 +155,7 @@ class _OnnxRunner:
 
         self.rank_session, self.rank_keep = None, None
         try:
-            model = _separate_batch_dims(path.read_bytes())
-            heads_graph, rank_graph = _split_rank_graph(model)
+            heads_graph, rank_graph = _split_rank_graph(path.read_bytes())
             # Small batches (one problem x a few hundred configs): a few threads, no inter-op pool.
             self.session = session(heads_graph, min(_SERVING_THREADS, os.cpu_count() or 1))
             if rank_graph is not None:
@@ -165,7 +163,7 @@ class _OnnxRunner:
                 # for), on one thread: ~90 small nodes per call, where waking a pool thread costs more
                 # than it saves (measured: 1 thread 470-550 us, 2 threads 525-690 us per 368-config rank).
                 self.rank_session = session(rank_graph, 1)
-                self.rank_keep = int(self.rank_session.get_outputs()[1].shape[1])
+                self.rank_keep = bundle.screen_keep  # traced with it (perfmodel.artifact.export_onnx)
         except Exception as exc:  # onnxruntime raises its own (non-public) exception types for bad graphs
             raise ArtifactError(f"{path}: not a loadable ONNX model ({type(exc).__name__}: {exc})") from None
         self.widths = {}
@@ -175,28 +173,30 @@ class _OnnxRunner:
             self.widths[inp.name[:-2]] = inp.shape[1]
         outputs = {o.name for o in self.session.get_outputs()}
         for name, enc in bundle.encoders.items():
-            if self.widths.get(name) != len(enc) or f"{name}_log_ms" not in outputs:
+            if self.widths.get(name) != len(enc) or not {f"{name}_log_ms", f"{name}_score"} <= outputs:
                 raise ArtifactError(f"{path}: the ONNX graph does not match head {name!r} of the weights "
                                     f"(re-export with `perfmodel export-onnx`)")
 
-    def __call__(self, head: str, x: torch.Tensor) -> np.ndarray:
+    def _run(self, names: list[str], head: str, x: torch.Tensor) -> list[np.ndarray]:
         feeds = {f"{name}_x": np.zeros((0, w), np.float32) for name, w in self.widths.items()}
         feeds[f"{head}_x"] = np.ascontiguousarray(x.numpy(), dtype=np.float32)
-        (out,) = self.session.run([f"{head}_log_ms"], feeds)
-        return out.astype(np.float64)
+        return self.session.run(names, feeds)
 
-    def scores(self, head: str, x: torch.Tensor) -> np.ndarray:
-        """The graph applies the overhead floor itself: its log ms are the scores."""
-        return self(head, x)
+    def score(self, head: str, x: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(self._run([f"{head}_score"], head, x)[0])
+
+    def score_log_ms(self, head: str, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        z, log_ms = self._run([f"{head}_score", f"{head}_log_ms"], head, x)
+        return torch.from_numpy(z), torch.from_numpy(log_ms)
+
+    def __call__(self, head: str, x: torch.Tensor) -> np.ndarray:
+        """log ms (float64), the head's full output."""
+        return self._run([f"{head}_log_ms"], head, x)[0].astype(np.float64)
 
     def rank(self, problems: np.ndarray, part: "_ConfigPart") -> tuple[np.ndarray, np.ndarray]:
         """The graph's screened ranking of problems (P, 8) float64 against a config set: (kept config
         indices, their log ms), each (P, rank_keep), fastest first, ties in config order."""
         return self.rank_session.run(RANK_OUTPUTS, {"rank_problems": problems, **part.feeds})
-
-    def floor(self, head: str, z: np.ndarray) -> np.ndarray:
-        """scores() are already floored (in the heads' graph)."""
-        return z
 
 
 class _ConfigPart(tuple):
@@ -213,21 +213,12 @@ class _ConfigPart(tuple):
         return part
 
 
-def _overhead_floor(z: np.ndarray, log_overhead: np.ndarray) -> np.ndarray:
-    """PerfMLP.overhead_floor in numpy float32, as the torch head computes it; (log ms) float64."""
-    z = z.astype(np.float32, copy=False)
-    oh = log_overhead.astype(np.float32).reshape(-1)[0]
-    return (np.maximum(z, oh) + np.log1p(np.exp(-np.abs(z - oh)))).astype(np.float64)
-
-
 def _split_rank_graph(model_bytes: bytes) -> tuple[bytes, bytes | None]:
     """(the heads' graph, the screened-ranking graph or None) of a model.onnx: two sessions, so that
-    neither call runs the other's nodes. Graphs without the ranking (older exports) pass through."""
-    try:
-        import onnx
-        from onnx.utils import Extractor
-    except ImportError:
-        return model_bytes, None
+    neither call runs the other's nodes."""
+    import onnx
+    from onnx.utils import Extractor
+
     model = onnx.load_from_string(model_bytes)
     inputs = [i.name for i in model.graph.input]
     if not any(name in inputs for name in RANK_INPUTS):
@@ -235,35 +226,9 @@ def _split_rank_graph(model_bytes: bytes) -> tuple[bytes, bytes | None]:
     outputs = [o.name for o in model.graph.output]
     extractor = Extractor(model)
     heads = extractor.extract_model([n for n in inputs if n not in RANK_INPUTS],
-                                    [n for n in outputs if not n.startswith("rank_")])
-    if not (all(name in inputs for name in RANK_INPUTS) and all(name in outputs for name in RANK_OUTPUTS)):
-        return heads.SerializeToString(), None  # an older ranking graph (other outputs): the heads serve
+                                    [n for n in outputs if n not in RANK_OUTPUTS])
     rank = extractor.extract_model(list(RANK_INPUTS), list(RANK_OUTPUTS))
     return heads.SerializeToString(), rank.SerializeToString()
-
-
-def _separate_batch_dims(model_bytes: bytes) -> bytes:
-    """Graphs exported before each head had its own batch dimension name share one ("batch"), which
-    makes onnxruntime demand equal row counts for every input. Rename them per head (in memory)."""
-    try:
-        import onnx
-    except ImportError:  # onnx is a declared dependency; without it, new-style exports still load
-        return model_bytes
-    model = onnx.load_from_string(model_bytes)
-    params = set()
-    for vi in list(model.graph.input) + list(model.graph.output):
-        dims = vi.type.tensor_type.shape.dim
-        if dims and dims[0].dim_param:
-            params.add(dims[0].dim_param)
-    n_heads = len(model.graph.input)
-    if len(params) >= n_heads:
-        return model_bytes
-    for vi in model.graph.input:
-        vi.type.tensor_type.shape.dim[0].dim_param = f"{vi.name.removesuffix('_x')}_batch"
-    for vi in model.graph.output:
-        vi.type.tensor_type.shape.dim[0].dim_param = f"{vi.name.removesuffix('_log_ms')}_batch"
-    del model.graph.value_info[:]  # stale intermediate shapes that tie the heads together
-    return model.SerializeToString()
 
 
 _threads_lock = threading.Lock()
@@ -512,29 +477,32 @@ class Predictor:
 
     def _best(self, problems: list[GemmProblem], ct: torch.Tensor, part: Any, k: int) -> tuple[np.ndarray, np.ndarray]:
         """The k configs predicted fastest for each problem: (indices, ms), each (P, k), fastest first,
-        ties in the given order. With a screen head and more than 2 * max(screen_keep, k) configs, the
-        screen scores every config and the gemm head only its best max(screen_keep, k) per problem."""
+        ties in the given order, by perfmodel.ranking.screened_rank (the screen on every config and the
+        gemm head on its best max(screen_keep, k), when there are more than twice as many configs)."""
         n_cfg, n_prob = len(ct), len(problems)
         k = min(k, n_cfg)
         keep = max(self.screen_keep, k)
-        screened = self.has_screen and n_cfg > 2 * keep
-        if screened and getattr(self._run, "rank_keep", None) == keep:  # onnx: the whole path in one call
-            cand, log_ms = self._run.rank(problems_array(problems), part)  # sorted by time, ties in config order
+        screened = screens(self.has_screen, n_cfg, keep)
+        if screened and self._run.rank_keep == keep:  # onnx: the traced rule, in one call
+            cand, log_ms = self._run.rank(problems_array(problems), part)
             # finite log ms at or above the floor: their exp is positive
             return cand[:, :k], np.exp(self._checked(log_ms, "problems")[:, :k])
-        pt = problems_tensor(problems)
         with torch.inference_mode():
-            x = self._encoder.encode_cross(pt, ct, part)  # (P * C, F)
+            x = self._encoder.encode_cross(problems_tensor(problems), ct, part)  # (P * C, F)
+        screen = None
         if screened:
-            screen = self._checked(self._run.scores("screen", x), "problems (screen)").reshape(n_prob, n_cfg)
-            cand = np.sort(np.argpartition(screen, keep - 1, axis=1)[:, :keep], axis=1)  # given order, for ties
-            rows = (np.arange(n_prob)[:, None] * n_cfg + cand).ravel()
-            z = self._run.scores("gemm", x[torch.from_numpy(rows)]).reshape(n_prob, keep)
-        else:
-            cand, z = None, self._run.scores("gemm", x).reshape(n_prob, n_cfg)
-        order = np.argsort(self._checked(z, "problems"), axis=1, kind="stable")[:, :k]
-        ms = self._checked(np.exp(self._run.floor("gemm", np.take_along_axis(z, order, 1))), "problems", positive=True)
-        return (order if cand is None else np.take_along_axis(cand, order, 1)), ms
+            screen = self._run.score("screen", x).reshape(n_prob, n_cfg)
+            self._checked(screen.numpy(), "problems (screen)")
+
+        def gemm(rows: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+            z, log_ms = self._run.score_log_ms("gemm", x if rows is None else x[rows])
+            self._checked(z.numpy(), "problems")
+            return z, log_ms
+
+        with torch.inference_mode():
+            idx, log_ms = screened_rank(gemm, n_prob, n_cfg, screen, keep, k)
+        ms = self._checked(np.exp(log_ms.numpy().astype(np.float64)), "problems", positive=True)
+        return idx.numpy(), ms
 
     @staticmethod
     def _checked(values: np.ndarray, what: str, positive: bool = False) -> np.ndarray:

@@ -2,7 +2,7 @@
 
 TRITON_INTERPRET=1 must be set before triton is imported, so every check runs in one subprocess
 (started once per module) that prints its results as JSON. bf16 is left out: the interpreter's bf16
-tl.dot is wrong (shared/DESIGN.md); the GPU test covers it.
+tl.dot is wrong (docs/design.md); the GPU test covers it.
 """
 from __future__ import annotations
 

@@ -214,7 +214,8 @@ def test_onnx_matches_torch_per_head(saved):
     bundle, feats, folder = saved
     sess = ort.InferenceSession(str(folder / artifact.ONNX), providers=["CPUExecutionProvider"])
     assert {i.name for i in sess.get_inputs()} == {"gemm_x", "cublas_x", "pad_x"}
-    assert {o.name for o in sess.get_outputs()} == {"gemm_log_ms", "cublas_log_ms", "pad_log_ms"}
+    assert {o.name for o in sess.get_outputs()} == {f"{h}_{o}" for h in ("gemm", "cublas", "pad")
+                                                    for o in ("log_ms", "score")}
     want = _predict(bundle, feats)
     # a different batch size per head, twice over
     for sizes in ({"gemm": 240, "cublas": 7, "pad": 33}, {"gemm": 1, "cublas": 24, "pad": 2}):

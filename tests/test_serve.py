@@ -1,4 +1,4 @@
-"""The Predictor against the public contract (shared/DESIGN.md).
+"""The Predictor against the public contract (docs/design.md).
 
 The model folders here are SYNTHETIC: random weights (perfmodel.serve._synthetic) in the real artifact format,
 so these tests check the serving machinery -- validation, batching, backends, artifacts, threads --
@@ -137,7 +137,10 @@ def test_default_model() -> None:
     assert default_model_dir() == REPO / "models" / "h100"
     p = Predictor.load()
     assert p.source == str(REPO / "models" / "h100")
-    assert np.all(np.isfinite(p.predict(PROB))) and p.pad(PadProblem(m=4095, k=4097, n=1000, dtype="bfloat16"))
+    ms = p.predict(PROB)
+    assert ms.shape == (len(p.default_configs(PROB.dtype)),) and np.all(np.isfinite(ms)) and np.all(ms > 0)
+    d = p.pad(PadProblem(m=4095, k=4097, n=1000, dtype="bfloat16"))
+    assert isinstance(d.should_pad, bool) and 0 < d.orig_ms < 10 and 0 < d.padded_ms < 10
 
 
 def test_default_model_missing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -243,20 +246,6 @@ def test_corrupt_or_stale_onnx(model_dir: Path, tmp_path: Path) -> None:
         Predictor.load(folder, backend="onnx")
 
 
-def test_onnx_with_shared_batch_dim(model_dir: Path, tmp_path: Path) -> None:
-    """Exports from before per-head batch names share one dim ("batch"); they must still serve."""
-    import onnx
-
-    folder = _copy(model_dir, tmp_path)
-    m = onnx.load(str(folder / "model.onnx"))
-    for vi in list(m.graph.input) + list(m.graph.output):
-        vi.type.tensor_type.shape.dim[0].dim_param = "batch"
-    onnx.save(m, str(folder / "model.onnx"))
-    p = Predictor.load(folder, backend="onnx")
-    assert p.predict(PROB, CFGS).shape == (len(CFGS),) and p.pad(PadProblem(m=100, k=100, n=100)).orig_ms > 0
-
-
-# ---------------------------------------------------------------------------------- predictions
 def test_predict_shapes_and_defaults(pt: Predictor) -> None:
     ms = pt.predict(PROB, CFGS)
     assert ms.shape == (len(CFGS),) and ms.dtype == np.float64
@@ -478,7 +467,7 @@ def test_torch_fast_path_matches_the_module(pt: Predictor) -> None:
     from perfmodel.features import configs_tensor, problems_tensor
 
     runner = pt._run
-    assert set(runner.chains) == set(runner.heads)  # synthetic heads are BatchNorm MLPs: all foldable
+    assert set(runner.nets) == set(runner.heads)  # synthetic heads are BatchNorm MLPs: all foldable
     cfgs = pt.default_configs("float16")[:64]
     x = pt.bundle.encoders["gemm"].encode_cross(
         problems_tensor([GemmProblem(m=100, n=200, k=300, dtype="float16"),
@@ -566,15 +555,24 @@ def test_rank_many_matches_rank(pt: Predictor, ox: Predictor) -> None:
         pt.rank_many([PROB], CFGS, top_k=1.5)
 
 
-def test_torch_floor_matches_the_head(pt: Predictor) -> None:
-    """Ranking orders rows by the output before the overhead floor and floors only the rows it
-    returns, in numpy: that must agree with the head's own (torch) output."""
+def test_torch_score_and_floor_match_the_head(pt: Predictor) -> None:
+    """Ranking orders rows by the head's score (before the floors) and floors them (PerfMLP.floor): the
+    torch backend's fast nets must agree with the head's own output."""
     with torch.inference_mode():
         x = pt.bundle.encoders["gemm"].encode_cross(problems_tensor([PROB, GemmProblem(m=1, n=1, k=1)]),
                                                     configs_tensor(pt.default_configs("float16")))
-    z = pt._run.scores("gemm", x)
-    np.testing.assert_allclose(pt._run.floor("gemm", z), pt._run("gemm", x), rtol=1e-6, atol=1e-7)
-    assert np.all(pt._run.floor("gemm", z) >= float(pt.bundle.heads["gemm"].log_overhead) - 1e-6)
+    for head in pt.bundle.heads:
+        if head == "gemm":
+            z, log_ms = pt._run.score_log_ms(head, x)
+            np.testing.assert_allclose(log_ms.numpy(), pt._run(head, x), rtol=1e-6, atol=1e-7)
+            with torch.inference_mode():
+                want = pt.bundle.heads[head](x).numpy()
+            np.testing.assert_allclose(log_ms.numpy(), want, rtol=1e-5, atol=1e-5)
+            assert np.all(log_ms.numpy() >= float(pt.bundle.heads[head].log_overhead.min()) - 1e-6)
+        elif head == "screen":
+            with torch.inference_mode():
+                want = pt.bundle.heads[head].score(x).numpy()
+            np.testing.assert_allclose(pt._run.score(head, x).numpy(), want, rtol=1e-4, atol=1e-4)
 
 
 def test_config_cache_serves_each_set_its_own(pt: Predictor) -> None:

@@ -238,13 +238,11 @@ def test_empty_unit_cannot_brick_resume(tmp_path):
     # A unit with no rows would be complete on disk but absent from a resumed writer's `done` (which is
     # built from rows): it would be written again, and the dataset would then refuse to load.
     with ShardWriter(tmp_path, "gemm", HEADER) as w:
-        try:
+        with pytest.raises(ValueError, match="at least one row"):
             w.write_unit("empty", [])
-        except ValueError:
-            pass
     w = ShardWriter(tmp_path, "gemm", HEADER)
-    if "empty" not in w.done:
-        w.write_unit("empty", unit_rows("empty", 1))
+    assert "empty" not in w.done  # refused, so nothing of it was written
+    w.write_unit("empty", unit_rows("empty", 1))
     w.close()
     rows, _ = read_dataset(tmp_path, "gemm")
     assert all(r["unit"] == "empty" for r in rows)

@@ -25,12 +25,12 @@ def evaluate_bundle(bundle: artifact.ModelBundle, data, plots=None) -> dict:
     P, C = torch.from_numpy(test.problems[test.problem_idx]), torch.from_numpy(test.configs)
     with torch.inference_mode():
         x = bundle.encoders["gemm"].encode(P, C)
-        pred = bundle.heads["gemm"](x).double().numpy()
-        screen = bundle.heads["screen"](x).double().numpy() if "screen" in bundle.heads else None
+        score, pred = head_outputs(bundle.heads["gemm"], x)
+        screen = head_outputs(bundle.heads["screen"], x)[0] if "screen" in bundle.heads else None
         keep = bundle.screen_keep
-        results = {"perfmodel": ev.rank_path(test, pred, screen, keep)}
+        results = {"perfmodel": ev.rank_path(test, pred, screen, keep, score)}
         if screen is not None:
-            results["perfmodel, gemm head on every config"] = ev.summarize(test, pred)
+            results["perfmodel, gemm head on every config"] = ev.summarize(test, pred, score)
             full_space = full_space_agreement(bundle, test, keep)
         if "PR 156851 model" in bundle.metadata.get("baselines", {}):
             results["PR 156851 model (training run)"] = bundle.metadata["baselines"]["PR 156851 model"]
@@ -76,12 +76,20 @@ def full_space_agreement(bundle: artifact.ModelBundle, test, keep: int) -> dict[
             spaces[dtype] = configs_tensor(pruned_space(dtype, bundle.spec))
         ct = spaces[dtype]
         x = enc.encode_cross(torch.from_numpy(prob[None, :]), ct)
-        g, s = gemm(x).double().numpy(), screen(x).double().numpy()
-        kept = np.argsort(s, kind="stable")[:keep] if len(ct) > 2 * keep else np.arange(len(ct))
-        ratios.append(np.exp(g.min() - g[kept].min()))
+        (z, g), s = head_outputs(gemm, x), head_outputs(screen, x)[0]
+        best = ev.rank_rows(z, g, None, keep, 1)[1][0]           # the gemm head on every config
+        pick = ev.rank_rows(z, g, s, keep, 1)[1][0]              # the rank path
+        ratios.append(np.exp(best - pick))
     r = np.asarray(ratios)
     return {"screen/full_space_top1_vs_gemm_head": float(np.exp(np.log(r).mean())),
             "screen/full_space_worst": float(r.min()), "screen/full_space_same_pick": float((r == 1.0).mean())}
+
+
+def head_outputs(head, x: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """(score, log ms) of a head on rows x, float64 (PerfMLP.score: what ranking sorts by)."""
+    with torch.inference_mode():
+        z = head.score(x)
+        return z.double().numpy(), head.floor(z, x).double().numpy()
 
 
 def run_eval(args: argparse.Namespace) -> int:

@@ -5,8 +5,10 @@ import math
 from typing import Callable
 
 import numpy as np
+import torch
 
 from perfmodel.configs import inductor_default_configs
+from perfmodel.ranking import screened_rank, screens
 
 from .data import GemmTable, PadTable
 
@@ -47,19 +49,36 @@ def per_problem(table: GemmTable, score: np.ndarray) -> dict[str, np.ndarray]:
     return {"top1": top1, "top5": top5, "spearman": rho}
 
 
-def screened(table: GemmTable, pred_log_ms: np.ndarray, screen_log_ms: np.ndarray, keep: int) -> np.ndarray:
-    """The scores of the serving rank path (Predictor._best): in a problem with more than 2 * keep
-    rows, only the screen head's best `keep` rows keep the gemm head's score; the rest rank last."""
-    out = pred_log_ms.copy()
+def screened(table: GemmTable, gemm_score: np.ndarray, gemm_log_ms: np.ndarray, screen_score: np.ndarray | None,
+             keep: int) -> np.ndarray:
+    """Per row, its place in the serving rank path's order (perfmodel.ranking.screened_rank, as the
+    Predictor and the ONNX graph rank): 0 for the pick, 1 for the next, ...; rows the screen drops
+    (problems with more than 2 * keep rows) rank last (inf)."""
+    out = np.full(len(gemm_score), np.inf)
     for rows in table.problem_rows():
-        if len(rows) > 2 * keep:
-            out[rows[np.argsort(screen_log_ms[rows], kind="stable")[keep:]]] = np.inf
+        if len(rows) == 0:
+            continue
+        idx, _ = rank_rows(gemm_score[rows], gemm_log_ms[rows], None if screen_score is None else screen_score[rows],
+                           keep, len(rows))
+        out[rows[idx]] = np.arange(len(idx))
     return out
 
 
-def summarize(table: GemmTable, pred_log_ms: np.ndarray) -> dict[str, float]:
-    """Metrics of one model's predictions (log ms per row), overall and per dtype mode."""
-    pp = per_problem(table, pred_log_ms)
+def rank_rows(gemm_score: np.ndarray, gemm_log_ms: np.ndarray, screen_score: np.ndarray | None, keep: int,
+              k: int) -> tuple[np.ndarray, np.ndarray]:
+    """screened_rank of one problem's rows, from the heads' outputs on every row: (row indices, log ms)."""
+    n = len(gemm_score)
+    z, lm = torch.from_numpy(np.asarray(gemm_score)), torch.from_numpy(np.asarray(gemm_log_ms))
+    screen = torch.from_numpy(np.asarray(screen_score)).reshape(1, n) \
+        if screen_score is not None and screens(True, n, keep) else None
+    idx, log_ms = screened_rank(lambda r: (z, lm) if r is None else (z[r], lm[r]), 1, n, screen, keep, k)
+    return idx[0].numpy(), log_ms[0].numpy()
+
+
+def summarize(table: GemmTable, pred_log_ms: np.ndarray, score: np.ndarray | None = None) -> dict[str, float]:
+    """Metrics of one model's predictions (log ms per row), overall and per dtype mode. score: what
+    ranks the rows (default the log ms; a head's score before its floors, PerfMLP.score)."""
+    pp = per_problem(table, pred_log_ms if score is None else score)
     pred = np.exp(np.minimum(pred_log_ms, 50.0))
     ape = np.abs(pred - table.ms) / table.ms
     out: dict[str, float] = {}
@@ -83,12 +102,15 @@ def summarize(table: GemmTable, pred_log_ms: np.ndarray) -> dict[str, float]:
     return out
 
 
-def rank_path(table: GemmTable, pred_log_ms: np.ndarray, screen_log_ms: np.ndarray | None, keep: int) -> dict[str, float]:
+def rank_path(table: GemmTable, pred_log_ms: np.ndarray, screen_score: np.ndarray | None, keep: int,
+              gemm_score: np.ndarray | None = None) -> dict[str, float]:
     """summarize() of the gemm head, with the top-k efficiencies (and worst problems) of the serving
-    rank path -- the screen head, then the gemm head on its best `keep` -- when there is a screen."""
-    out = summarize(table, pred_log_ms)
-    if screen_log_ms is not None:
-        path = summarize(table, screened(table, pred_log_ms, screen_log_ms, keep))
+    rank path -- the screen head, then the gemm head on its best `keep` -- when there is a screen.
+    gemm_score: the gemm head's score (PerfMLP.score; default its log ms)."""
+    gemm_score = pred_log_ms if gemm_score is None else gemm_score
+    out = summarize(table, pred_log_ms, gemm_score)
+    if screen_score is not None:
+        path = summarize(table, pred_log_ms, screened(table, gemm_score, pred_log_ms, screen_score, keep))
         out.update({k: v for k, v in path.items() if "/top1" in k or "/top5" in k or "/worst" in k})
     return out
 

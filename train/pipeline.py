@@ -19,7 +19,7 @@ from perfmodel.analytic import estimate_ms
 from perfmodel.devices import DEFAULT_DEVICE, get_spec
 from perfmodel.features import FeatureEncoder
 from perfmodel.locations import checkout_root, default_data_dir, default_model_dir
-from perfmodel.model import MLPConfig, PerfMLP
+from perfmodel.model import MLPConfig, PerfMLP, floor_features
 
 from . import evaluate as ev
 from .data import GemmTable, PadTable, dataset_hash, load_gemm, load_pad, make_loader, split_problems
@@ -214,7 +214,8 @@ def run(settings: TrainSettings) -> dict[str, Any]:
         mlflow.log_param("dataset_sha256", dataset_hash(settings.data))
         mlflow.log_param("package_version", __version__)
 
-        gemm_head = _fit_members(lambda: PerfMLP(MLPConfig(len(enc), settings.hidden, settings.norm)),
+        gemm_head = _fit_members(lambda: PerfMLP(MLPConfig(len(enc), settings.hidden, settings.norm,
+                                                                   floor_features=floor_features(enc.names, 1))),
                                  settings.gemm_members, x, y, row_split, gemm.problem_idx, settings, logger,
                                  settings.epochs, "gemm", settings.rank_weight, average="after_floor")
         # The screen head learns the gemm head's predictions (distillation: it must keep the configs the
@@ -222,14 +223,16 @@ def run(settings: TrainSettings) -> dict[str, Any]:
         screen_head = None
         if settings.screen_hidden:
             screen_y = torch.from_numpy(predict_rows(gemm_head, x)).float()
-            screen_head = fit_head(PerfMLP(MLPConfig(len(enc), settings.screen_hidden, settings.norm)), x, screen_y,
+            screen_head = fit_head(PerfMLP(MLPConfig(len(enc), settings.screen_hidden, settings.norm,
+                                                      floor_features=floor_features(enc.names, 1))), x, screen_y,
                                    row_split, gemm.problem_idx, settings, logger, settings.screen_epochs, "screen_", 1.0)
 
         cenc = FeatureEncoder(spec, "cublas")
         has_cb = np.isfinite(gemm.cublas_ms)
         cx = cenc.encode(torch.from_numpy(gemm.problems[has_cb]))
         cy = torch.from_numpy(np.log(gemm.cublas_ms[has_cb])).float()
-        cublas_head = fit_head(PerfMLP(MLPConfig(len(cenc), (128, 128, 128), settings.norm)), cx, cy,
+        cublas_head = fit_head(PerfMLP(MLPConfig(len(cenc), (128, 128, 128), settings.norm,
+                                                  floor_features=floor_features(cenc.names, 1))), cx, cy,
                                split[has_cb], None, settings, logger, settings.small_head_epochs, "cublas_", 0.0)
 
         penc = FeatureEncoder(spec, "pad")
@@ -238,18 +241,21 @@ def run(settings: TrainSettings) -> dict[str, Any]:
         pad_split = split_problems(pads.modes, settings.seed)
         # Single pad heads vary by seed (1.02-1.05x of the oracle's total time on held-out problems): their
         # average is steadier, and written as one wider MLP it serves and exports like any head.
-        pad_head = _fit_members(lambda: PerfMLP(MLPConfig(len(penc), (128, 128, 128), settings.norm, n_outputs=2)),
+        pad_head = _fit_members(lambda: PerfMLP(MLPConfig(len(penc), (128, 128, 128), settings.norm, n_outputs=2,
+                                                            floor_features=floor_features(penc.names, 2))),
                                 settings.pad_members, px, py, pad_split, None, settings, logger,
                                 settings.small_head_epochs, "pad", 0.0)
 
         # ---- evaluation on held-out problems
         test = gemm.subset(split == 2)
         xt = x[torch.from_numpy(row_split == 2)]
-        pred = predict_rows(gemm_head, xt)
-        screen_pred = predict_rows(screen_head, xt) if screen_head is not None else None
-        results = {"perfmodel": ev.rank_path(test, pred, screen_pred, settings.screen_keep)}
+        from .eval_cmd import head_outputs
+
+        score, pred = head_outputs(gemm_head.eval(), xt)
+        screen_pred = head_outputs(screen_head.eval(), xt)[0] if screen_head is not None else None
+        results = {"perfmodel": ev.rank_path(test, pred, screen_pred, settings.screen_keep, score)}
         if screen_head is not None:
-            results["perfmodel, gemm head on every config"] = ev.summarize(test, pred)
+            results["perfmodel, gemm head on every config"] = ev.summarize(test, pred, score)
         if settings.baselines:
             benc = FeatureEncoder(spec, "pr156851")
             bx = benc.encode(torch.from_numpy(gemm.problems[gemm.problem_idx]), torch.from_numpy(gemm.configs))

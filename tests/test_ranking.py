@@ -1,0 +1,60 @@
+"""One ranking rule (perfmodel.ranking.screened_rank): the torch backend, the ONNX ranking graph and the
+held-out evaluation pick the same configs in the same order."""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from perfmodel import GemmProblem, Predictor
+from perfmodel.features import configs_tensor, problems_tensor
+from perfmodel.ranking import screened_rank, screens
+
+
+def test_screened_rank_rule() -> None:
+    """Screen keeps its best `keep` (ties in config order), the gemm head's score sorts them, ties in
+    config order; log ms come along unsorted by themselves."""
+    screen = torch.tensor([[5.0, 1.0, 1.0, 0.0, 9.0, 2.0]])
+    score = torch.tensor([0.5, 2.0, 0.5, 3.0, -1.0, 0.1])
+    log_ms = score + 10
+    calls = []
+
+    def gemm(rows):
+        calls.append(rows)
+        return (score, log_ms) if rows is None else (score[rows], log_ms[rows])
+
+    idx, lm = screened_rank(gemm, 1, 6, screen, 3, 3)
+    assert calls[0].tolist() == [1, 2, 3]          # the screen's best 3, in config order
+    assert idx.tolist() == [[2, 1, 3]] and lm.tolist() == [[10.5, 12.0, 13.0]]
+    idx, _ = screened_rank(gemm, 1, 6, None, 3, 4)
+    assert idx.tolist() == [[4, 5, 0, 2]]          # every config; 0 before 2 (a tie)
+    assert screens(True, 7, 3) and not screens(True, 6, 3) and not screens(False, 100, 3)
+
+
+@pytest.fixture(scope="module")
+def shipped() -> tuple[Predictor, Predictor]:
+    return Predictor.load(), Predictor.load(backend="onnx")
+
+
+def test_torch_onnx_and_evaluation_rank_alike(shipped) -> None:
+    from perfmodel.train.eval_cmd import head_outputs
+    from perfmodel.train.evaluate import rank_rows
+
+    pt, po = shipped
+    bundle = pt.bundle
+    rng = random.Random(0)
+    for _ in range(40):
+        dtype = rng.choice(["float16", "bfloat16", "float32"])
+        prob = GemmProblem(m=rng.randint(1, 2 ** rng.randint(4, 15)), n=rng.randint(1, 2 ** rng.randint(4, 15)),
+                           k=rng.randint(1, 2 ** rng.randint(4, 15)), dtype=dtype, allow_tf32=rng.random() < 0.5)
+        configs = pt.default_configs(dtype)
+        want = [c for c, _ in pt.rank(prob, top_k=5)]
+        assert [c for c, _ in po.rank(prob, top_k=5)] == want, prob
+        x = bundle.encoders["gemm"].encode_cross(problems_tensor([prob]), configs_tensor(configs))
+        z, g = head_outputs(bundle.heads["gemm"], x)
+        s = head_outputs(bundle.heads["screen"], x)[0]
+        idx, log_ms = rank_rows(z, g, s, bundle.screen_keep, 5)
+        assert [configs[i] for i in idx] == want, prob
+        np.testing.assert_allclose(np.exp(log_ms), [t for _, t in pt.rank(prob, top_k=5)], rtol=1e-4)
