@@ -39,14 +39,16 @@ def main(argv: list[str] | None = None) -> int:
     with torch.inference_mode():
         x = b.encoders["gemm"].encode(P, C)
         pred = b.heads["gemm"](x).double().numpy()
-        screen = b.heads["screen"](x).double().numpy()
+        score = b.heads["gemm"].score(x).double().numpy()
+        screen = b.heads["screen"].score(x).double().numpy()
         cublas = b.heads["cublas"](b.encoders["cublas"].encode(torch.from_numpy(g.problems))).double().numpy()
     big = np.array([2.0 * p[0] * p[1] * p[2] > 1e12 for p in g.problems])
     res: dict = {"model": str(args.model or "shipped default"), "data": args.data.name}
     for name, sel in (("all problems", np.ones(len(g.problems), bool)), ("above 1e12 FLOP", big)):
         if sel.any():
             rows = sel[g.problem_idx]
-            res[name] = {"problems": int(sel.sum()), **ev.rank_path(g.subset(sel), pred[rows], screen[rows], b.screen_keep)}
+            res[name] = {"problems": int(sel.sum()), **ev.rank_path(g.subset(sel), pred[rows], screen[rows], b.screen_keep,
+                                                                   score[rows])}
     best_pred = np.full(len(g.problems), np.inf)
     np.minimum.at(best_pred, g.problem_idx, pred)
     res["cublas"] = ev.cublas_metrics(g, cublas, best_pred)
