@@ -4,6 +4,8 @@ from __future__ import annotations
 import itertools
 import random
 
+import numpy as np
+
 from .devices import DeviceSpec
 from .schema import BLOCK_SIZES, DTYPE_BYTES, NUM_STAGES, GemmConfig
 
@@ -16,6 +18,14 @@ def shared_memory_bytes(cfg: GemmConfig, dtype: str) -> int:
 def accumulator_registers(cfg: GemmConfig) -> float:
     """fp32 accumulator registers per thread: BM*BN / (num_warps*32)."""
     return cfg.block_m * cfg.block_n / (cfg.num_warps * 32)
+
+
+def runnable(configs: np.ndarray, dtype_bytes: np.ndarray | float, spec: DeviceSpec) -> np.ndarray:
+    """`fits` for many at once: configs (C, 6) in GemmConfig field order, dtype_bytes broadcastable to
+    (P, 1) or a scalar -> bool (P, C) (or (C,)): within the device's shared memory and registers."""
+    bm, bn, bk, _, stages, warps = (configs[:, i] for i in range(6))
+    smem = (bm * bk + bn * bk) * stages * np.asarray(dtype_bytes, dtype=np.float64)
+    return (smem <= spec.shared_memory_per_block_optin) & (bm * bn / (warps * 32) <= spec.registers_per_thread_max)
 
 
 def fits(cfg: GemmConfig, dtype: str, spec: DeviceSpec) -> bool:

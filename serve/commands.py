@@ -35,7 +35,8 @@ def _model_args(p: argparse.ArgumentParser, backend: bool = True) -> None:
     p.add_argument("--model", default=None,
                    help="model folder or MLflow URI (models:/name@alias); default: the shipped models/h100")
     if backend:
-        p.add_argument("--backend", choices=("torch", "onnx"), default="torch")
+        p.add_argument("--backend", choices=("torch", "onnx"), default=None,
+                       help="default: the fastest available (onnx when onnxruntime imports)")
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:

@@ -248,7 +248,7 @@ def _check_device(predictor: Predictor) -> None:
                              "its rankings may not transfer")
 
 
-def install(top_k: int = 5, predictor: Predictor | None = None, *, model: Any = None, backend: str = "torch",
+def install(top_k: int = 5, predictor: Predictor | None = None, *, model: Any = None, backend: str | None = None,
             ops: Sequence[str] = MM_OPS, templates: Sequence[str] = TRITON_MM_TEMPLATES,
             cublas_margin: float | None = None, pad: bool = False) -> bool:
     """Install the hook in this thread. predictor: a loaded Predictor (default: Predictor.load(model,

@@ -1,6 +1,6 @@
 """The Predictor: ranks Triton GEMM configs, predicts cuBLAS time and decides padding (docs/design.md).
 
-    p = Predictor.load()                        # the shipped model (models/h100), torch backend
+    p = Predictor.load()                        # the shipped model (models/h100), fastest backend (onnx)
     p = Predictor.load("models:/perfmodel@prod", backend="onnx")
     p.rank(GemmProblem(m=4096, n=4096, k=4096, dtype="float16"), top_k=5)
 
@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from perfmodel.artifact import ONNX, RANK_INPUTS, RANK_OUTPUTS, ArtifactError, ModelBundle, load as load_bundle
-from perfmodel.configs import pruned_space
+from perfmodel.configs import pruned_space, runnable
 from perfmodel.features import configs_tensor, pad_tensor, problems_array, problems_tensor
 from perfmodel.locations import default_model_dir
 from perfmodel.model import GroupedNet
@@ -251,6 +251,14 @@ def _configure_torch_threads() -> None:
             torch.set_num_threads(want)
 
 
+def _onnxruntime_available() -> bool:
+    try:
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def _is_mlflow_uri(text: str) -> bool:
     return text.startswith(MLFLOW_SCHEMES)
 
@@ -338,19 +346,21 @@ class Predictor:
 
     # ------------------------------------------------------------------------------------ loading
     @classmethod
-    def load(cls, path_or_uri: str | os.PathLike | None = None, *, backend: str = "torch") -> "Predictor":
+    def load(cls, path_or_uri: str | os.PathLike | None = None, *, backend: str | None = None) -> "Predictor":
         """Load a model folder (weights + metadata [+ model.onnx]).
 
         path_or_uri: None for the shipped default (models/h100, inside the installed package or the
             checkout: perfmodel.locations.default_model_dir()), a folder path, or an
         MLflow URI ("models:/name@alias", "models:/name/version", "runs:/<run id>/<path>"), downloaded
         with MLFLOW_TRACKING_URI (default sqlite:///mlflow.db).
-        backend: "torch" or "onnx" (onnxruntime on the folder's model.onnx).
+        backend: "torch", "onnx" (onnxruntime on the folder's model.onnx), or None (default): the
+            fastest one available -- onnx when onnxruntime imports and the folder has a model.onnx,
+            else torch (benchmarks/serve_latency.py measures both).
         Raises FileNotFoundError for a missing model, ArtifactError (a ValueError) for a corrupt or
         mismatched one, ValueError for an unknown backend.
         """
-        if not isinstance(backend, str) or backend not in BACKENDS:
-            raise ValueError(f"backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")
+        if backend is not None and (not isinstance(backend, str) or backend not in BACKENDS):
+            raise ValueError(f"backend: expected one of {', '.join(BACKENDS)} or None, got {backend!r}")
         if path_or_uri is None:
             folder = default_model_dir()
             if not (folder / "metadata.json").is_file():
@@ -370,8 +380,10 @@ class Predictor:
         return cls._from_folder(folder, backend, str(folder))
 
     @classmethod
-    def _from_folder(cls, folder: Path, backend: str, source: str) -> "Predictor":
+    def _from_folder(cls, folder: Path, backend: str | None, source: str) -> "Predictor":
         bundle = load_bundle(folder)
+        if backend is None:
+            backend = "onnx" if (folder / ONNX).is_file() and _onnxruntime_available() else "torch"
         if backend == "torch":
             _configure_torch_threads()
             return cls(bundle, backend, _TorchRunner(bundle), source)
@@ -448,6 +460,20 @@ class Predictor:
     def _ms(self, head: str, x: torch.Tensor, what: str) -> np.ndarray:
         return self._checked(np.exp(self._run(head, x)), what, positive=True)
 
+    def _runnable(self, ct: torch.Tensor, problems: Sequence[GemmProblem]) -> np.ndarray | None:
+        """(P, C) bool: which configs the model's device can run for each problem (shared memory for its
+        dtype, registers: perfmodel.configs.runnable); None when all can (the default spaces, and
+        nearly every user list)."""
+        db = np.array([[p.dtype_bytes] for p in problems], dtype=np.float64)
+        ok = runnable(ct.numpy(), db, self.spec)
+        return None if ok.all() else ok
+
+    def _unrunnable_inf(self, ms: np.ndarray, ct: torch.Tensor, problems: Sequence[GemmProblem]) -> np.ndarray:
+        """ms (P, C) with inf where the device cannot run the config (docs/design.md: such a config
+        predicts inf and ranks after every runnable one)."""
+        ok = self._runnable(ct, problems)
+        return ms if ok is None else np.where(ok, ms, np.inf)
+
     def predict(self, prob: GemmProblem, configs: Sequence[GemmConfig] | None = None) -> np.ndarray:
         """Predicted milliseconds of each config on prob: 1-D float64 array, one per config.
         configs None: the pruned space of the model's device for prob.dtype."""
@@ -455,7 +481,7 @@ class Predictor:
         _, ct, part = self._configs(configs, prob.dtype)
         with torch.inference_mode():  # no autograd bookkeeping on the encoder's small ops
             x = self._encoder.encode_cross(problems_tensor([prob]), ct, part)  # (C, F)
-        return self._ms("gemm", x, f"prob {prob}")
+        return self._unrunnable_inf(self._ms("gemm", x, f"prob {prob}")[None], ct, [prob])[0]
 
     def predict_many(self, problems: Sequence[GemmProblem],
                      configs: Sequence[GemmConfig] | None = None) -> np.ndarray:
@@ -465,7 +491,7 @@ class Predictor:
         cfgs, ct, part = self._configs(configs, self._common_dtype(problems, configs))
         with torch.inference_mode():
             x = self._encoder.encode_cross(problems_tensor(problems), ct, part)  # (P * C, F)
-        return self._ms("gemm", x, "problems").reshape(len(problems), len(cfgs))
+        return self._unrunnable_inf(self._ms("gemm", x, "problems").reshape(len(problems), len(cfgs)), ct, problems)
 
     @staticmethod
     def _common_dtype(problems: list[GemmProblem], configs: Any) -> str:
@@ -519,8 +545,19 @@ class Predictor:
         top_k = _check_top_k(top_k)
         prob = _check_problem(prob)
         cfgs, ct, part = self._configs(configs, prob.dtype)
+        ok = self._runnable(ct, [prob])
+        if ok is not None:
+            return self._rank_runnable(prob, cfgs, ok[0], top_k)
         idx, ms = self._best([prob], ct, part, top_k)
         return [(cfgs[i], float(t)) for i, t in zip(idx[0].tolist(), ms[0].tolist())]
+
+    def _rank_runnable(self, prob: GemmProblem, cfgs: Sequence[GemmConfig], ok: np.ndarray,
+                       top_k: int) -> list[tuple[GemmConfig, float]]:
+        """rank() of a list holding configs the device cannot run: the runnable ones ranked, then the
+        others (inf ms, in the given order) up to top_k."""
+        good = [c for c, o in zip(cfgs, ok) if o]
+        out = self.rank(prob, good, top_k) if good else []
+        return out + [(c, math.inf) for c, o in zip(cfgs, ok) if not o][: top_k - len(out)]
 
     def rank_many(self, problems: Sequence[GemmProblem], configs: Sequence[GemmConfig] | None = None,
                   top_k: int = 5) -> list[list[tuple[GemmConfig, float]]]:
@@ -528,6 +565,9 @@ class Predictor:
         top_k = _check_top_k(top_k)
         problems = _check_problems(problems)
         cfgs, ct, part = self._configs(configs, self._common_dtype(problems, configs))
+        ok = self._runnable(ct, problems)
+        if ok is not None:
+            return [self._rank_runnable(p, cfgs, o, top_k) for p, o in zip(problems, ok)]
         idx, ms = self._best(problems, ct, part, top_k)
         return [[(cfgs[i], float(t)) for i, t in zip(ri, rm)] for ri, rm in zip(idx.tolist(), ms.tolist())]
 

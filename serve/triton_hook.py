@@ -67,7 +67,7 @@ def kwargs_to_gemm(kw: dict[str, Any]) -> GemmConfig:
 class _LazyPredictor:
     """Loads the model at the first launch, not when the decorated module is imported."""
 
-    def __init__(self, predictor: Predictor | None, model: Any, backend: str) -> None:
+    def __init__(self, predictor: Predictor | None, model: Any, backend: str | None) -> None:
         self._predictor = predictor
         self._model, self._backend = model, backend
         self._lock = threading.Lock()
@@ -128,7 +128,7 @@ class ProblemReader:
 
 
 def perfmodel_prune(top_k: int = 5, *, predictor: Predictor | None = None, model: Any = None,
-                    backend: str = "torch", a: str = "a", b: str = "b", m: str = "M", n: str = "N",
+                    backend: str | None = None, a: str = "a", b: str = "b", m: str = "M", n: str = "N",
                     k: str = "K", dtype: Any = None, allow_tf32: bool | None = None,
                     unknown: str = "keep") -> Callable[..., list]:
     """An `early_config_prune` for triton.autotune that keeps the model's top_k configs, fastest first.
@@ -168,14 +168,18 @@ def perfmodel_prune(top_k: int = 5, *, predictor: Predictor | None = None, model
         if not ranked:
             return configs
         ms = lazy.get().predict(prob, ranked_cfgs)
-        kept = [ranked[i] for i in np.argsort(ms, kind="stable")[:top_k]]  # the caller's Config objects
+        order = np.argsort(ms, kind="stable")
+        # A config the device cannot run (over its shared memory or registers) predicts inf: never kept
+        # while a runnable one exists.
+        runnable = order[np.isfinite(ms[order])]
+        kept = [ranked[i] for i in (runnable if len(runnable) else order)[:top_k]]  # the caller's Config objects
         return kept + (others if unknown == "keep" else [])
 
     early_config_prune.top_k = top_k  # type: ignore[attr-defined]
     return early_config_prune
 
 
-def perfmodel_perf_model(*, predictor: Predictor | None = None, model: Any = None, backend: str = "torch",
+def perfmodel_perf_model(*, predictor: Predictor | None = None, model: Any = None, backend: str | None = None,
                          a: str = "a", b: str = "b", m: str = "M", n: str = "N", k: str = "K",
                          dtype: Any = None, allow_tf32: bool | None = None) -> Callable[..., float]:
     """A `perf_model` for triton.autotune's prune_configs_by={"perf_model": ..., "top_k": k}: Triton

@@ -21,6 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from perfmodel.configs import fits
 from perfmodel import GemmConfig, GemmProblem, PadDecision, PadProblem
 from perfmodel.artifact import ArtifactError
 from perfmodel.configs import pruned_space
@@ -41,7 +42,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def pt(model_dir: Path) -> Predictor:
-    return Predictor.load(model_dir)
+    return Predictor.load(model_dir, backend="torch")
 
 
 @pytest.fixture(scope="module")
@@ -357,9 +358,14 @@ configs = st.builds(GemmConfig, block_m=POW2, block_n=POW2, block_k=POW2, group_
 @given(prob=problems, cfgs=st.lists(configs, min_size=1, max_size=8))
 def test_property_valid_inputs_predict(pt: Predictor, prob: GemmProblem, cfgs: list[GemmConfig]) -> None:
     ms = pt.predict(prob, cfgs)
-    assert ms.shape == (len(cfgs),) and np.all(np.isfinite(ms)) and np.all(ms > 0)
+    ok = np.array([fits(c, prob.dtype, pt.spec) for c in cfgs])
+    # a config the device can run: a finite positive time; one it cannot: inf (docs/design.md)
+    assert ms.shape == (len(cfgs),) and np.all(np.isfinite(ms[ok])) and np.all(ms[ok] > 0)
+    assert np.all(np.isinf(ms[~ok]))
     ranked = pt.rank(prob, cfgs, top_k=3)
-    assert [t for _, t in ranked] == sorted(t for _, t in ranked)
+    times = [t for _, t in ranked]
+    assert times == sorted(times)
+    assert [math.isinf(t) for _, t in ranked] == sorted(math.isinf(t) for _, t in ranked)  # runnable first
 
 
 @settings(max_examples=60, deadline=None)
@@ -583,3 +589,37 @@ def test_config_cache_serves_each_set_its_own(pt: Predictor) -> None:
     for i in range(40):  # more sets than the cache holds
         pt.predict(PROB, CFGS[: 1 + i % len(CFGS)] + [GemmConfig(16, 16, 16, 1 + 0 * i, 1 + i % 5, 2)])
     np.testing.assert_array_equal(pt.predict(PROB, a), first)
+
+
+@pytest.mark.parametrize("backend", ["torch", "onnx"])
+def test_unrunnable_configs_predict_inf_and_rank_last(model_dir, backend) -> None:
+    # GemmConfig(256, 256, 128, 8, 5, 8) needs 655 KB of fp16 shared memory: no GPU runs it
+    p = Predictor.load(model_dir, backend=backend)
+    prob = GemmProblem(m=512, n=512, k=512, dtype="float16")
+    big, a, b = GemmConfig(256, 256, 128, 8, 5, 8), GemmConfig(128, 128, 64, 8, 3, 4), GemmConfig(64, 64, 32, 8, 4, 4)
+    ms = p.predict(prob, [big, a, b])
+    assert math.isinf(ms[0]) and np.isfinite(ms[1:]).all()
+    ranked = p.rank(prob, [big, a, b], top_k=3)
+    assert [c for c, _ in ranked][2] == big and math.isinf(ranked[2][1]) and np.isfinite([t for _, t in ranked[:2]]).all()
+    assert big not in [c for c, _ in p.rank(prob, [big, a, b], top_k=2)]
+    many = p.predict_many([prob, GemmProblem(m=64, n=64, k=64, dtype="float32")], [big, a])
+    assert np.isinf(many[:, 0]).all() and np.isfinite(many[:, 1]).all()
+    assert [c for c, _ in p.rank_many([prob], [big, a], top_k=1)[0]] == [a]
+
+
+def test_default_backend_is_the_fastest_available(model_dir: Path, tmp_path: Path, monkeypatch) -> None:
+    # onnx when onnxruntime imports and the folder has model.onnx; torch otherwise; backend= still forces
+    import shutil
+
+    from perfmodel.serve import predictor as sp
+
+    assert Predictor.load(model_dir).backend == "onnx"
+    assert Predictor.load(model_dir, backend="torch").backend == "torch"
+    no_onnx = tmp_path / "m"
+    shutil.copytree(model_dir, no_onnx)
+    (no_onnx / "model.onnx").unlink()
+    assert Predictor.load(no_onnx).backend == "torch"
+    monkeypatch.setattr(sp, "_onnxruntime_available", lambda: False)
+    assert Predictor.load(model_dir).backend == "torch"
+    with pytest.raises(ValueError, match="backend"):
+        Predictor.load(model_dir, backend="tensorrt")

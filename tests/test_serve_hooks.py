@@ -36,7 +36,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def pt(model_dir: Path) -> Predictor:
-    return Predictor.load(model_dir)
+    return Predictor.load(model_dir, backend="torch")
 
 
 def _configs(names=("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")) -> list:
@@ -392,3 +392,14 @@ def test_pad_problem_layouts() -> None:
         p = si.pad_problem_from_match(None, torch.randn(10, 7).t(), torch.randn(10, 5))
         assert (p.m, p.k, p.n, p.transpose_left, p.transpose_right, p.dtype) == (7, 10, 5, True, False, "float32")
         assert si.pad_problem_from_match(None, torch.randn(8, 8)[:, ::2], torch.randn(4, 4)) is None  # no unit stride
+
+
+def test_prune_never_keeps_a_config_the_device_cannot_run(pt: Predictor) -> None:
+    # 256x256x128 with 5 stages needs 655 KB of fp16 shared memory: inf, dropped while a runnable one exists
+    big = triton.Config({"BLOCK_M": 256, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8}, num_stages=5, num_warps=8)
+    small = [triton.Config({"BLOCK_M": bm, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8}, num_stages=3, num_warps=4)
+             for bm in (32, 64)]
+    args = {"a": torch.empty(512, 512, dtype=torch.float16), "b": torch.empty(512, 512, dtype=torch.float16)}
+    kept = perfmodel_prune(top_k=3, predictor=pt)([big, *small], args)
+    assert big not in kept and set(map(id, kept)) == set(map(id, small))
+    assert perfmodel_prune(top_k=2, predictor=pt)([big], args) == [big]  # nothing runnable: Triton's own failure
