@@ -16,6 +16,7 @@ import math
 import os
 import tempfile
 import threading
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -338,6 +339,9 @@ class Predictor:
             self._default_tensors[d] = (ct, _ConfigPart.of(self._encoder, ct))
         self._config_cache: OrderedDict[bytes, tuple[torch.Tensor, Any]] = OrderedDict()
         self._config_lock = threading.Lock()
+        # id(config-set tensor) -> dtype size -> which of its configs the device can run; an entry goes
+        # with its tensor when the config cache lets that go (a benign race fills one twice)
+        self._runnable_cache: dict[int, dict[int, np.ndarray]] = {}
         self._last_configs: tuple[list[GemmConfig], tuple[torch.Tensor, Any]] | None = None
         # Ranking screens with the small "screen" head first when the model has one, and runs the gemm
         # head on the screen's best screen_keep configs per problem -- only when there are more than
@@ -464,9 +468,16 @@ class Predictor:
         """(P, C) bool: which configs the model's device can run for each problem (shared memory for its
         dtype, registers: perfmodel.configs.runnable); None when all can (the default spaces, and
         nearly every user list)."""
-        db = np.array([[p.dtype_bytes] for p in problems], dtype=np.float64)
-        ok = runnable(ct.numpy(), db, self.spec)
-        return None if ok.all() else ok
+        sizes = {p.dtype_bytes for p in problems}
+        per_size = self._runnable_cache.get(id(ct))  # the config set's tensor is cached with it (_configs)
+        if per_size is None or not sizes <= per_size.keys():
+            per_size = {b: runnable(ct.numpy(), float(b), self.spec) for b in {2, 4} | sizes}
+            if id(ct) not in self._runnable_cache:  # the entry goes with the tensor
+                weakref.finalize(ct, self._runnable_cache.pop, id(ct), None)
+            self._runnable_cache[id(ct)] = per_size
+        if all(per_size[b].all() for b in sizes):
+            return None
+        return np.stack([per_size[p.dtype_bytes] for p in problems])
 
     def _unrunnable_inf(self, ms: np.ndarray, ct: torch.Tensor, problems: Sequence[GemmProblem]) -> np.ndarray:
         """ms (P, C) with inf where the device cannot run the config (docs/design.md: such a config
