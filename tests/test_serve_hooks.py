@@ -17,7 +17,7 @@ import torch
 
 from perfmodel import GemmConfig, GemmProblem
 from perfmodel.serve import Predictor
-from perfmodel.serve._synthetic import write_synthetic_model
+from tests._synthetic import write_synthetic_model
 
 triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
