@@ -179,6 +179,7 @@ KERNEL_SCRIPT = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow
 def test_autotune_under_triton_interpreter(model_dir: Path, tmp_path: Path) -> None:
     script = tmp_path / "autotune_mm.py"  # @triton.jit needs its source in a file
     script.write_text(KERNEL_SCRIPT)

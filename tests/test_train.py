@@ -329,6 +329,7 @@ def trained(tmp_path_factory, isolated):
     return {"tmp": tmp, "res": res, "uri": f"sqlite:///{tmp}/mlflow.db"}
 
 
+@pytest.mark.slow
 def test_synthetic_dataset_loads(trained):
     from perfmodel.train.data import load_gemm, load_pad
 
@@ -339,6 +340,7 @@ def test_synthetic_dataset_loads(trained):
     assert len(load_pad(trained["tmp"] / "data").orig_ms) == 40
 
 
+@pytest.mark.slow
 def test_training_writes_a_loadable_model_folder(trained):
     from perfmodel import artifact
 
@@ -371,6 +373,7 @@ def test_training_writes_a_loadable_model_folder(trained):
     assert not [p.name for p in out.parent.iterdir() if p.name.startswith(".model")]
 
 
+@pytest.mark.slow
 def test_training_is_tracked_in_mlflow(trained):
     from mlflow import MlflowClient
 
@@ -396,6 +399,7 @@ def _snapshot(folder: Path) -> dict[str, str]:
             for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
+@pytest.mark.slow
 def test_failed_run_leaves_the_previous_model(trained, tmp_path, monkeypatch):
     from mlflow import MlflowClient
 
