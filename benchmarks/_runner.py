@@ -35,7 +35,7 @@ def resolve_model(model: Path, synthetic: bool, tmp: Path, repo: Path, synthetic
     """(model folder, label for the results) of a benchmark run: a random-weight model written under
     tmp with synthetic, else model (labelled relative to the repo, no machine path); None if missing."""
     if synthetic:
-        from perfmodel.serve._synthetic import write_synthetic_model
+        from tests._synthetic import write_synthetic_model
 
         return write_synthetic_model(tmp / "synthetic", onnx=False), synthetic_label
     if not (model / "metadata.json").is_file():

@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
                triton_plot(plt, args.triton, args.out / "triton_hook.png")]
     if not args.no_model:
         from perfmodel import artifact
-        from perfmodel.train.eval_cmd import evaluate_bundle
+        from perfmodel.train.evaluate import evaluate_bundle
 
         evaluate_bundle(artifact.load(args.model), args.data, plots=args.out)
         written += [args.out / f for f in ("pred_vs_measured.png", "ranking_efficiency.png", "per_problem_top1.png",

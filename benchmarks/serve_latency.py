@@ -277,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="perfmodel-bench-") as tmp:
         model = args.model
         if args.synthetic:
-            from perfmodel.serve._synthetic import write_synthetic_model
+            from tests._synthetic import write_synthetic_model
 
             model = write_synthetic_model(Path(tmp) / "synthetic")
         elif not (model / "metadata.json").is_file():

@@ -84,7 +84,7 @@ def _multi_gpu(args: argparse.Namespace) -> int | None:
             j = argv.index("--shard")
             del argv[j:j + 2]
         env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(d), PERFMODEL_GPU_CHILD="1")
-        procs.append(subprocess.Popen([sys.executable, "-m", "perfmodel.serve.cli", *argv,
+        procs.append(subprocess.Popen([sys.executable, "-m", "perfmodel.cli", *argv,
                                        "--shard", f"{i * g + d}/{n * g}"], env=env))
     return max(p.wait() for p in procs)
 

@@ -25,6 +25,14 @@ NUM_STAGES = (1, 2, 3, 4, 5)
 GROUP_M = (1, 2, 4, 8, 16)
 
 
+def is_column_major(shape: Any, stride: Any) -> bool:
+    """Whether a matrix operand (.., rows, cols) with these strides is stored column-major (transposed):
+    unit stride along rows, not along cols. A single column leaves it row-major. The one rule that sets
+    GemmProblem.transpose_left/right from a tensor, for every hook (Triton launches, Inductor choices)."""
+    shape, stride = tuple(shape), tuple(stride)
+    return len(shape) >= 2 and stride[-1] != 1 and stride[-2] == 1 and shape[-1] > 1
+
+
 def _norm_dtype(value: Any, field: str = "dtype") -> str:
     if isinstance(value, str):
         name = value.removeprefix("torch.")

@@ -1,46 +1,12 @@
-"""The `perfmodel` command. Each subcommand imports its folder lazily, so serving commands need
-neither Lightning nor MLflow, and `gen` needs no MLflow."""
+"""`python -m perfmodel.serve.cli`: the `perfmodel` command under its former name (perfmodel/cli.py is
+the hub; tests, docs and data_gen's worker processes call it by this name too)."""
 from __future__ import annotations
 
-import argparse
 import sys
 
+from perfmodel.cli import build_parser, main
 
-def build_parser() -> argparse.ArgumentParser:
-    from perfmodel import __version__
-
-    parser = argparse.ArgumentParser(prog="perfmodel", description="Learned Triton GEMM performance model")
-    parser.add_argument("--version", action="version", version=f"perfmodel {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-    from perfmodel.data_gen.cli import add_parsers as add_data
-
-    add_data(sub)
-    try:
-        from perfmodel.train.cli import add_parsers as add_train
-    except ImportError:
-        add_train = None
-    if add_train is not None:
-        add_train(sub)
-    from perfmodel.serve.commands import add_parsers as add_serve
-
-    add_serve(sub)
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        if args.command in ("gen", "data"):
-            from perfmodel.data_gen.cli import run
-        elif args.command in ("train", "eval"):
-            from perfmodel.train.cli import run
-        else:
-            from perfmodel.serve.commands import run
-        return run(args)
-    except (ValueError, TypeError, FileNotFoundError, RuntimeError) as exc:
-        print(f"perfmodel {args.command}: error: {exc}", file=sys.stderr)
-        return 2
-
+__all__ = ["build_parser", "main"]
 
 if __name__ == "__main__":
     sys.exit(main())

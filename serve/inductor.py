@@ -36,7 +36,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from perfmodel.schema import GemmConfig, GemmProblem, PadProblem
+from perfmodel.schema import GemmConfig, GemmProblem, PadProblem, is_column_major
 
 from .predictor import Predictor, _check_top_k
 from .triton_hook import kwargs_to_gemm
@@ -79,10 +79,6 @@ def check_torch_api() -> str | None:
     return None
 
 
-def _is_column_major(shape: Sequence[int], stride: Sequence[int]) -> bool:
-    return len(shape) == 2 and stride[-1] != 1 and stride[-2] == 1 and shape[-1] > 1
-
-
 def problem_from_kernel_inputs(kernel_inputs: Any) -> GemmProblem:
     """The GemmProblem of Inductor's MMKernelInputs (mm: nodes (mat1, mat2); addmm: (bias, mat1, mat2)).
     ValueError for what the model does not cover (batched, unsupported dtype, unhinted shapes)."""
@@ -95,8 +91,8 @@ def problem_from_kernel_inputs(kernel_inputs: Any) -> GemmProblem:
     m, n, k = (int(x) for x in kernel_inputs.mnk_hinted())
     dtype = kernel_inputs.dtypes()[i1]
     return GemmProblem(m=m, n=n, k=k, dtype=dtype,
-                       transpose_left=_is_column_major(shapes[i1], strides[i1]),
-                       transpose_right=_is_column_major(shapes[i2], strides[i2]))
+                       transpose_left=is_column_major(shapes[i1], strides[i1]),
+                       transpose_right=is_column_major(shapes[i2], strides[i2]))
 
 
 def _uid(ktc: Any) -> str | None:

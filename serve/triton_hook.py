@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from perfmodel.schema import GemmConfig, GemmProblem
+from perfmodel.schema import GemmConfig, GemmProblem, is_column_major
 
 from .predictor import Predictor
 
@@ -79,12 +79,6 @@ class _LazyPredictor:
             return self._predictor
 
 
-def _is_column_major(t: Any) -> bool:
-    # (rows, cols) with unit stride along rows: stored transposed. A dim of size 1 leaves it row-major.
-    shape, stride = tuple(t.shape), tuple(t.stride())
-    return len(shape) >= 2 and stride[-1] != 1 and stride[-2] == 1 and shape[-1] > 1
-
-
 class ProblemReader:
     """Reads the GEMM problem of a launch from its arguments (named_args and kwargs merged)."""
 
@@ -123,8 +117,8 @@ class ProblemReader:
             allow_tf32 = True if flag is None else bool(flag)
         is_fp32 = str(dtype).removeprefix("torch.") == "float32"
         return GemmProblem(m=dims["m"], n=dims["n"], k=dims["k"], dtype=dtype, allow_tf32=allow_tf32 and is_fp32,
-                           transpose_left=a is not None and _is_column_major(a),
-                           transpose_right=b is not None and _is_column_major(b))
+                           transpose_left=a is not None and is_column_major(a.shape, a.stride()),
+                           transpose_right=b is not None and is_column_major(b.shape, b.stride()))
 
 
 def perfmodel_prune(top_k: int = 5, *, predictor: Predictor | None = None, model: Any = None,

@@ -164,10 +164,21 @@ def test_stratified_sample_n_at_least_len():
     assert stratified_sample(space, len(space) + 100, seed=0) == space
 
 
+def test_inductor_default_configs_are_torchs():
+    """Our copy of Inductor's default mm list is the installed torch's own (the CUDA heuristic's
+    mm_configs, importable on the CPU), config for config and in order."""
+    try:
+        from torch._inductor.template_heuristics.triton import CUDAConfigHeuristic
+        theirs = CUDAConfigHeuristic().mm_configs
+    except (ImportError, AttributeError) as exc:
+        pytest.skip(f"torch's private CUDAConfigHeuristic().mm_configs is not importable here: {exc}")
+    ours = [(c.block_m, c.block_n, c.block_k, c.num_stages, c.num_warps, c.group_m) for c in inductor_default_configs()]
+    assert ours == [(c.block_m, c.block_n, c.block_k, c.num_stages, c.num_warps, c.group_m) for c in theirs]
+
+
 def test_inductor_default_configs_fit_h100():
     cfgs = inductor_default_configs()
-    assert len(cfgs) == 21
-    assert len(set(cfgs)) == 21
+    assert len(set(cfgs)) == len(cfgs)
     assert all(c in set(exhaustive_space()) for c in cfgs)
     # (128, 128, 128) with 4 fp16 stages needs 256 KiB of shared memory: the only default that cannot run.
     assert [c for c in cfgs if not fits(c, "float16", H100)] == [GemmConfig(128, 128, 128, 8, 4, 8)]

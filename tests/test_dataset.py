@@ -122,6 +122,7 @@ def test_one_identity(gemm, pad, retimed):
         assert len({json.dumps(h.get(field)) for h in headers}) == 1, field
 
 
+@pytest.mark.slow
 def test_cli_data_info_json(repo_root, info):
     proc = subprocess.run([sys.executable, "-m", "perfmodel.serve.cli", "data", "info", "--json"], cwd=repo_root,
                           capture_output=True, text=True, timeout=120)
@@ -168,6 +169,7 @@ def test_every_problem_retimed_in_a_quiet_process(gemm, retimed, info):
     assert info["cublas_retimed_problems"] == info["gemm_problems"]
 
 
+@pytest.mark.slow
 def test_sweep_regenerates_the_v4_problems_and_configs(repo_root):
     # The v4 sweep (data/h100-v4, resumed across device sessions) must keep drawing the same seeded
     # problems and per-group config samples: every problem in its parts is on the current problem list

@@ -13,7 +13,7 @@ from perfmodel import GemmConfig
 from perfmodel.configs import exhaustive_space, pruned_space
 from perfmodel.devices import get_spec
 from perfmodel.serve import Predictor
-from perfmodel.serve._synthetic import write_synthetic_model
+from tests._synthetic import write_synthetic_model
 
 pytest.importorskip("triton")
 from perfmodel.serve import inductor as si  # noqa: E402

@@ -105,6 +105,7 @@ def results(repo_root):
     return json.loads(line[len("RESULTS"):])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: "cfg" + "-".join(map(str, c)))
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m[0] + ("-tf32" if m[1] else ""))
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda l: ("T" if l[0] else "N") + ("T" if l[1] else "N"))

@@ -149,7 +149,7 @@ def test_wheel_installs_one_name_and_the_model(wheel_tree: Path) -> None:
     files = [p.relative_to(pkg).as_posix() for p in pkg.rglob("*") if p.is_file()]
     assert not [f for f in files if f.endswith((".jsonl.gz", ".jsonl")) or f.startswith(("data/", "tests/"))]
     (entry,) = wheel_tree.glob("perfmodel-*.dist-info/entry_points.txt")
-    assert "perfmodel = perfmodel.serve.cli:main" in entry.read_text()
+    assert "perfmodel = perfmodel.cli:main" in entry.read_text()
 
 
 def test_wheel_loads_default_model(wheel_tree: Path, tmp_path: Path) -> None:

@@ -39,7 +39,7 @@ def shipped() -> tuple[Predictor, Predictor]:
 
 
 def test_torch_onnx_and_evaluation_rank_alike(shipped) -> None:
-    from perfmodel.train.eval_cmd import head_outputs
+    from perfmodel.train.evaluate import head_outputs
     from perfmodel.train.evaluate import rank_rows
 
     pt, po = shipped

@@ -1,6 +1,6 @@
 """The Predictor against the public contract (docs/design.md).
 
-The model folders here are SYNTHETIC: random weights (perfmodel.serve._synthetic) in the real artifact format,
+The model folders here are SYNTHETIC: random weights (tests._synthetic) in the real artifact format,
 so these tests check the serving machinery -- validation, batching, backends, artifacts, threads --
 not the quality of predictions.
 """
@@ -27,7 +27,7 @@ from perfmodel.artifact import ArtifactError
 from perfmodel.configs import pruned_space
 from perfmodel.features import configs_tensor, problems_tensor
 from perfmodel.serve import Candidates, Predictor
-from perfmodel.serve._synthetic import write_synthetic_model
+from tests._synthetic import write_synthetic_model
 
 REPO = Path(__file__).resolve().parent.parent
 PROB = GemmProblem(m=4096, n=4096, k=4096, dtype="float16")

@@ -11,7 +11,7 @@ import pytest
 
 from perfmodel import GemmProblem, PadProblem
 from perfmodel.serve import Predictor
-from perfmodel.serve._synthetic import write_synthetic_model
+from tests._synthetic import write_synthetic_model
 from perfmodel.serve.cli import main
 
 REPO = Path(__file__).resolve().parent.parent

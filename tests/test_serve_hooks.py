@@ -17,7 +17,7 @@ import torch
 
 from perfmodel import GemmConfig, GemmProblem
 from perfmodel.serve import Predictor
-from perfmodel.serve._synthetic import write_synthetic_model
+from tests._synthetic import write_synthetic_model
 
 triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
@@ -179,6 +179,7 @@ KERNEL_SCRIPT = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow
 def test_autotune_under_triton_interpreter(model_dir: Path, tmp_path: Path) -> None:
     script = tmp_path / "autotune_mm.py"  # @triton.jit needs its source in a file
     script.write_text(KERNEL_SCRIPT)

@@ -8,7 +8,7 @@ import pytest
 
 from perfmodel import GemmProblem
 from perfmodel.serve import Predictor
-from perfmodel.serve._synthetic import write_synthetic_model
+from tests._synthetic import write_synthetic_model
 
 mlflow = pytest.importorskip("mlflow")
 

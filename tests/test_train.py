@@ -329,6 +329,7 @@ def trained(tmp_path_factory, isolated):
     return {"tmp": tmp, "res": res, "uri": f"sqlite:///{tmp}/mlflow.db"}
 
 
+@pytest.mark.slow
 def test_synthetic_dataset_loads(trained):
     from perfmodel.train.data import load_gemm, load_pad
 
@@ -339,6 +340,7 @@ def test_synthetic_dataset_loads(trained):
     assert len(load_pad(trained["tmp"] / "data").orig_ms) == 40
 
 
+@pytest.mark.slow
 def test_training_writes_a_loadable_model_folder(trained):
     from perfmodel import artifact
 
@@ -352,12 +354,17 @@ def test_training_writes_a_loadable_model_folder(trained):
     assert bundle.metadata["fast_dev_run"] is True
     gemm = bundle.heads["gemm"].cfg  # two seeds, averaged after each one's floor
     assert (gemm.members, gemm.average, gemm.hidden) == (2, "after_floor", (64, 64))
-    assert bundle.heads["pad"].cfg.members == 5 and bundle.heads["pad"].cfg.average == "before_floor"
+    s = _settings(trained["tmp"], out)
+    pad = bundle.heads["pad"].cfg
+    assert (pad.members, pad.average) == (s.pad_members, "before_floor")
+    assert pad.hidden == tuple(w * s.pad_members for w in s.pad_hidden)  # the members side by side
+    assert bundle.heads["cublas"].cfg.hidden == s.cublas_hidden
     assert bundle.metadata["dataset"]["gemm_problems"] == 32
     assert sum(bundle.metadata["split"].values()) == 32
     card = (out / "MODEL_CARD.md").read_text()
     assert "pytest tests/test_train.py" in card and bundle.metadata["dataset"]["sha256"] in card
-    assert "gemm 2 x 32x32, averaged after floor" in card and "pad 5 x 128x128x128, averaged before floor" in card
+    assert "gemm 2 x 32x32, averaged after floor" in card and (f"pad {s.pad_members} x {'x'.join(map(str, s.pad_hidden))}, "
+                                                                   "averaged before floor") in card
     from perfmodel import __version__
 
     assert bundle.metadata["package_version"] == __version__  # the perfmodel that trained it
@@ -366,6 +373,7 @@ def test_training_writes_a_loadable_model_folder(trained):
     assert not [p.name for p in out.parent.iterdir() if p.name.startswith(".model")]
 
 
+@pytest.mark.slow
 def test_training_is_tracked_in_mlflow(trained):
     from mlflow import MlflowClient
 
@@ -391,6 +399,7 @@ def _snapshot(folder: Path) -> dict[str, str]:
             for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
+@pytest.mark.slow
 def test_failed_run_leaves_the_previous_model(trained, tmp_path, monkeypatch):
     from mlflow import MlflowClient
 
@@ -424,6 +433,25 @@ def test_failed_run_leaves_the_previous_model(trained, tmp_path, monkeypatch):
 
 
 # ---------------------------------------------------------------- (f) the CLI
+
+def test_train_flags_are_the_settings_fields():
+    """`perfmodel train` has one flag per TrainSettings field; no flags give the defaults."""
+    import argparse
+    import dataclasses
+
+    from perfmodel.train.cli import add_settings_arguments, settings_from_args
+    from perfmodel.train.pipeline import TrainSettings
+
+    parser = argparse.ArgumentParser()
+    add_settings_arguments(parser)
+    assert settings_from_args(parser.parse_args([])) == TrainSettings()
+    dests = {a.dest for a in parser._actions} - {"help"}
+    assert dests == {f.name for f in dataclasses.fields(TrainSettings)} - {"command"}
+    s = settings_from_args(parser.parse_args(["--pad-hidden", "64,32", "--screen-hidden", "", "--devices", "2",
+                                              "--register-name", "", "--no-baselines", "--fast-dev-run"]))
+    assert (s.pad_hidden, s.screen_hidden, s.devices, s.register_name) == ((64, 32), (), 2, None)
+    assert (s.baselines, s.fast_dev_run, s.progress) == (False, True, True)
+
 
 @pytest.mark.parametrize("command, option", [("train", "--epochs"), ("eval", "--model")])
 def test_cli_help(command, option):

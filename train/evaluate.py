@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from perfmodel.configs import inductor_default_configs
+from perfmodel import artifact
 from perfmodel.ranking import screened_rank, screens
 
 from .data import GemmTable, PadTable
@@ -212,3 +213,96 @@ def format_table(results: dict[str, dict[str, float]], keys: list[str]) -> str:
 
 
 ScoreFn = Callable[[GemmTable], np.ndarray]
+
+
+def evaluate_bundle(bundle, data, *, seed: int | None = None,
+                    baselines: dict[str, tuple] | None = None, plots=None) -> dict:
+    """The held-out metrics of a model (its heads on the test split of `data`), with baselines: the one
+    evaluation that `perfmodel train` (before writing the folder) and `perfmodel eval` (on a folder) run.
+
+    data: the dataset folder, or its loaded (GemmTable, PadTable). seed: the split seed (default: the
+    model's metadata, settings.seed). baselines: {name: (head, encoder)} of trained baselines to evaluate
+    alike; None: the baselines recorded in the model's metadata at training ("... (training run)").
+    plots: a folder to write the held-out plots into (train/plots.py), or None.
+    Returns {"results": {method: metrics}, "cublas": ..., "pad": ..., "test_problems": n}."""
+    from perfmodel.analytic import estimate_ms
+
+    from .data import load_gemm, load_pad, split_problems
+
+    if seed is None:
+        seed = int(bundle.metadata.get("settings", {}).get("seed", 0))
+    gemm, pads = data if isinstance(data, tuple) else (load_gemm(data), None)
+    split = split_problems(gemm.modes, seed)
+    test = gemm.subset(split == 2)
+    P, C = torch.from_numpy(test.problems[test.problem_idx]), torch.from_numpy(test.configs)
+    with torch.inference_mode():
+        x = bundle.encoders["gemm"].encode(P, C)
+        score, pred = head_outputs(bundle.heads["gemm"], x)
+        screen = head_outputs(bundle.heads["screen"], x)[0] if "screen" in bundle.heads else None
+        keep = bundle.screen_keep
+        results = {"perfmodel": rank_path(test, pred, screen, keep, score)}
+        if screen is not None:
+            results["perfmodel, gemm head on every config"] = summarize(test, pred, score)
+            full_space = full_space_agreement(bundle, test, keep)
+        if baselines is None:
+            if "PR 156851 model" in bundle.metadata.get("baselines", {}):
+                results["PR 156851 model (training run)"] = bundle.metadata["baselines"]["PR 156851 model"]
+        else:
+            for name, (head, enc) in baselines.items():
+                results[name] = summarize(test, head.eval()(enc.encode(P, C)).double().numpy())
+        results["analytic (Triton-style)"] = summarize(test, np.log(estimate_ms(P, C, bundle.spec).numpy()))
+        results["random choice"] = random_choice(test)
+        d = inductor_defaults(test)
+        results["Inductor defaults, best measured"] = {k.replace("best_of_defaults_eff", "top1_eff"): v for k, v in d.items()}
+        best_pred = np.full(len(test.problems), np.inf)
+        np.minimum.at(best_pred, test.problem_idx, pred)
+        cx = bundle.encoders["cublas"].encode(torch.from_numpy(test.problems))
+        cmet = cublas_metrics(test, bundle.heads["cublas"].eval()(cx).double().numpy(), best_pred)
+        pmet = {}
+        if "pad" in bundle.heads:
+            pads = pads if pads is not None else load_pad(data)
+            ps = split_problems(pads.modes, seed) == 2
+            pt = PadTable(pads.pads[ps], pads.orig_ms[ps], pads.padded_ms[ps], pads.modes[ps])
+            px = bundle.encoders["pad"].encode_pad(torch.from_numpy(pt.pads))
+            pmet = pad_metrics(pt, bundle.heads["pad"].eval()(px).double().numpy(), bundle.pad_threshold)
+        if screen is not None:
+            cmet.update(full_space)
+    if plots is not None:
+        from .plots import model_plots
+
+        rank_score = screened(test, score, pred, screen, keep) if screen is not None else None
+        model_plots(test, pred, plots, rank_score, results)
+    return {"results": results, "cublas": cmet, "pad": pmet, "test_problems": int(len(test.problems))}
+
+
+def full_space_agreement(bundle: artifact.ModelBundle, test, keep: int) -> dict[str, float]:
+    """Over each test problem's whole pruned config space (1,199-1,431 configs, most never measured):
+    the gemm head's predicted time of its own best config / of the rank path's pick (screen, then the
+    gemm head on the screen's best `keep`). 1.0 = the screen never costs the rank path anything, in the
+    gemm head's own terms; measured efficiency on the space is not available."""
+    from perfmodel.configs import pruned_space
+    from perfmodel.features import configs_tensor
+
+    enc, gemm, screen = bundle.encoders["gemm"], bundle.heads["gemm"], bundle.heads["screen"]
+    ratios = []
+    spaces = {}
+    for prob, mode in zip(test.problems, test.modes):
+        dtype = "float32" if mode == "tf32" else str(mode)
+        if dtype not in spaces:
+            spaces[dtype] = configs_tensor(pruned_space(dtype, bundle.spec))
+        ct = spaces[dtype]
+        x = enc.encode_cross(torch.from_numpy(prob[None, :]), ct)
+        (z, g), s = head_outputs(gemm, x), head_outputs(screen, x)[0]
+        best = rank_rows(z, g, None, keep, 1)[1][0]           # the gemm head on every config
+        pick = rank_rows(z, g, s, keep, 1)[1][0]              # the rank path
+        ratios.append(np.exp(best - pick))
+    r = np.asarray(ratios)
+    return {"screen/full_space_top1_vs_gemm_head": float(np.exp(np.log(r).mean())),
+            "screen/full_space_worst": float(r.min()), "screen/full_space_same_pick": float((r == 1.0).mean())}
+
+
+def head_outputs(head, x: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """(score, log ms) of a head on rows x, float64 (PerfMLP.score: what ranking sorts by)."""
+    with torch.inference_mode():
+        z = head.score(x)
+        return z.double().numpy(), head.floor(z, x).double().numpy()

@@ -15,7 +15,6 @@ import numpy as np
 import torch
 
 from perfmodel import __version__, artifact
-from perfmodel.analytic import estimate_ms
 from perfmodel.devices import DEFAULT_DEVICE, get_spec
 from perfmodel.features import FeatureEncoder
 from perfmodel.locations import checkout_root, default_data_dir, default_model_dir
@@ -23,43 +22,67 @@ from perfmodel.model import MLPConfig, PerfMLP, floor_features
 
 from . import evaluate as ev
 from .data import GemmTable, PadTable, dataset_hash, load_gemm, load_pad, make_loader, split_problems
-from .plots import model_plots
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 
 
+def _setting(default: Any = None, help: str = "", *, factory: Any = None, flag: str | None = None,
+             choices: tuple[str, ...] | None = None, cli: bool = True) -> Any:
+    """A TrainSettings field: its default, and what `perfmodel train` makes of it (train/cli.py
+    generates one flag per field, --<name> with dashes, typed by the annotation, helped by `help`)."""
+    meta = {"help": help, "flag": flag, "choices": choices, "cli": cli}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
 @dataclass
 class TrainSettings:
-    data: Path = field(default_factory=default_data_dir)
-    out: Path = field(default_factory=default_model_dir)  # replaces the shipped default model
-    device_spec: str = DEFAULT_DEVICE
-    seed: int = 0
-    epochs: int = 40
-    hidden: tuple[int, ...] = (256, 256, 256)  # 3x128 missed the bf16/fp32 top-1 targets on the v2 data
-    norm: str = "batch"
-    lr: float = 2e-3
-    weight_decay: float = 1e-5
-    rank_weight: float = 2.0          # weight of the within-problem (ranking) loss term
-    rank_tau: float = 0.3             # its focus on fast configs (0: uniform)
-    problems_per_batch: int = 16
-    small_head_epochs: int = 150       # cuBLAS and pad heads (a few thousand rows)
-    screen_hidden: tuple[int, ...] = (64, 64)  # the screen head: ranks every config cheaply for serving
-    screen_epochs: int = 40
-    screen_keep: int = artifact.DEFAULT_SCREEN_KEEP  # configs per problem the gemm head scores after the screen
-    pad_members: int = 5               # the pad head averages this many seeds (one MLP, PerfMLP.ensemble)
-    gemm_members: int = 1              # the gemm head averages this many seeds' log ms (each floored first:
-                                       # their raw outputs below the overhead are not fitted)
-    baselines: bool = True             # also train/evaluate the PR 156851 baseline
-    accelerator: str = "cpu"
-    devices: str = "auto"
-    strategy: str = "auto"
-    tracking_uri: str | None = None    # default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db
-    experiment: str = "perfmodel"
-    register_name: str | None = "perfmodel-h100"
-    alias: str = "candidate"
-    fast_dev_run: bool = False
-    progress: bool = True
-    command: str = ""
+    """Every setting of a training run; recorded in the model's metadata and the MLflow run.
+    `perfmodel train` has one flag per field (train/cli.py): adding a setting is one line here."""
+    data: Path = _setting(factory=default_data_dir, help="dataset folder")
+    out: Path = _setting(factory=default_model_dir,  # replaces the shipped default model
+                         help="model folder to write (replaced only on success)")
+    device_spec: str = _setting(DEFAULT_DEVICE, "device the model predicts for (perfmodel.devices)")
+    # ---- the gemm head (Triton config runtime)
+    epochs: int = _setting(40)
+    hidden: tuple[int, ...] = _setting((256, 256, 256),  # 3x128 missed the bf16/fp32 top-1 targets on the v2 data
+                                       "hidden widths, e.g. 256,256,256,256")
+    norm: str = _setting("batch", choices=("batch", "layer", "none"))
+    lr: float = _setting(2e-3)
+    weight_decay: float = _setting(1e-5)
+    rank_weight: float = _setting(2.0, "weight of the within-problem loss")
+    rank_tau: float = _setting(0.3, "focus of that term on fast configs (0: uniform)")
+    problems_per_batch: int = _setting(16)
+    # ---- the cuBLAS and pad heads (a few thousand rows)
+    small_head_epochs: int = _setting(150)
+    cublas_hidden: tuple[int, ...] = _setting((128, 128, 128), "hidden widths of the cuBLAS head")
+    pad_hidden: tuple[int, ...] = _setting((128, 128, 128), "hidden widths of each pad head member")
+    # ---- the screen head: ranks every config cheaply for serving
+    screen_hidden: tuple[int, ...] = _setting(
+        (64, 64), "hidden widths of the screen head ('' for none: rank scores every config with the gemm head)")
+    screen_epochs: int = _setting(40)
+    pad_members: int = _setting(5, "seeds averaged into the pad head")  # one MLP, PerfMLP.ensemble
+    gemm_members: int = _setting(1, "seeds averaged into the gemm head")  # each one's log ms floored first:
+    # their raw outputs below the overhead are not fitted
+    screen_keep: int = _setting(artifact.DEFAULT_SCREEN_KEEP,
+                                "configs per problem that the gemm head scores after the screen")
+    seed: int = _setting(0)
+    # ---- the PR 156851 baseline (its 12 features, 6x256, BatchNorm, no learned overhead)
+    baselines: bool = _setting(True, "skip training the PR 156851 baseline", flag="--no-baselines")
+    baseline_hidden: tuple[int, ...] = _setting((256,) * 6, "hidden widths of the PR 156851 baseline")
+    # ---- Lightning
+    accelerator: str = _setting("cpu", "Lightning accelerator: cpu, gpu, auto")
+    devices: int | str = _setting("auto", "Lightning devices (e.g. 2 for two-GPU DDP)")
+    strategy: str = _setting("auto", "Lightning strategy (e.g. ddp)")
+    # ---- MLflow
+    tracking_uri: str | None = _setting(None, "MLflow URI (default $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
+    experiment: str = _setting("perfmodel")
+    register_name: str | None = _setting("perfmodel-h100", "registered model name ('' to skip)")
+    alias: str = _setting("candidate")
+    fast_dev_run: bool = _setting(False, "one batch per stage (smoke test)")
+    progress: bool = _setting(True, flag="--no-progress")
+    command: str = _setting("", cli=False)  # the command line, for the model card (set by the CLI)
 
 
 def tracking_uri(settings: TrainSettings) -> str:
@@ -184,21 +207,117 @@ def _dataset_path(data: Path) -> str:
     return os.path.relpath(data, root) if root is not None else _portable(data)
 
 
+@dataclass
+class TrainData:
+    """The dataset of a run, encoded, with its split by problem (0 train, 1 val, 2 test)."""
+    spec: Any
+    gemm: GemmTable
+    pads: PadTable
+    split: np.ndarray        # (problems,)
+    row_split: np.ndarray    # (gemm rows,)
+    pad_split: np.ndarray    # (pad rows,)
+    enc: FeatureEncoder      # gemm rows
+    x: torch.Tensor          # (gemm rows, features)
+    y: torch.Tensor          # (gemm rows,) log ms
+
+
+def load_data(settings: TrainSettings) -> TrainData:
+    spec = get_spec(settings.device_spec)
+    gemm = load_gemm(settings.data)
+    pads = load_pad(settings.data)
+    split = split_problems(gemm.modes, settings.seed)
+    enc = FeatureEncoder(spec, "gemm")
+    x = enc.encode(torch.from_numpy(gemm.problems[gemm.problem_idx]), torch.from_numpy(gemm.configs))
+    y = torch.from_numpy(np.log(gemm.ms)).float()
+    return TrainData(spec, gemm, pads, split, split[gemm.problem_idx], split_problems(pads.modes, settings.seed),
+                     enc, x, y)
+
+
+def fit_heads(settings: TrainSettings, d: TrainData, logger) -> artifact.ModelBundle:
+    """The served heads (gemm, screen, cublas, pad) as a bundle, its metadata not yet written."""
+    enc, x, gemm = d.enc, d.x, d.gemm
+    gemm_head = _fit_members(lambda: PerfMLP(MLPConfig(len(enc), settings.hidden, settings.norm,
+                                                       floor_features=floor_features(enc.names, 1))),
+                             settings.gemm_members, x, d.y, d.row_split, gemm.problem_idx, settings, logger,
+                             settings.epochs, "gemm", settings.rank_weight, average="after_floor")
+    heads, encoders = {"gemm": gemm_head}, {"gemm": enc}
+    # The screen head learns the gemm head's predictions (distillation: it must keep the configs the
+    # gemm head would rank first, not re-learn the timings), with the within-problem ranking term.
+    screen_head = None
+    if settings.screen_hidden:
+        screen_y = torch.from_numpy(predict_rows(gemm_head, x)).float()
+        screen_head = fit_head(PerfMLP(MLPConfig(len(enc), settings.screen_hidden, settings.norm,
+                                                 floor_features=floor_features(enc.names, 1))), x, screen_y,
+                               d.row_split, gemm.problem_idx, settings, logger, settings.screen_epochs, "screen_", 1.0)
+
+    cenc = FeatureEncoder(d.spec, "cublas")
+    has_cb = np.isfinite(gemm.cublas_ms)
+    cx = cenc.encode(torch.from_numpy(gemm.problems[has_cb]))
+    cy = torch.from_numpy(np.log(gemm.cublas_ms[has_cb])).float()
+    heads["cublas"] = fit_head(PerfMLP(MLPConfig(len(cenc), settings.cublas_hidden, settings.norm,
+                                                 floor_features=floor_features(cenc.names, 1))), cx, cy,
+                               d.split[has_cb], None, settings, logger, settings.small_head_epochs, "cublas_", 0.0)
+    encoders["cublas"] = cenc
+
+    penc = FeatureEncoder(d.spec, "pad")
+    px = penc.encode_pad(torch.from_numpy(d.pads.pads))
+    py = torch.from_numpy(np.log(np.stack([d.pads.orig_ms, d.pads.padded_ms], 1))).float()
+    # Single pad heads vary by seed (1.02-1.05x of the oracle's total time on held-out problems): their
+    # average is steadier, and written as one wider MLP it serves and exports like any head.
+    heads["pad"] = _fit_members(lambda: PerfMLP(MLPConfig(len(penc), settings.pad_hidden, settings.norm, n_outputs=2,
+                                                          floor_features=floor_features(penc.names, 2))),
+                                settings.pad_members, px, py, d.pad_split, None, settings, logger,
+                                settings.small_head_epochs, "pad", 0.0)
+    encoders["pad"] = penc
+    if screen_head is not None:
+        heads["screen"], encoders["screen"] = screen_head, enc
+    # What the evaluation reads from the metadata before the folder's own is written.
+    return artifact.ModelBundle(d.spec, heads, encoders, {"screen_keep": settings.screen_keep, "pad_threshold": 1.0})
+
+
+def fit_baselines(settings: TrainSettings, d: TrainData, logger) -> dict[str, tuple[PerfMLP, FeatureEncoder]]:
+    """{name: (head, encoder)} of the baselines trained alongside (the PR 156851 model), for the evaluation."""
+    if not settings.baselines:
+        return {}
+    benc = FeatureEncoder(d.spec, "pr156851")
+    bx = benc.encode(torch.from_numpy(d.gemm.problems[d.gemm.problem_idx]), torch.from_numpy(d.gemm.configs))
+    base = fit_head(PerfMLP(MLPConfig(len(benc), settings.baseline_hidden, "batch", learn_overhead=False)), bx, d.y,
+                    d.row_split, d.gemm.problem_idx, settings, logger, settings.epochs, "pr156851_", 0.0)
+    return {"PR 156851 model": (base, benc)}
+
+
+def model_metadata(settings: TrainSettings, d: TrainData, bundle: artifact.ModelBundle, evaluation: dict,
+                   params: dict[str, Any], run_id: str, train_seconds: float) -> dict[str, Any]:
+    results = evaluation["results"]
+    meta = {
+        "device": d.spec.name,
+        "dataset": {"path": _dataset_path(settings.data), "sha256": dataset_hash(settings.data),
+                    "gemm_rows": int(len(d.gemm.ms)), "gemm_problems": int(len(d.gemm.problems)),
+                    "pad_rows": int(len(d.pads.orig_ms))},
+        "split": {"train": int((d.split == 0).sum()), "val": int((d.split == 1).sum()), "test": int((d.split == 2).sum())},
+        "metrics": results["perfmodel"], "baselines": {k: v for k, v in results.items() if k != "perfmodel"},
+        "cublas_metrics": evaluation["cublas"], "pad_metrics": evaluation["pad"], "pad_threshold": 1.0,
+        "screen_keep": settings.screen_keep,
+        "settings": {k: v for k, v in params.items()}, "training_command": settings.command,
+        "train_seconds": train_seconds,
+        "learned_overhead_ms": float(bundle.heads["gemm"].log_overhead.detach().mean().exp()),
+        "mlflow_run_id": run_id, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "package_version": __version__,  # the perfmodel that trained it
+    }
+    if settings.fast_dev_run:
+        meta["fast_dev_run"] = True
+    return meta
+
+
 def run(settings: TrainSettings) -> dict[str, Any]:
+    """Load the data, fit the heads and the baselines, evaluate them on held-out problems, write the
+    model folder, and record it all in MLflow (registering the folder under settings.register_name)."""
     import mlflow
     from lightning.pytorch.loggers import MLFlowLogger
 
     t_start = time.perf_counter()
     torch.manual_seed(settings.seed)
-    spec = get_spec(settings.device_spec)
-    gemm = load_gemm(settings.data)
-    pads = load_pad(settings.data)
-    split = split_problems(gemm.modes, settings.seed)
-    row_split = split[gemm.problem_idx]
-
-    enc = FeatureEncoder(spec, "gemm")
-    x = enc.encode(torch.from_numpy(gemm.problems[gemm.problem_idx]), torch.from_numpy(gemm.configs))
-    y = torch.from_numpy(np.log(gemm.ms)).float()
+    d = load_data(settings)
 
     uri = tracking_uri(settings)
     mlflow.set_tracking_uri(uri)
@@ -214,103 +333,20 @@ def run(settings: TrainSettings) -> dict[str, Any]:
         mlflow.log_param("dataset_sha256", dataset_hash(settings.data))
         mlflow.log_param("package_version", __version__)
 
-        gemm_head = _fit_members(lambda: PerfMLP(MLPConfig(len(enc), settings.hidden, settings.norm,
-                                                                   floor_features=floor_features(enc.names, 1))),
-                                 settings.gemm_members, x, y, row_split, gemm.problem_idx, settings, logger,
-                                 settings.epochs, "gemm", settings.rank_weight, average="after_floor")
-        # The screen head learns the gemm head's predictions (distillation: it must keep the configs the
-        # gemm head would rank first, not re-learn the timings), with the within-problem ranking term.
-        screen_head = None
-        if settings.screen_hidden:
-            screen_y = torch.from_numpy(predict_rows(gemm_head, x)).float()
-            screen_head = fit_head(PerfMLP(MLPConfig(len(enc), settings.screen_hidden, settings.norm,
-                                                      floor_features=floor_features(enc.names, 1))), x, screen_y,
-                                   row_split, gemm.problem_idx, settings, logger, settings.screen_epochs, "screen_", 1.0)
-
-        cenc = FeatureEncoder(spec, "cublas")
-        has_cb = np.isfinite(gemm.cublas_ms)
-        cx = cenc.encode(torch.from_numpy(gemm.problems[has_cb]))
-        cy = torch.from_numpy(np.log(gemm.cublas_ms[has_cb])).float()
-        cublas_head = fit_head(PerfMLP(MLPConfig(len(cenc), (128, 128, 128), settings.norm,
-                                                  floor_features=floor_features(cenc.names, 1))), cx, cy,
-                               split[has_cb], None, settings, logger, settings.small_head_epochs, "cublas_", 0.0)
-
-        penc = FeatureEncoder(spec, "pad")
-        px = penc.encode_pad(torch.from_numpy(pads.pads))
-        py = torch.from_numpy(np.log(np.stack([pads.orig_ms, pads.padded_ms], 1))).float()
-        pad_split = split_problems(pads.modes, settings.seed)
-        # Single pad heads vary by seed (1.02-1.05x of the oracle's total time on held-out problems): their
-        # average is steadier, and written as one wider MLP it serves and exports like any head.
-        pad_head = _fit_members(lambda: PerfMLP(MLPConfig(len(penc), (128, 128, 128), settings.norm, n_outputs=2,
-                                                            floor_features=floor_features(penc.names, 2))),
-                                settings.pad_members, px, py, pad_split, None, settings, logger,
-                                settings.small_head_epochs, "pad", 0.0)
-
-        # ---- evaluation on held-out problems
-        test = gemm.subset(split == 2)
-        xt = x[torch.from_numpy(row_split == 2)]
-        from .eval_cmd import head_outputs
-
-        score, pred = head_outputs(gemm_head.eval(), xt)
-        screen_pred = head_outputs(screen_head.eval(), xt)[0] if screen_head is not None else None
-        results = {"perfmodel": ev.rank_path(test, pred, screen_pred, settings.screen_keep, score)}
-        if screen_head is not None:
-            results["perfmodel, gemm head on every config"] = ev.summarize(test, pred, score)
-        if settings.baselines:
-            benc = FeatureEncoder(spec, "pr156851")
-            bx = benc.encode(torch.from_numpy(gemm.problems[gemm.problem_idx]), torch.from_numpy(gemm.configs))
-            base = fit_head(PerfMLP(MLPConfig(12, (256,) * 6, "batch", learn_overhead=False)), bx, y, row_split,
-                            gemm.problem_idx, settings, logger, settings.epochs, "pr156851_", 0.0)
-            results["PR 156851 model"] = ev.summarize(test, predict_rows(base, bx[torch.from_numpy(row_split == 2)]))
-        analytic = estimate_ms(torch.from_numpy(test.problems[test.problem_idx]), torch.from_numpy(test.configs), spec)
-        results["analytic (Triton-style)"] = ev.summarize(test, np.log(analytic.numpy()))
-        results["random choice"] = ev.random_choice(test)
-        defaults = ev.inductor_defaults(test)
-        results["Inductor defaults, best measured"] = {k.replace("best_of_defaults_eff", "top1_eff"): v
-                                                      for k, v in defaults.items()}
-        # cuBLAS and pad heads
-        best_pred = np.full(len(test.problems), np.inf)
-        np.minimum.at(best_pred, test.problem_idx, pred)
-        cmet = ev.cublas_metrics(test, predict_rows(cublas_head, cenc.encode(torch.from_numpy(test.problems))), best_pred)
-        ptest = pad_split == 2
-        ptable = PadTable(pads.pads[ptest], pads.orig_ms[ptest], pads.padded_ms[ptest], pads.modes[ptest])
-        pmet = ev.pad_metrics(ptable, predict_rows(pad_head, px[torch.from_numpy(ptest)]))
-
-        heads = {"gemm": gemm_head, "cublas": cublas_head, "pad": pad_head}
-        encoders = {"gemm": enc, "cublas": cenc, "pad": penc}
-        if screen_head is not None:
-            heads["screen"], encoders["screen"] = screen_head, enc
-            from .eval_cmd import full_space_agreement
-
-            with torch.inference_mode():
-                cmet.update(full_space_agreement(artifact.ModelBundle(spec, heads, encoders), test, settings.screen_keep))
-
+        bundle = fit_heads(settings, d, logger)
+        baselines = fit_baselines(settings, d, logger)
+        with tempfile.TemporaryDirectory() as plots:
+            evaluation = ev.evaluate_bundle(bundle, (d.gemm, d.pads), seed=settings.seed, baselines=baselines,
+                                            plots=Path(plots))
+            mlflow.log_artifacts(plots, "plots")
+        results, cmet, pmet = evaluation["results"], evaluation["cublas"], evaluation["pad"]
         flat = {f"{method}/{k}": v for method, m in results.items() for k, v in m.items()}
         mlflow.log_metrics({_mlflow_key(k): float(v) for k, v in {**flat, **cmet, **pmet}.items()
                             if v is not None and np.isfinite(v)})
         train_seconds = time.perf_counter() - t_start
 
-        bundle = artifact.ModelBundle(spec, heads, encoders)
-        meta = {
-            "device": spec.name,
-            "dataset": {"path": _dataset_path(settings.data), "sha256": dataset_hash(settings.data),
-                        "gemm_rows": int(len(gemm.ms)), "gemm_problems": int(len(gemm.problems)),
-                        "pad_rows": int(len(pads.orig_ms))},
-            "split": {"train": int((split == 0).sum()), "val": int((split == 1).sum()), "test": int((split == 2).sum())},
-            "metrics": results["perfmodel"], "baselines": {k: v for k, v in results.items() if k != "perfmodel"},
-            "cublas_metrics": cmet, "pad_metrics": pmet, "pad_threshold": 1.0, "screen_keep": settings.screen_keep,
-            "settings": {k: v for k, v in params.items()}, "training_command": settings.command,
-            "train_seconds": train_seconds, "learned_overhead_ms": float(gemm_head.log_overhead.detach().mean().exp()),
-            "mlflow_run_id": run.info.run_id, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "package_version": __version__,  # the perfmodel that trained it
-        }
-        if settings.fast_dev_run:
-            meta["fast_dev_run"] = True
+        meta = model_metadata(settings, d, bundle, evaluation, params, run.info.run_id, train_seconds)
         out = write_model_folder(bundle, meta, settings.out)
-        with tempfile.TemporaryDirectory() as tmp:
-            rank_score = ev.screened(test, pred, screen_pred, settings.screen_keep) if screen_pred is not None else None
-            for p in model_plots(test, pred, Path(tmp), rank_score, results):
-                mlflow.log_artifact(str(p), "plots")
         mlflow.log_artifacts(str(out), "model")
         version = None
         if settings.register_name:

@@ -3,6 +3,9 @@ serving path before a trained model exists. Its predictions mean nothing.
 
 The normalisation statistics are those of a realistic sample of problems and configs, and every
 BatchNorm carries non-trivial running statistics, so that folding and standardisation are exercised.
+
+A test fixture, not part of the package (the wheel does not ship tests/): tests import it as
+tests._synthetic, and benchmarks (--synthetic) likewise, with the repo root on sys.path.
 """
 from __future__ import annotations
 
@@ -103,6 +106,6 @@ def write_synthetic_model(folder: Path, seed: int = 0, onnx: bool = True, **kwar
     if onnx:
         export_onnx(bundle, folder / "model.onnx")
     (folder / "MODEL_CARD.md").write_text(
-        "# SYNTHETIC model (random weights)\n\nWritten by perfmodel.serve._synthetic.write_synthetic_model for tests "
+        "# SYNTHETIC model (random weights)\n\nWritten by tests._synthetic.write_synthetic_model for tests "
         f"and latency benchmarks (seed {seed}). Its predictions mean nothing.\n")
     return folder

@@ -1,0 +1,48 @@
+"""The `perfmodel` command (console script perfmodel.cli:main; `python -m perfmodel.cli`, and the older
+`python -m perfmodel.serve.cli`, run the same). Each subcommand imports its subpackage lazily, so serving
+commands need neither Lightning nor MLflow, and `gen` needs no MLflow; importing this module imports
+none of them."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from perfmodel import __version__
+
+    parser = argparse.ArgumentParser(prog="perfmodel", description="Learned Triton GEMM performance model")
+    parser.add_argument("--version", action="version", version=f"perfmodel {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    from perfmodel.data_gen.cli import add_parsers as add_data
+
+    add_data(sub)
+    try:
+        from perfmodel.train.cli import add_parsers as add_train
+    except ImportError:
+        add_train = None
+    if add_train is not None:
+        add_train(sub)
+    from perfmodel.serve.commands import add_parsers as add_serve
+
+    add_serve(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command in ("gen", "data"):
+            from perfmodel.data_gen.cli import run
+        elif args.command in ("train", "eval"):
+            from perfmodel.train.cli import run
+        else:
+            from perfmodel.serve.commands import run
+        return run(args)
+    except (ValueError, TypeError, FileNotFoundError, RuntimeError) as exc:
+        print(f"perfmodel {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
