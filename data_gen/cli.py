@@ -39,7 +39,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         g.add_argument("--stats", type=Path, default=None, help="write the run's statistics (JSON) here")
         g.add_argument("--no-progress", action="store_true")
         if name == "gemm":
-            from .gemm_sweep import GemmSweepSettings
+            from .settings import GemmSweepSettings
 
             d = GemmSweepSettings()
             g.add_argument("--n-random", type=int, default=d.n_random, help="random problems beside the real-model shapes")
@@ -119,7 +119,8 @@ def run(args: argparse.Namespace) -> int:
 
     timing = TimingSettings(budget_ms=args.budget_ms, pre_sleep_us=args.pre_sleep_us)
     if args.gen_kind == "gemm":
-        from .gemm_sweep import GemmSweepSettings, run as run_gemm
+        from .gemm_sweep import run as run_gemm
+        from .settings import GemmSweepSettings
 
         only = None
         if args.problems_from is not None:

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import textwrap
 import zipfile
 from pathlib import Path
 
@@ -20,6 +21,7 @@ SUBPACKAGES = ("serve", "train", "data_gen")
 # repo root on PYTHONPATH can provide perfmodel (the GPU machine's plain checkout, nothing installed).
 PLAIN_CHECKOUT = """
 import sys
+import textwrap
 sys.meta_path[:] = [f for f in sys.meta_path if "__editable__" not in getattr(f, "__module__", "")]
 sys.path[:] = [p for p in sys.path if "__editable__" not in p]
 """
@@ -196,3 +198,21 @@ runpy.run_module("perfmodel.serve.cli", run_name="__main__", alter_sys=True)
     r = _run(code, tmp_path, {"PYTHONPATH": str(REPO)})
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == f"perfmodel {__version__}"
+
+
+def test_cli_builds_without_triton(repo_root):
+    # A plain `pip install perfmodel` has no triton (it is the `gen` extra): the CLI's parser, and the
+    # serving commands, must not import it (CI's wheel check caught `perfmodel rank` doing so once).
+    code = textwrap.dedent("""
+        import sys
+        class Block:
+            def find_spec(self, name, path=None, target=None):
+                if name == "triton" or name.startswith("triton."):
+                    raise ModuleNotFoundError("No module named 'triton' (blocked by the test)")
+        sys.meta_path.insert(0, Block())
+        from perfmodel.cli import main
+        sys.exit(main(["rank", "--m", "64", "--n", "64", "--k", "64", "--top-k", "2", "--json"]))
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=repo_root, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "triton" not in r.stderr
