@@ -27,15 +27,19 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     for name in ("gemm", "pad", "cublas"):
         g = gsub.add_parser(name, help=f"the {name} sweep" if name != "cublas" else
                             "re-time torch.mm for every GEMM problem of --source, in a quiet process")
-        g.add_argument("--out", type=Path, default=Path("data/h100"), help="dataset folder (resumes if it has parts)")
+        g.add_argument("--out", type=Path, default=Path("data/h100-v4"),
+                       help="dataset folder (resumes if it has parts; default: the v4 sweep in progress)")
         if name != "cublas":  # the re-time takes its problems from --source, on one GPU
             g.add_argument("--shard", type=parse_shard, default=(0, 1), help="i/n: this machine's share of the sweep")
             g.add_argument("--seed", type=int, default=0)
             g.add_argument("--max-problems", type=int, default=None, help="stop after this many new problems")
         g.add_argument("--device-spec", default=None, help="datasheet spec name (default: matched from the GPU)")
         g.add_argument("--budget-ms", type=float, default=0.8, help="GPU ms of timed runs per config")
-        g.add_argument("--pre-sleep-us", type=float, default=100.0,
-                       help="GPU spin before each timed run, hiding host launch latency (0: none)")
+        # The spin must outlast the host's enqueue of one timed call: one kernel in the GEMM sweep, a
+        # torch.mm (cuBLAS picks its kernel on the host) in the quiet re-time, pad+mm+slice in the pad sweep.
+        spin = {"gemm": 100.0, "cublas": 500.0, "pad": 1000.0}[name]
+        g.add_argument("--pre-sleep-us", type=float, default=spin,
+                       help=f"GPU spin before each timed run, hiding host launch latency (0: none; default {spin:g})")
         g.add_argument("--stats", type=Path, default=None, help="write the run's statistics (JSON) here")
         g.add_argument("--no-progress", action="store_true")
         if name == "gemm":
