@@ -143,7 +143,7 @@ def _export_onnx(args: argparse.Namespace) -> int:
 
     from perfmodel.locations import default_model_dir
 
-    from .predictor import _is_mlflow_uri
+    from .loading import _is_mlflow_uri
 
     if args.model is not None and _is_mlflow_uri(str(args.model)):
         raise ValueError("--model: export-onnx needs a model folder (download the MLflow artifacts first)")

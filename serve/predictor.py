@@ -7,41 +7,35 @@
 Two backends run the same folded network: "torch" (BatchNorm and standardisation folded into plain
 Linear layers, under torch.inference_mode) and "onnx" (an onnxruntime session on the folder's
 model.onnx). Everything else -- feature encoding, validation, default config spaces -- is shared, so the
-backends differ only in the matrix products. Imports neither Lightning, nor MLflow (except to resolve
-an MLflow URI), nor pandas.
+backends differ only in the matrix products. This module holds the API, its argument validation and
+the config caches; the backends are perfmodel.serve.runners, resolving path_or_uri and choosing the
+backend perfmodel.serve.loading. Imports neither Lightning, nor MLflow (except to resolve an MLflow
+URI), nor pandas.
 """
 from __future__ import annotations
 
 import math
 import os
-import tempfile
 import threading
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import numpy as np
 import torch
-from torch import nn
 
-from perfmodel.artifact import ONNX, RANK_INPUTS, RANK_OUTPUTS, ArtifactError, ModelBundle, load as load_bundle
+from perfmodel.artifact import ModelBundle
 from perfmodel.configs import pruned_space, runnable
 from perfmodel.features import configs_tensor, pad_tensor, problems_array, problems_tensor
-from perfmodel.locations import default_model_dir
-from perfmodel.model import GroupedNet
 from perfmodel.ranking import screened_rank, screens
 from perfmodel.schema import DTYPES, GemmConfig, GemmProblem, PadDecision, PadProblem
 
-BACKENDS = ("torch", "onnx")
-MLFLOW_SCHEMES = ("models:/", "runs:/", "mlflow-artifacts:/")
-# Intra-op threads for the torch backend: the network is small (a few hundred rows x 256 wide), so
-# more threads than this mostly add synchronisation.
-_SERVING_THREADS = 4
-# Rows compared between the torch and ONNX graphs when an ONNX model is loaded (stale-export check).
-_ONNX_CHECK_ROWS = 8
-_ONNX_CHECK_RTOL = 1e-3
+from .loading import BACKENDS, MLFLOW_SCHEMES, load_model
+from .runners import _ConfigPart
+
+__all__ = ["BACKENDS", "MLFLOW_SCHEMES", "Candidates", "Predictor"]
+
 # Config sets whose tensor and config-only encoding are kept (autotuners rank one list for many shapes).
 _CONFIG_CACHE_SIZE = 32
 
@@ -64,235 +58,6 @@ class Candidates:
     @property
     def best_ms(self) -> float:
         return self.predicted_ms[0]
-
-
-class _TorchRunner:
-    """Folded heads on the CPU; torch inference is thread-safe on modules in eval mode.
-
-    A folded head that is a plain chain of Linear and ReLU layers runs as addmm with in-place ReLU
-    (no per-layer output allocation for the activation): ~1.5x faster than the module on a 36,800-row
-    batch on the 2-core CPU, bit-identical output. An ensemble runs its GroupedNet; any other head
-    runs as its module."""
-
-    rank_keep = None  # no ranking graph: Predictor ranks with perfmodel.ranking.screened_rank
-
-    def __init__(self, bundle: ModelBundle) -> None:
-        self.heads = {name: head.for_serving().eval() for name, head in bundle.heads.items()}
-        # per head, its net (the output before the overhead floor): an addmm chain, or a GroupedNet
-        self.nets: dict[str, Any] = {}
-        for name, head in self.heads.items():
-            head.requires_grad_(False)
-            if isinstance(head.net, GroupedNet):
-                self.nets[name] = head.net
-                continue
-            chain = _linear_relu_chain(head)
-            if chain is not None:
-                self.nets[name] = lambda x, chain=chain: _addmm_chain(chain, x)
-
-    def score(self, head: str, x: torch.Tensor) -> torch.Tensor:
-        """PerfMLP.score of the head: (N,) or (N, n_outputs), before the floors."""
-        h = self.heads[head]
-        with torch.inference_mode():
-            if head not in self.nets:
-                return h.score(x)
-            z = self.nets[head](x)
-            if h.floors_each_member:
-                return h.overhead_floor(z)
-            return z.squeeze(-1) if h.cfg.n_outputs == 1 else z
-
-    def score_log_ms(self, head: str, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(score, log ms) of the head on x."""
-        z = self.score(head, x)
-        with torch.inference_mode():
-            return z, self.heads[head].floor(z, x)
-
-    def __call__(self, head: str, x: torch.Tensor) -> np.ndarray:
-        """log ms (float64), the head's full output."""
-        return self.score_log_ms(head, x)[1].numpy().astype(np.float64)
-
-
-def _addmm_chain(chain: list[tuple[torch.Tensor, torch.Tensor]], x: torch.Tensor) -> torch.Tensor:
-    h = x
-    for i, (wt, b) in enumerate(chain):
-        h = torch.addmm(b, h, wt)
-        if i < len(chain) - 1:
-            h.relu_()
-    return h
-
-
-def _linear_relu_chain(head: Any) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
-    """[(W^T, b)] of a folded head made of Linear, ReLU, ..., Linear (standardisation folded away)."""
-    if not isinstance(head.net, nn.Sequential):
-        return None
-    mods = list(head.net)
-    if not (torch.all(head.x_mean == 0) and torch.all(head.x_std == 1)):
-        return None
-    if len(mods) % 2 != 1 or not all(isinstance(m, nn.Linear) for m in mods[::2]) \
-            or not all(type(m) is nn.ReLU for m in mods[1::2]):
-        return None
-    return [(m.weight.detach().t().contiguous(), m.bias.detach().clone()) for m in mods[::2]]
-
-
-class _OnnxRunner:
-    """Two onnxruntime sessions on the folder's model.onnx: the heads (inputs <head>_x, outputs
-    <head>_log_ms and <head>_score) and, with a screen head, the screened ranking graph (traced from
-    perfmodel.ranking.screened_rank). InferenceSession.run is thread-safe."""
-
-    def __init__(self, bundle: ModelBundle, path: Path) -> None:
-        import onnxruntime as ort
-
-        if not path.is_file():
-            raise FileNotFoundError(f"path_or_uri: {path.parent} has no {path.name} for backend='onnx' "
-                                    f"(write it with `perfmodel export-onnx --model {path.parent}`)")
-        def session(graph: bytes, threads: int) -> Any:
-            opts = ort.SessionOptions()
-            opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
-            # No busy-waiting between calls: the predictor runs inside a compiler process, between
-            # other work (torch's own threads among it) that spinning pool threads would slow down.
-            opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-            opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-            return ort.InferenceSession(graph, sess_options=opts, providers=["CPUExecutionProvider"])
-
-        self.rank_session, self.rank_keep = None, None
-        try:
-            heads_graph, rank_graph = _split_rank_graph(path.read_bytes())
-            # Small batches (one problem x a few hundred configs): a few threads, no inter-op pool.
-            self.session = session(heads_graph, min(_SERVING_THREADS, os.cpu_count() or 1))
-            if rank_graph is not None:
-                # Its own session (onnxruntime runs every node of a graph whatever outputs are asked
-                # for), on one thread: ~90 small nodes per call, where waking a pool thread costs more
-                # than it saves (measured: 1 thread 470-550 us, 2 threads 525-690 us per 368-config rank).
-                self.rank_session = session(rank_graph, 1)
-                self.rank_keep = bundle.screen_keep  # traced with it (perfmodel.artifact.export_onnx)
-        except Exception as exc:  # onnxruntime raises its own (non-public) exception types for bad graphs
-            raise ArtifactError(f"{path}: not a loadable ONNX model ({type(exc).__name__}: {exc})") from None
-        self.widths = {}
-        for inp in self.session.get_inputs():
-            if not inp.name.endswith("_x"):
-                raise ArtifactError(f"{path}: unexpected ONNX input {inp.name!r}")
-            self.widths[inp.name[:-2]] = inp.shape[1]
-        outputs = {o.name for o in self.session.get_outputs()}
-        for name, enc in bundle.encoders.items():
-            if self.widths.get(name) != len(enc) or not {f"{name}_log_ms", f"{name}_score"} <= outputs:
-                raise ArtifactError(f"{path}: the ONNX graph does not match head {name!r} of the weights "
-                                    f"(re-export with `perfmodel export-onnx`)")
-
-    def _run(self, names: list[str], head: str, x: torch.Tensor) -> list[np.ndarray]:
-        feeds = {f"{name}_x": np.zeros((0, w), np.float32) for name, w in self.widths.items()}
-        feeds[f"{head}_x"] = np.ascontiguousarray(x.numpy(), dtype=np.float32)
-        return self.session.run(names, feeds)
-
-    def score(self, head: str, x: torch.Tensor) -> torch.Tensor:
-        return torch.from_numpy(self._run([f"{head}_score"], head, x)[0])
-
-    def score_log_ms(self, head: str, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        z, log_ms = self._run([f"{head}_score", f"{head}_log_ms"], head, x)
-        return torch.from_numpy(z), torch.from_numpy(log_ms)
-
-    def __call__(self, head: str, x: torch.Tensor) -> np.ndarray:
-        """log ms (float64), the head's full output."""
-        return self._run([f"{head}_log_ms"], head, x)[0].astype(np.float64)
-
-    def rank(self, problems: np.ndarray, part: "_ConfigPart") -> tuple[np.ndarray, np.ndarray]:
-        """The graph's screened ranking of problems (P, 8) float64 against a config set: (kept config
-        indices, their log ms), each (P, rank_keep), fastest first, ties in config order."""
-        return self.rank_session.run(RANK_OUTPUTS, {"rank_problems": problems, **part.feeds})
-
-
-class _ConfigPart(tuple):
-    """FeatureEncoder.config_part(configs) of a config set -- (config part, smem) -- with the numpy
-    arrays the ONNX ranking graph takes for it (feeds), made once per config set."""
-
-    feeds: dict[str, np.ndarray]
-
-    @classmethod
-    def of(cls, encoder: Any, ct: torch.Tensor) -> "_ConfigPart":
-        part = cls(encoder.config_part(ct))
-        part.feeds = {"rank_configs": ct.numpy(), "rank_config_part": part[0].numpy(),
-                      "rank_config_smem": part[1].numpy()}
-        return part
-
-
-def _split_rank_graph(model_bytes: bytes) -> tuple[bytes, bytes | None]:
-    """(the heads' graph, the screened-ranking graph or None) of a model.onnx: two sessions, so that
-    neither call runs the other's nodes."""
-    import onnx
-    from onnx.utils import Extractor
-
-    model = onnx.load_from_string(model_bytes)
-    inputs = [i.name for i in model.graph.input]
-    if not any(name in inputs for name in RANK_INPUTS):
-        return model_bytes, None
-    outputs = [o.name for o in model.graph.output]
-    extractor = Extractor(model)
-    heads = extractor.extract_model([n for n in inputs if n not in RANK_INPUTS],
-                                    [n for n in outputs if n not in RANK_OUTPUTS])
-    rank = extractor.extract_model(list(RANK_INPUTS), list(RANK_OUTPUTS))
-    return heads.SerializeToString(), rank.SerializeToString()
-
-
-_threads_lock = threading.Lock()
-_threads_configured = False
-
-
-def _configure_torch_threads() -> None:
-    """Once per process, at the first torch-backend load (never at import): cap torch's intra-op pool
-    at min(4, cores) unless the caller chose a thread count through OMP_NUM_THREADS / MKL_NUM_THREADS
-    or already lowered it. Call torch.set_num_threads afterwards to override."""
-    global _threads_configured
-    with _threads_lock:
-        if _threads_configured:
-            return
-        _threads_configured = True
-        if os.environ.get("OMP_NUM_THREADS") or os.environ.get("MKL_NUM_THREADS"):
-            return
-        want = min(_SERVING_THREADS, os.cpu_count() or 1)
-        if torch.get_num_threads() > want:
-            torch.set_num_threads(want)
-
-
-def _onnxruntime_available() -> bool:
-    try:
-        import onnxruntime  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def _is_mlflow_uri(text: str) -> bool:
-    return text.startswith(MLFLOW_SCHEMES)
-
-
-def _model_folder_in(root: Path) -> Path:
-    """The folder holding metadata.json: root itself or the single one below it."""
-    if (root / "metadata.json").is_file():
-        return root
-    found = sorted(p.parent for p in root.rglob("metadata.json"))
-    if len(found) != 1:
-        raise FileNotFoundError(f"path_or_uri: the downloaded artifacts hold {len(found)} model folders "
-                                f"(metadata.json), need exactly one")
-    return found[0]
-
-
-def _download_mlflow(uri: str, dst: Path) -> Path:
-    try:
-        from mlflow import artifacts
-        from mlflow.exceptions import MlflowException
-    except ImportError:
-        raise RuntimeError(f"path_or_uri: {uri!r} is an MLflow URI; install mlflow-skinny to resolve it "
-                           "(serving a model folder needs no MLflow)") from None
-    # DESIGN: MLflow 3 refuses ./mlruns; the team's server comes through MLFLOW_TRACKING_URI.
-    tracking = os.environ.get("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db")
-    registry = os.environ.get("MLFLOW_REGISTRY_URI", tracking)
-    try:
-        local = artifacts.download_artifacts(artifact_uri=uri, dst_path=str(dst), tracking_uri=tracking,
-                                             registry_uri=registry)
-    except MlflowException as exc:
-        if getattr(exc, "error_code", "") in ("RESOURCE_DOES_NOT_EXIST", "NOT_FOUND"):
-            raise FileNotFoundError(f"path_or_uri: {uri!r} not found in {registry}: {exc.message}") from None
-        raise RuntimeError(f"path_or_uri: cannot download {uri!r} from {registry}: {exc.message}") from None
-    return _model_folder_in(Path(local))
 
 
 def _check_top_k(top_k: Any, name: str = "top_k") -> int:
@@ -363,37 +128,7 @@ class Predictor:
         Raises FileNotFoundError for a missing model, ArtifactError (a ValueError) for a corrupt or
         mismatched one, ValueError for an unknown backend.
         """
-        if backend is not None and (not isinstance(backend, str) or backend not in BACKENDS):
-            raise ValueError(f"backend: expected one of {', '.join(BACKENDS)} or None, got {backend!r}")
-        if path_or_uri is None:
-            folder = default_model_dir()
-            if not (folder / "metadata.json").is_file():
-                raise FileNotFoundError(f"path_or_uri: the shipped default model {folder} is not there yet "
-                                        "(no metadata.json); pass a model folder or an MLflow URI")
-            return cls._from_folder(folder, backend, str(folder))
-        if not isinstance(path_or_uri, (str, os.PathLike)):
-            raise TypeError(f"path_or_uri: expected a path or an MLflow URI, got {type(path_or_uri).__name__}")
-        text = os.fspath(path_or_uri)
-        if isinstance(text, str) and _is_mlflow_uri(text):
-            # Everything is read into memory (weights, ONNX session), so the download can go.
-            with tempfile.TemporaryDirectory(prefix="perfmodel-") as tmp:
-                return cls._from_folder(_download_mlflow(text, Path(tmp)), backend, text)
-        folder = Path(text)
-        if not folder.exists():
-            raise FileNotFoundError(f"path_or_uri: no model folder at {folder}")
-        return cls._from_folder(folder, backend, str(folder))
-
-    @classmethod
-    def _from_folder(cls, folder: Path, backend: str | None, source: str) -> "Predictor":
-        bundle = load_bundle(folder)
-        if backend is None:
-            backend = "onnx" if (folder / ONNX).is_file() and _onnxruntime_available() else "torch"
-        if backend == "torch":
-            _configure_torch_threads()
-            return cls(bundle, backend, _TorchRunner(bundle), source)
-        runner = _OnnxRunner(bundle, folder / ONNX)
-        _check_onnx_matches(bundle, runner, folder / ONNX)
-        return cls(bundle, backend, runner, source)
+        return cls(*load_model(path_or_uri, backend))
 
     # ---------------------------------------------------------------------------------- properties
     @property
@@ -638,33 +373,3 @@ class Predictor:
 
     def __repr__(self) -> str:
         return f"Predictor(source={self.source!r}, backend={self.backend!r}, device={self.spec.name!r})"
-
-
-def _check_onnx_matches(bundle: ModelBundle, runner: _OnnxRunner, path: Path) -> None:
-    """A model.onnx exported from other weights than the folder's safetensors would silently serve a
-    different model: compare a few rows of every head against the torch weights."""
-    gen = torch.Generator().manual_seed(0)
-    with torch.inference_mode():
-        for name, head in bundle.heads.items():
-            x = head.x_mean + head.x_std * torch.randn(_ONNX_CHECK_ROWS, head.cfg.n_inputs, generator=gen)
-            want = head(x).numpy().astype(np.float64)
-            got = runner(name, x)
-            if got.shape != want.shape or not np.allclose(got, want, rtol=_ONNX_CHECK_RTOL, atol=1e-4):
-                raise ArtifactError(f"{path}: head {name!r} of the ONNX graph disagrees with the folder's "
-                                    "weights (stale export?); re-run `perfmodel export-onnx`")
-        if runner.rank_session is not None:
-            if "screen" not in bundle.heads or runner.rank_keep != bundle.screen_keep:
-                raise ArtifactError(f"{path}: the ONNX ranking graph does not match the folder's screen head or "
-                                    "screen_keep; re-run `perfmodel export-onnx`")
-            enc = bundle.encoders["gemm"]
-            problems = torch.tensor([[3000.0, 1000, 777, 2, 0, 0, 0, 1]], dtype=torch.float64)
-            configs = configs_tensor(pruned_space("float16", bundle.spec))
-            kept, log_ms = runner.rank(problems.numpy(), _ConfigPart.of(enc, configs))
-            x = enc.encode_cross(problems, configs)
-            want = bundle.heads["gemm"](x[torch.from_numpy(kept[0])]).numpy()
-            screen = bundle.heads["screen"](x).numpy()
-            if not np.allclose(log_ms[0], want, rtol=_ONNX_CHECK_RTOL, atol=1e-4) or \
-                    np.any(np.diff(log_ms[0]) < 0) or \
-                    screen[kept[0]].max() > np.sort(screen)[runner.rank_keep - 1] + 1e-4:
-                raise ArtifactError(f"{path}: the ONNX ranking graph disagrees with the folder's weights "
-                                    "(stale export?); re-run `perfmodel export-onnx`")

@@ -145,9 +145,9 @@ def test_default_model() -> None:
 
 
 def test_default_model_missing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    import perfmodel.serve.predictor as sp
+    import perfmodel.serve.loading as loading
 
-    monkeypatch.setattr(sp, "default_model_dir", lambda: tmp_path / "_models" / "h100")
+    monkeypatch.setattr(loading, "default_model_dir", lambda: tmp_path / "_models" / "h100")
     with pytest.raises(FileNotFoundError, match="_models/h100"):
         Predictor.load()
 
@@ -486,7 +486,7 @@ def test_torch_fast_path_matches_the_module(pt: Predictor) -> None:
 
 def test_torch_fast_path_skips_other_heads() -> None:
     from perfmodel.model import MLPConfig, PerfMLP
-    from perfmodel.serve.predictor import _linear_relu_chain
+    from perfmodel.serve.runners import _linear_relu_chain
 
     assert _linear_relu_chain(PerfMLP(MLPConfig(5, (8, 8), "batch")).folded()) is not None
     assert _linear_relu_chain(PerfMLP(MLPConfig(5, (8, 8), "layer")).folded()) is None  # LayerNorm stays
@@ -611,7 +611,7 @@ def test_default_backend_is_the_fastest_available(model_dir: Path, tmp_path: Pat
     # onnx when onnxruntime imports and the folder has model.onnx; torch otherwise; backend= still forces
     import shutil
 
-    from perfmodel.serve import predictor as sp
+    from perfmodel.serve import loading
 
     assert Predictor.load(model_dir).backend == "onnx"
     assert Predictor.load(model_dir, backend="torch").backend == "torch"
@@ -619,7 +619,7 @@ def test_default_backend_is_the_fastest_available(model_dir: Path, tmp_path: Pat
     shutil.copytree(model_dir, no_onnx)
     (no_onnx / "model.onnx").unlink()
     assert Predictor.load(no_onnx).backend == "torch"
-    monkeypatch.setattr(sp, "_onnxruntime_available", lambda: False)
+    monkeypatch.setattr(loading, "_onnxruntime_available", lambda: False)
     assert Predictor.load(model_dir).backend == "torch"
     with pytest.raises(ValueError, match="backend"):
         Predictor.load(model_dir, backend="tensorrt")

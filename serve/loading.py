@@ -1,0 +1,89 @@
+"""Loading a model for perfmodel.serve.predictor.Predictor: resolving path_or_uri (the shipped default
+folder, a folder path, or an MLflow URI, downloaded) and choosing and building the backend's runner
+(perfmodel.serve.runners). Imports MLflow only to resolve an MLflow URI; neither Lightning nor pandas.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from perfmodel.artifact import ONNX, ModelBundle, load as load_bundle
+from perfmodel.locations import default_model_dir
+
+from .runners import (_check_onnx_matches, _configure_torch_threads, _onnxruntime_available, _OnnxRunner,
+                      _TorchRunner)
+
+BACKENDS = ("torch", "onnx")
+MLFLOW_SCHEMES = ("models:/", "runs:/", "mlflow-artifacts:/")
+
+
+def _is_mlflow_uri(text: str) -> bool:
+    return text.startswith(MLFLOW_SCHEMES)
+
+
+def _model_folder_in(root: Path) -> Path:
+    """The folder holding metadata.json: root itself or the single one below it."""
+    if (root / "metadata.json").is_file():
+        return root
+    found = sorted(p.parent for p in root.rglob("metadata.json"))
+    if len(found) != 1:
+        raise FileNotFoundError(f"path_or_uri: the downloaded artifacts hold {len(found)} model folders "
+                                f"(metadata.json), need exactly one")
+    return found[0]
+
+
+def _download_mlflow(uri: str, dst: Path) -> Path:
+    try:
+        from mlflow import artifacts
+        from mlflow.exceptions import MlflowException
+    except ImportError:
+        raise RuntimeError(f"path_or_uri: {uri!r} is an MLflow URI; install mlflow-skinny to resolve it "
+                           "(serving a model folder needs no MLflow)") from None
+    # DESIGN: MLflow 3 refuses ./mlruns; the team's server comes through MLFLOW_TRACKING_URI.
+    tracking = os.environ.get("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db")
+    registry = os.environ.get("MLFLOW_REGISTRY_URI", tracking)
+    try:
+        local = artifacts.download_artifacts(artifact_uri=uri, dst_path=str(dst), tracking_uri=tracking,
+                                             registry_uri=registry)
+    except MlflowException as exc:
+        if getattr(exc, "error_code", "") in ("RESOURCE_DOES_NOT_EXIST", "NOT_FOUND"):
+            raise FileNotFoundError(f"path_or_uri: {uri!r} not found in {registry}: {exc.message}") from None
+        raise RuntimeError(f"path_or_uri: cannot download {uri!r} from {registry}: {exc.message}") from None
+    return _model_folder_in(Path(local))
+
+
+def load_model(path_or_uri: str | os.PathLike | None, backend: str | None) -> tuple[ModelBundle, str, Any, str]:
+    """(bundle, backend, runner, source) of Predictor.load's arguments (see its docstring)."""
+    if backend is not None and (not isinstance(backend, str) or backend not in BACKENDS):
+        raise ValueError(f"backend: expected one of {', '.join(BACKENDS)} or None, got {backend!r}")
+    if path_or_uri is None:
+        folder = default_model_dir()
+        if not (folder / "metadata.json").is_file():
+            raise FileNotFoundError(f"path_or_uri: the shipped default model {folder} is not there yet "
+                                    "(no metadata.json); pass a model folder or an MLflow URI")
+        return _from_folder(folder, backend, str(folder))
+    if not isinstance(path_or_uri, (str, os.PathLike)):
+        raise TypeError(f"path_or_uri: expected a path or an MLflow URI, got {type(path_or_uri).__name__}")
+    text = os.fspath(path_or_uri)
+    if isinstance(text, str) and _is_mlflow_uri(text):
+        # Everything is read into memory (weights, ONNX session), so the download can go.
+        with tempfile.TemporaryDirectory(prefix="perfmodel-") as tmp:
+            return _from_folder(_download_mlflow(text, Path(tmp)), backend, text)
+    folder = Path(text)
+    if not folder.exists():
+        raise FileNotFoundError(f"path_or_uri: no model folder at {folder}")
+    return _from_folder(folder, backend, str(folder))
+
+
+def _from_folder(folder: Path, backend: str | None, source: str) -> tuple[ModelBundle, str, Any, str]:
+    bundle = load_bundle(folder)
+    if backend is None:
+        backend = "onnx" if (folder / ONNX).is_file() and _onnxruntime_available() else "torch"
+    if backend == "torch":
+        _configure_torch_threads()
+        return bundle, backend, _TorchRunner(bundle), source
+    runner = _OnnxRunner(bundle, folder / ONNX)
+    _check_onnx_matches(bundle, runner, folder / ONNX)
+    return bundle, backend, runner, source
