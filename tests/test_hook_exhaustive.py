@@ -50,3 +50,23 @@ def test_hook_ranks_the_whole_exhaustive_space(pt: Predictor, m: int, n: int, k:
     best5 = sorted(ms)[:5]
     got = sorted(ms[[tri.index(c) for c in kept]])
     assert got == pytest.approx(best5)
+
+
+class _RankStub:
+    """A stand-in predictor whose best Triton config on any problem takes `ms` (synthetic, for the rule)."""
+
+    def __init__(self, ms: float) -> None:
+        self.ms = ms
+
+    def rank(self, prob, configs=None, top_k=5):
+        return [(GemmConfig(64, 64, 32, 8, 3, 4), self.ms)]
+
+
+def test_pad_decision_weighs_unpadded_triton_against_padded_cublas():
+    # GPT-2's lm head as measured on the H100: padded cuBLAS 0.185 ms, unpadded Triton 0.164 ms -> no pad
+    from perfmodel import PadDecision, PadProblem
+
+    pp = PadProblem(m=1024, k=768, n=50257, dtype="float16")
+    pad = PadDecision(should_pad=True, orig_ms=0.25, padded_ms=0.185)
+    assert si.unpadded_triton_instead(_RankStub(0.164), pp, pad) == PadDecision(False, 0.25, 0.185)
+    assert si.unpadded_triton_instead(_RankStub(0.200), pp, pad) is pad  # Triton slower: pad for cuBLAS
