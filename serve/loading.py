@@ -16,6 +16,44 @@ from .runners import (_check_onnx_matches, _configure_torch_threads, _onnxruntim
                       _TorchRunner)
 
 BACKENDS = ("torch", "onnx")
+
+
+def model_devices(bundle: ModelBundle) -> tuple[str, ...]:
+    """The device specs a model was trained for (metadata "devices"; a one-device model: its spec)."""
+    return tuple(bundle.metadata.get("devices") or (bundle.spec.name,))
+
+
+def live_device_spec() -> str | None:
+    """The spec name of the visible GPU (perfmodel.devices.match_spec), None without one or unknown."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    from perfmodel.devices import match_spec
+
+    spec = match_spec(torch.cuda.get_device_name(), torch.cuda.get_device_properties(0).multi_processor_count)
+    return spec.name if spec is not None else torch.cuda.get_device_name()
+
+
+def choose_device(bundle: ModelBundle, device: str | None) -> str:
+    """Predictor.load's device: a named device the model knows (ValueError naming `device` otherwise);
+    None: the live GPU's when the model knows it, else the model's default, with a warning (once per
+    load) when a GPU is visible that the model was not trained for."""
+    known = model_devices(bundle)
+    if device is not None:
+        if not isinstance(device, str):
+            raise TypeError(f"device: expected a device spec name, got {type(device).__name__}")
+        if device not in known:
+            raise ValueError(f"device: this model was trained for {', '.join(known)}, not {device!r}")
+        return device
+    live = live_device_spec()
+    if live is None or live in known:
+        return live or known[0]
+    import warnings
+
+    warnings.warn(f"perfmodel: the visible GPU ({live}) is not a device this model was trained for; "
+                  f"predicting for {known[0]}", RuntimeWarning, stacklevel=3)
+    return known[0]
 MLFLOW_SCHEMES = ("models:/", "runs:/", "mlflow-artifacts:/")
 
 

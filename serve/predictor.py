@@ -31,7 +31,7 @@ from perfmodel.features import configs_tensor, pad_tensor, problems_array, probl
 from perfmodel.ranking import screened_rank, screens
 from perfmodel.schema import DTYPES, GemmConfig, GemmProblem, PadDecision, PadProblem
 
-from .loading import BACKENDS, MLFLOW_SCHEMES, load_model
+from .loading import BACKENDS, MLFLOW_SCHEMES, choose_device, load_model
 from .runners import _ConfigPart
 
 __all__ = ["BACKENDS", "MLFLOW_SCHEMES", "Candidates", "Predictor"]
@@ -94,6 +94,7 @@ class Predictor:
         self.bundle = bundle
         self.backend = backend
         self.source = source
+        self.device = bundle.spec.name  # the device predicted for (Predictor.load's device)
         self._run = runner
         self._encoder = bundle.encoders["gemm"]
         # The default config space per dtype: built once here, read-only afterwards (thread-safe).
@@ -115,7 +116,8 @@ class Predictor:
 
     # ------------------------------------------------------------------------------------ loading
     @classmethod
-    def load(cls, path_or_uri: str | os.PathLike | None = None, *, backend: str | None = None) -> "Predictor":
+    def load(cls, path_or_uri: str | os.PathLike | None = None, *, backend: str | None = None,
+             device: str | None = None) -> "Predictor":
         """Load a model folder (weights + metadata [+ model.onnx]).
 
         path_or_uri: None for the shipped default (models/h100, inside the installed package or the
@@ -125,10 +127,15 @@ class Predictor:
         backend: "torch", "onnx" (onnxruntime on the folder's model.onnx), or None (default): the
             fastest one available -- onnx when onnxruntime imports and the folder has a model.onnx,
             else torch (benchmarks/serve_latency.py measures both).
+        device: the device spec to predict for (e.g. "h100-sxm"), one the model was trained for; None:
+            the visible GPU's when the model knows it, else the model's default device (with a warning
+            when a GPU it does not know is visible). `Predictor.device` says which.
         Raises FileNotFoundError for a missing model, ArtifactError (a ValueError) for a corrupt or
-        mismatched one, ValueError for an unknown backend.
+        mismatched one, ValueError for an unknown backend or a device the model does not know.
         """
-        return cls(*load_model(path_or_uri, backend))
+        p = cls(*load_model(path_or_uri, backend))
+        p.device = choose_device(p.bundle, device)
+        return p
 
     # ---------------------------------------------------------------------------------- properties
     @property
