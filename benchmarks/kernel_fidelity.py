@@ -263,9 +263,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", action="append", help="only this shape name (repeatable)")
     ap.add_argument("--index", default=None, help="only these shapes, by comma-separated index into SHAPES")
     ap.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1))
+    ap.add_argument("--merge", type=Path, nargs="+", default=None,
+                    help="only combine earlier --out JSON files into one table (a later file's shape wins)")
     ap.add_argument("--capture-budget", type=float, default=None,
                     help="seconds: capture no further shapes from Inductor after this long")
     args = ap.parse_args(argv)
+    if args.merge:
+        parts = [json.loads(f.read_text()) for f in args.merge]
+        shapes: dict[str, dict] = {}
+        for f, part in zip(args.merge, parts):
+            for s in part["shapes"]:
+                if "error" not in s:
+                    shapes[s["name"]] = {**s, "from": f.name}
+        order = {s[0]: i for i, s in enumerate(SHAPES)}
+        res = {**{k: parts[-1][k] for k in ("device", "torch", "triton")}, "merged_from": [f.name for f in args.merge],
+               "shapes": sorted(shapes.values(), key=lambda s: order.get(s["name"], len(order))),
+               "wall_s": sum(p.get("wall_s", 0) for p in parts), "capture_s": sum(p.get("capture_s", 0) for p in parts),
+               "compile_s": sum(p.get("compile_s", 0) for p in parts), "kernels": sum(p.get("kernels", 0) for p in parts)}
+        args.out.write_text(json.dumps(res, indent=1))
+        text = markdown(res) + "\n\n(merged from " + ", ".join(res["merged_from"]) + ")"
+        args.out.with_suffix(".md").write_text(text + "\n")
+        print(text)
+        return 0
     import torch
     import triton
 
