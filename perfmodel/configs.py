@@ -10,27 +10,40 @@ from .devices import DeviceSpec
 from .schema import BLOCK_SIZES, DTYPE_BYTES, NUM_STAGES, GemmConfig
 
 
+def _smem_bytes(bm, bn, bk, stages, dtype_bytes):
+    """(BM*BK + BN*BK) * dtype_bytes * num_stages, on ints or numpy arrays alike."""
+    return (bm * bk + bn * bk) * dtype_bytes * stages
+
+
+def _acc_registers(bm, bn, warps):
+    """BM*BN / (num_warps*32), on ints or numpy arrays alike."""
+    return bm * bn / (warps * 32)
+
+
 def shared_memory_bytes(cfg: GemmConfig, dtype: str) -> int:
     """(BM*BK + BN*BK) * dtype_bytes * num_stages: the operand tiles of every pipeline stage."""
-    return (cfg.block_m * cfg.block_k + cfg.block_n * cfg.block_k) * DTYPE_BYTES[dtype] * cfg.num_stages
+    return _smem_bytes(cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_stages, DTYPE_BYTES[dtype])
 
 
 def accumulator_registers(cfg: GemmConfig) -> float:
     """fp32 accumulator registers per thread: BM*BN / (num_warps*32)."""
-    return cfg.block_m * cfg.block_n / (cfg.num_warps * 32)
+    return _acc_registers(cfg.block_m, cfg.block_n, cfg.num_warps)
+
+
+def _within(smem, regs, spec: DeviceSpec):
+    return (smem <= spec.shared_memory_per_block_optin) & (regs <= spec.registers_per_thread_max)
 
 
 def runnable(configs: np.ndarray, dtype_bytes: np.ndarray | float, spec: DeviceSpec) -> np.ndarray:
     """`fits` for many at once: configs (C, 6) in GemmConfig field order, dtype_bytes broadcastable to
     (P, 1) or a scalar -> bool (P, C) (or (C,)): within the device's shared memory and registers."""
     bm, bn, bk, _, stages, warps = (configs[:, i] for i in range(6))
-    smem = (bm * bk + bn * bk) * stages * np.asarray(dtype_bytes, dtype=np.float64)
-    return (smem <= spec.shared_memory_per_block_optin) & (bm * bn / (warps * 32) <= spec.registers_per_thread_max)
+    return _within(_smem_bytes(bm, bn, bk, stages, np.asarray(dtype_bytes, dtype=np.float64)),
+                   _acc_registers(bm, bn, warps), spec)
 
 
 def fits(cfg: GemmConfig, dtype: str, spec: DeviceSpec) -> bool:
-    return (shared_memory_bytes(cfg, dtype) <= spec.shared_memory_per_block_optin
-            and accumulator_registers(cfg) <= spec.registers_per_thread_max)
+    return bool(_within(shared_memory_bytes(cfg, dtype), accumulator_registers(cfg), spec))
 
 
 def inductor_num_warps(block_m: int, block_n: int, num_warps: int) -> int:

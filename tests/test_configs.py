@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 
+import numpy as np
 import pytest
 
 from perfmodel import GemmConfig
@@ -197,3 +198,16 @@ def test_config_sample_keeps_inductor_defaults_and_caps_ieee_compiles():
             if dtype == "float32" and not tf32:
                 assert all(fma_per_thread(c) <= IEEE_MAX_FMA_PER_THREAD for c in cfgs if c not in defaults)
     assert config_sample("float16", False, (False, True), H100, 64) == config_sample("float16", False, (False, True), H100, 64)
+
+
+def test_runnable_is_fits_for_many():
+    from perfmodel.configs import runnable
+    from perfmodel.features import configs_tensor
+
+    space = exhaustive_space()
+    ct = configs_tensor(space).numpy()
+    both = runnable(ct, np.array([[2.0], [4.0]]), H100)
+    assert both.shape == (2, len(space))
+    for row, dtype in zip(both, ("float16", "float32")):
+        assert row.tolist() == [fits(c, dtype, H100) for c in space]
+    assert 0 < both[1].sum() < both[0].sum() < len(space)  # fp32 tiles need twice the shared memory
