@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 import os
 import threading
-import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
@@ -29,7 +28,7 @@ from perfmodel.artifact import ModelBundle
 from perfmodel.configs import pruned_space, runnable
 from perfmodel.features import configs_tensor, pad_tensor, problems_array, problems_tensor
 from perfmodel.ranking import screened_rank, screens
-from perfmodel.schema import DTYPES, GemmConfig, GemmProblem, PadDecision, PadProblem
+from perfmodel.schema import DTYPE_BYTES, DTYPES, GemmConfig, GemmProblem, PadDecision, PadProblem
 
 from .loading import BACKENDS, MLFLOW_SCHEMES, choose_device, load_model
 from .runners import _ConfigPart
@@ -99,16 +98,11 @@ class Predictor:
         self._encoder = bundle.encoders["gemm"]
         # The default config space per dtype: built once here, read-only afterwards (thread-safe).
         self._default_configs = {d: tuple(pruned_space(d, bundle.spec)) for d in DTYPES}
-        self._default_tensors = {}
-        for d, cfgs in self._default_configs.items():
-            ct = configs_tensor(cfgs)
-            self._default_tensors[d] = (ct, _ConfigPart.of(self._encoder, ct))
-        self._config_cache: OrderedDict[bytes, tuple[torch.Tensor, Any]] = OrderedDict()
+        self._default_tensors = {d: self._config_entry(configs_tensor(cfgs))
+                                 for d, cfgs in self._default_configs.items()}
+        self._config_cache: OrderedDict[bytes, tuple[torch.Tensor, Any, dict]] = OrderedDict()
         self._config_lock = threading.Lock()
-        # id(config-set tensor) -> dtype size -> which of its configs the device can run; an entry goes
-        # with its tensor when the config cache lets that go (a benign race fills one twice)
-        self._runnable_cache: dict[int, dict[int, np.ndarray]] = {}
-        self._last_configs: tuple[list[GemmConfig], tuple[torch.Tensor, Any]] | None = None
+        self._last_configs: tuple[list[GemmConfig], tuple[torch.Tensor, Any, dict]] | None = None
         # Ranking screens with the small "screen" head first when the model has one, and runs the gemm
         # head on the screen's best screen_keep configs per problem -- only when there are more than
         # twice as many configs, else the gemm head scores them all.
@@ -166,8 +160,15 @@ class Predictor:
         return self._default_configs[dtype]
 
     # ---------------------------------------------------------------------------------- predicting
-    def _configs(self, configs: Any, dtype: str) -> tuple[Sequence[GemmConfig], torch.Tensor, Any]:
-        """(configs, their tensor, their config-only encoding); the last two cached per config set."""
+    def _config_entry(self, ct: torch.Tensor) -> tuple[torch.Tensor, Any, dict[int, np.ndarray]]:
+        """What a config set's calls reuse: its tensor, its config-only encoding, and per dtype size which
+        of its configs the device can run (perfmodel.configs.runnable)."""
+        fits = {b: runnable(ct.numpy(), float(b), self.spec) for b in set(DTYPE_BYTES.values())}
+        return ct, _ConfigPart.of(self._encoder, ct), fits
+
+    def _configs(self, configs: Any, dtype: str) -> tuple[Sequence[GemmConfig], torch.Tensor, Any, dict]:
+        """(configs, their tensor, their config-only encoding, their runnable masks per dtype size); the
+        last three cached per config set."""
         if configs is None:
             return (self._default_configs[dtype], *self._default_tensors[dtype])
         if isinstance(configs, (GemmConfig, str, bytes, dict)) or not isinstance(configs, Iterable):
@@ -194,8 +195,7 @@ class Predictor:
             if hit is not None:
                 self._config_cache.move_to_end(key)
         if hit is None:
-            ct = configs_tensor(configs)
-            hit = (ct, _ConfigPart.of(self._encoder, ct))
+            hit = self._config_entry(configs_tensor(configs))
             with self._config_lock:
                 self._config_cache[key] = hit
                 while len(self._config_cache) > _CONFIG_CACHE_SIZE:
@@ -206,45 +206,38 @@ class Predictor:
     def _ms(self, head: str, x: torch.Tensor, what: str) -> np.ndarray:
         return self._checked(np.exp(self._run(head, x)), what, positive=True)
 
-    def _runnable(self, ct: torch.Tensor, problems: Sequence[GemmProblem]) -> np.ndarray | None:
-        """(P, C) bool: which configs the model's device can run for each problem (shared memory for its
-        dtype, registers: perfmodel.configs.runnable); None when all can (the default spaces, and
-        nearly every user list)."""
-        sizes = {p.dtype_bytes for p in problems}
-        per_size = self._runnable_cache.get(id(ct))  # the config set's tensor is cached with it (_configs)
-        if per_size is None or not sizes <= per_size.keys():
-            per_size = {b: runnable(ct.numpy(), float(b), self.spec) for b in {2, 4} | sizes}
-            if id(ct) not in self._runnable_cache:  # the entry goes with the tensor
-                weakref.finalize(ct, self._runnable_cache.pop, id(ct), None)
-            self._runnable_cache[id(ct)] = per_size
-        if all(per_size[b].all() for b in sizes):
+    @staticmethod
+    def _runnable(fits: dict[int, np.ndarray], problems: Sequence[GemmProblem]) -> np.ndarray | None:
+        """(P, C) bool: which configs the model's device can run for each problem (fits: _config_entry's
+        masks per dtype size); None when all can (the default spaces, and nearly every user list)."""
+        if all(fits[p.dtype_bytes].all() for p in problems):
             return None
-        return np.stack([per_size[p.dtype_bytes] for p in problems])
+        return np.stack([fits[p.dtype_bytes] for p in problems])
 
-    def _unrunnable_inf(self, ms: np.ndarray, ct: torch.Tensor, problems: Sequence[GemmProblem]) -> np.ndarray:
+    def _unrunnable_inf(self, ms: np.ndarray, fits: dict[int, np.ndarray], problems: Sequence[GemmProblem]) -> np.ndarray:
         """ms (P, C) with inf where the device cannot run the config (docs/design.md: such a config
         predicts inf and ranks after every runnable one)."""
-        ok = self._runnable(ct, problems)
+        ok = self._runnable(fits, problems)
         return ms if ok is None else np.where(ok, ms, np.inf)
 
     def predict(self, prob: GemmProblem, configs: Sequence[GemmConfig] | None = None) -> np.ndarray:
         """Predicted milliseconds of each config on prob: 1-D float64 array, one per config.
         configs None: the pruned space of the model's device for prob.dtype."""
         prob = _check_problem(prob)
-        _, ct, part = self._configs(configs, prob.dtype)
+        _, ct, part, fits = self._configs(configs, prob.dtype)
         with torch.inference_mode():  # no autograd bookkeeping on the encoder's small ops
             x = self._encoder.encode_cross(problems_tensor([prob]), ct, part)  # (C, F)
-        return self._unrunnable_inf(self._ms("gemm", x, f"prob {prob}")[None], ct, [prob])[0]
+        return self._unrunnable_inf(self._ms("gemm", x, f"prob {prob}")[None], fits, [prob])[0]
 
     def predict_many(self, problems: Sequence[GemmProblem],
                      configs: Sequence[GemmConfig] | None = None) -> np.ndarray:
         """[len(problems), len(configs)] predicted ms, every problem with every config in one pass.
         configs None needs problems of one dtype (the default space depends on it)."""
         problems = _check_problems(problems)
-        cfgs, ct, part = self._configs(configs, self._common_dtype(problems, configs))
+        cfgs, ct, part, fits = self._configs(configs, self._common_dtype(problems, configs))
         with torch.inference_mode():
             x = self._encoder.encode_cross(problems_tensor(problems), ct, part)  # (P * C, F)
-        return self._unrunnable_inf(self._ms("gemm", x, "problems").reshape(len(problems), len(cfgs)), ct, problems)
+        return self._unrunnable_inf(self._ms("gemm", x, "problems").reshape(len(problems), len(cfgs)), fits, problems)
 
     @staticmethod
     def _common_dtype(problems: list[GemmProblem], configs: Any) -> str:
@@ -297,8 +290,8 @@ class Predictor:
         Fewer when fewer configs are given; ties keep the given order."""
         top_k = _check_top_k(top_k)
         prob = _check_problem(prob)
-        cfgs, ct, part = self._configs(configs, prob.dtype)
-        ok = self._runnable(ct, [prob])
+        cfgs, ct, part, fits = self._configs(configs, prob.dtype)
+        ok = self._runnable(fits, [prob])
         if ok is not None:
             return self._rank_runnable(prob, cfgs, ok[0], top_k)
         idx, ms = self._best([prob], ct, part, top_k)
@@ -317,8 +310,8 @@ class Predictor:
         """rank() for many problems in one batched pass: one list per problem."""
         top_k = _check_top_k(top_k)
         problems = _check_problems(problems)
-        cfgs, ct, part = self._configs(configs, self._common_dtype(problems, configs))
-        ok = self._runnable(ct, problems)
+        cfgs, ct, part, fits = self._configs(configs, self._common_dtype(problems, configs))
+        ok = self._runnable(fits, problems)
         if ok is not None:
             return [self._rank_runnable(p, cfgs, o, top_k) for p, o in zip(problems, ok)]
         idx, ms = self._best(problems, ct, part, top_k)
@@ -351,7 +344,10 @@ class Predictor:
         if not (math.isfinite(margin) and margin >= 0):
             raise ValueError(f"margin: must be finite and >= 0, got {margin}")
         prob = _check_problem(prob)
-        cfgs, ct, part = self._configs(configs, prob.dtype)
+        cfgs, ct, part, fits = self._configs(configs, prob.dtype)
+        ok = self._runnable(fits, [prob])
+        if ok is not None and ok[0].any():  # a config the device cannot run is never a candidate
+            return self.candidates(prob, [c for c, o in zip(cfgs, ok[0]) if o], top_k, margin, max_k)
         idx, ms = self._best([prob], ct, part, max_k)
         idx, ms = idx[0], ms[0]
         k = min(top_k, len(idx))

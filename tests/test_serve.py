@@ -623,3 +623,10 @@ def test_default_backend_is_the_fastest_available(model_dir: Path, tmp_path: Pat
     assert Predictor.load(model_dir).backend == "torch"
     with pytest.raises(ValueError, match="backend"):
         Predictor.load(model_dir, backend="tensorrt")
+
+
+def test_candidates_never_offer_a_config_the_device_cannot_run(pt: Predictor) -> None:
+    prob = GemmProblem(m=512, n=512, k=512, dtype="float16")
+    big, a, b = GemmConfig(256, 256, 128, 8, 5, 8), GemmConfig(128, 128, 64, 8, 3, 4), GemmConfig(64, 64, 32, 8, 4, 4)
+    c = pt.candidates(prob, [big, a, b], top_k=3)
+    assert big not in c.configs and set(c.configs) == {a, b} and np.isfinite(c.predicted_ms).all()
