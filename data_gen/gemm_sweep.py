@@ -193,14 +193,14 @@ def run(out_dir: Path, spec_name: str | None = None, settings: GemmSweepSettings
                     stats["kernels_compiled"] += len(results[fut])
                 compile_errors[cfg] = results[fut][cfg]
             stats["compile_s"] = time.perf_counter() - t_compile0  # until the last group needed is ready
+            keep_large = set(large_subset(plan[key], settings.configs_large))
             for p in groups[key]:
                 if settings.time_limit_s is not None and time.perf_counter() - t_compile0 > settings.time_limit_s:
                     stats["stopped_at_time_limit"] = True
                     break
                 cfgs = list(compile_errors.items())
                 if estimated_ms(p, spec) > settings.large_ms:
-                    keep = set(large_subset(plan[key], settings.configs_large))
-                    cfgs = [(c, e) for c, e in cfgs if c in keep]
+                    cfgs = [(c, e) for c, e in cfgs if c in keep_large]
                 t0 = time.perf_counter()
                 rows = measure_problem(p, cfgs, bench, spec, clock)
                 stats["timing_s"] += time.perf_counter() - t0

@@ -252,18 +252,13 @@ def _handler_class() -> type:
 
 
 def _check_device(predictor: Predictor) -> None:
-    """A model ranks configs for the GPU it was trained on; say so once if this one differs."""
-    import torch
+    """A model ranks configs for the GPUs it was trained on; say so once if this one differs."""
+    from .loading import live_device_spec, model_devices
 
-    from perfmodel.devices import match_spec
-
-    if not torch.cuda.is_available():
-        return
-    name = torch.cuda.get_device_name()
-    spec = match_spec(name, torch.cuda.get_device_properties(0).multi_processor_count)
-    if spec is None or spec.name != predictor.spec.name:
-        _warn_once("device", f"the model was trained for {predictor.spec.name}, this GPU is {name!r}: "
-                             "its rankings may not transfer")
+    live = live_device_spec()
+    if live is not None and live not in model_devices(predictor.bundle):
+        _warn_once("device", f"the model was trained for {', '.join(model_devices(predictor.bundle))}, "
+                             f"this GPU is {live!r}: its rankings may not transfer")
 
 
 def install(top_k: int = 5, predictor: Predictor | None = None, *, model: Any = None, backend: str | None = None,

@@ -51,3 +51,18 @@ def test_live_device_the_model_does_not_know_warns_once(monkeypatch, name, sms):
         p = Predictor.load()
     assert p.device == "h100-sxm" and len(rec) == 1
     assert loading.live_device_spec() != "h100-sxm"
+
+
+def test_inductor_hook_says_once_when_the_gpu_is_not_the_models(monkeypatch):
+    pytest.importorskip("triton")
+    from perfmodel.serve import inductor as si
+
+    p = Predictor.load(device="h100-sxm")
+    monkeypatch.setattr(si, "_warned", set())
+    _mock_gpu(monkeypatch, "NVIDIA H100 80GB HBM3", 132)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        si._check_device(p)  # the model's own GPU: quiet
+    _mock_gpu(monkeypatch, "NVIDIA H200", 132)
+    with pytest.warns(RuntimeWarning, match="trained for h100-sxm, this GPU is 'h200'"):
+        si._check_device(p)
