@@ -16,7 +16,7 @@ import torch
 
 from ._version import __version__
 from .devices import DeviceSpec
-from .features import ENCODER_VERSION, FeatureEncoder
+from .features import ENCODER_VERSION, SUPPORTED_ENCODER_VERSIONS, FeatureEncoder
 from .model import MLPConfig, PerfMLP, floor_features
 from .ranking import screened_rank
 from .schema import SCHEMA_VERSION
@@ -70,9 +70,12 @@ def save(bundle: ModelBundle, folder: Path, extra_metadata: dict[str, Any] | Non
             tensors[f"{name}.{k}"] = v.detach().contiguous().cpu()
         heads_meta[name] = {"mlp": head.cfg.as_dict(), "features": bundle.encoders[name].names,
                             "encoder_kind": bundle.encoders[name].kind}
+    versions = {enc.version for enc in bundle.encoders.values()}
+    if len(versions) != 1:
+        raise ArtifactError(f"encoders: one encoder version per model folder, got {sorted(versions)}")
     save_file(tensors, str(folder / WEIGHTS))
     meta = {**bundle.metadata, **(extra_metadata or {}), "format": FORMAT, "schema_version": SCHEMA_VERSION,
-            "encoder_version": ENCODER_VERSION, "device_spec": bundle.spec.as_dict(), "heads": heads_meta,
+            "encoder_version": versions.pop(), "device_spec": bundle.spec.as_dict(), "heads": heads_meta,
             "weights_sha256": sha256_file(folder / WEIGHTS)}
     (folder / METADATA).write_text(json.dumps(meta, indent=2, sort_keys=True))
     bundle.metadata = meta
@@ -96,8 +99,10 @@ def load(folder: Path) -> ModelBundle:
         raise ArtifactError(f"{meta_path}: not valid JSON ({exc})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise ArtifactError(f"{meta_path}: not a {FORMAT} metadata file")
-    for key, want in (("schema_version", SCHEMA_VERSION), ("encoder_version", ENCODER_VERSION)):
-        _check_version(folder, meta, key, want)
+    _check_version(folder, meta, "schema_version", (SCHEMA_VERSION,))
+    # A folder written with an older encoder version this code still encodes loads with that version's features.
+    _check_version(folder, meta, "encoder_version", SUPPORTED_ENCODER_VERSIONS)
+    version = meta["encoder_version"]
     if meta.get("weights_sha256") and meta["weights_sha256"] != sha256_file(weights_path):
         raise ArtifactError(f"{weights_path}: checksum differs from metadata.weights_sha256 (corrupt or edited)")
     spec = spec_from_dict(meta.get("device_spec", {}))
@@ -110,7 +115,7 @@ def load(folder: Path) -> ModelBundle:
         raise ArtifactError(f"{meta_path}: 'heads' is missing or not a mapping")
     for name, hm in meta["heads"].items():
         try:
-            enc = FeatureEncoder(spec, hm.get("encoder_kind", name))
+            enc = FeatureEncoder(spec, hm.get("encoder_kind", name), version)
             cfg = MLPConfig.from_dict(hm["mlp"])
             if "floor_features" not in hm["mlp"]:  # written before the field: the floor from the names
                 cfg = replace(cfg, floor_features=floor_features(enc.names, cfg.n_outputs))
@@ -131,17 +136,19 @@ def load(folder: Path) -> ModelBundle:
     return ModelBundle(spec, heads, encoders, meta)
 
 
-def _check_version(folder: Path, meta: dict[str, Any], key: str, want: int) -> None:
-    """Refuse a folder whose schema/encoder version is not this code's, saying which side is newer."""
+def _check_version(folder: Path, meta: dict[str, Any], key: str, supported: tuple[int, ...]) -> None:
+    """Refuse a folder whose schema/encoder version is not one this code reads, saying which side is newer."""
     got = meta.get(key)
-    if got == want:
+    if isinstance(got, int) and not isinstance(got, bool) and got in supported:
         return
+    want = max(supported)
     by = meta.get("package_version")
     written = f"written by perfmodel {by}" if by else "written by an unrecorded perfmodel version"
     if isinstance(got, int) and not isinstance(got, bool) and got > want:
         raise ArtifactError(f"{folder}: {key} {got} is newer than this code's {key} {want} ({written}, this is "
                             f"perfmodel {__version__}); upgrade perfmodel to load this model")
-    raise ArtifactError(f"{folder}: {key} is {got!r}, this code needs {want} ({written}, this is perfmodel "
+    need = want if len(supported) == 1 else f"one of {', '.join(map(str, supported))}"
+    raise ArtifactError(f"{folder}: {key} is {got!r}, this code needs {need} ({written}, this is perfmodel "
                         f"{__version__}); retrain the model with this version, or load it with the one that wrote it")
 
 

@@ -15,7 +15,13 @@ import torch
 from .devices import DeviceSpec
 from .schema import DTYPE_BYTES, GemmConfig, GemmProblem, PadProblem
 
-ENCODER_VERSION = 2  # 2: ten layout features for the pad head
+ENCODER_VERSION = 3  # 2: ten layout features for the pad head; 3: the device's max SM clock, L2 and shared memory
+# Versions this code encodes (and so loads model folders of): a folder records the version it was trained with.
+SUPPORTED_ENCODER_VERSIONS = (2, 3)
+# Device features added in version 3, the last three problem features (so of every head but pr156851); with
+# log_sm_count, log_peak_tflops (the row's dtype/tf32 peak) and log_dram_gbs they describe the device.
+# Shared memory is the per-block opt-in limit (what one CTA may use: the per-SM figure less 1 KB on Hopper).
+DEVICE_FEATURES = ("log_max_sm_clock_ghz", "log_l2_mb", "log_smem_optin_kb")
 
 PROBLEM_COLUMNS = ("m", "n", "k", "dtype_bytes", "is_bf16", "allow_tf32", "transpose_left", "transpose_right")
 CONFIG_COLUMNS = ("block_m", "block_n", "block_k", "group_m", "num_stages", "num_warps")
@@ -68,12 +74,16 @@ class FeatureEncoder:
     "pr156851" (the 12 log features of the PR 156851 baseline).
     """
 
-    def __init__(self, spec: DeviceSpec, kind: str = "gemm") -> None:
+    def __init__(self, spec: DeviceSpec, kind: str = "gemm", version: int = ENCODER_VERSION) -> None:
         if kind not in ("gemm", "cublas", "pad", "pr156851"):
             raise ValueError(f"kind: unknown encoder kind {kind!r}")
+        if version not in SUPPORTED_ENCODER_VERSIONS:
+            raise ValueError(f"version: encoder version {version!r} is not one of {SUPPORTED_ENCODER_VERSIONS}")
         self.spec = spec
         self.kind = kind
-        self.version = ENCODER_VERSION
+        self.version = version
+        # problem features: 24, plus the device features from version 3
+        self._np = 24 + (len(DEVICE_FEATURES) if version >= 3 else 0)
         self.names = list(self._names())
         self._build_maps()
 
@@ -82,7 +92,7 @@ class FeatureEncoder:
                    "transpose_left", "transpose_right", "log_total_gb", "log_total_gflop", "log_flops_per_byte",
                    "m_mod16", "n_mod16", "k_mod16", "m_mod8", "n_mod8", "k_mod8",
                    "log_roofline_ms", "log_compute_ms", "log_memory_ms", "log_sm_count", "log_peak_tflops",
-                   "log_dram_gbs")
+                   "log_dram_gbs") + (DEVICE_FEATURES if self.version >= 3 else ())
         if self.kind == "cublas":
             return problem
         if self.kind == "pr156851":
@@ -114,13 +124,15 @@ class FeatureEncoder:
         L = math.log
         # Problem: basis [log m, log n, log k, log dtype_bytes, log(mn + nk + km), log peak FLOP/s,
         # log roofline ms, dtype_bytes, is_bf16, allow_tf32, transpose_left, transpose_right,
-        # m,n,k % 16 == 0, m,n,k % 8 == 0, fp32_ieee] @ block map + bias -> the 24 problem features.
+        # m,n,k % 16 == 0, m,n,k % 8 == 0, fp32_ieee] @ block map + bias -> the 24 problem features (27 from
+        # version 3: the device features, constants of the bias).
         # log compute ms and log memory ms (whose max is the roofline) come from the first six.
         roof = torch.zeros(6, 2, dtype=f64)
         roof[0:3, 0] = 1; roof[5, 0] = -1                                                   # compute ms
         roof[3:5, 1] = 1                                                                    # memory ms
         roof_bias = torch.tensor([L(2) + L(1e3), L(1e3) - L(s.peak_bytes_per_s())], dtype=f64)
-        m = torch.zeros(19, 24, dtype=f64)
+        npf = self._np
+        m = torch.zeros(19, npf, dtype=f64)
         m[0, 0] = m[1, 1] = m[2, 2] = 1                                                     # log m, n, k
         m[7, 3] = m[8, 4] = m[9, 5] = 1                                                     # bytes, bf16, tf32
         m[18, 6] = 1                                                                        # fp32_ieee
@@ -133,10 +145,13 @@ class FeatureEncoder:
         m[6, 18] = 1                                                                        # roofline
         m[0:6, 19] = roof[:, 0]; m[0:6, 20] = roof[:, 1]                                    # compute, memory
         m[5, 22] = 1                                                                        # peak TFLOP/s
-        bias = torch.zeros(24, dtype=f64)
+        bias = torch.zeros(npf, dtype=f64)
         bias[9], bias[10], bias[11] = -L(1e9), L(2) - L(1e9), L(2)
         bias[19], bias[20] = roof_bias[0], roof_bias[1]
         bias[21], bias[22], bias[23] = L(s.sm_count), -L(1e12), L(s.dram_bw_gbs)
+        if npf > 24:                                                                        # device (v3)
+            bias[24:27] = torch.tensor([L(s.max_sm_clock_mhz / 1e3), L(s.l2_bytes / 2**20),
+                                        L(s.shared_memory_per_block_optin / 1024)], dtype=f64)
         self._roof_map, self._roof_bias, self._block_map, self._block_bias = roof, roof_bias, m, bias
         # peak FLOP/s by key 2 * dtype_bytes + allow_tf32 (fp16/bf16 ignore the tf32 flag)
         peaks = torch.ones(10, dtype=f64)
@@ -188,8 +203,8 @@ class FeatureEncoder:
         q[0:2, 9] = -1                                  # tile waste mn: / (m n)
         q[2, 10] = -1                                   # tile waste k: / k
         q[3, 12] = 1                                    # smem per stage: * dtype_bytes
-        def wide(m: torch.Tensor) -> torch.Tensor:  # the 20 GEMM columns placed after the 24 problem ones
-            return torch.cat([torch.zeros(m.shape[0], 24, dtype=f64), m], 1)
+        def wide(m: torch.Tensor) -> torch.Tensor:  # the 20 GEMM columns placed after the problem ones
+            return torch.cat([torch.zeros(m.shape[0], npf, dtype=f64), m], 1)
 
         self._cross_map44 = wide(z).to(torch.float32)
         self._config_map44 = wide(c)
@@ -203,7 +218,7 @@ class FeatureEncoder:
         self._smem_optin = torch.tensor(float(s.shared_memory_per_block_optin), dtype=f64)
 
     def _problem_block(self, p: torch.Tensor) -> torch.Tensor:
-        """(..., 8) problem columns (float64) -> (..., 24) problem features (float64), in name order."""
+        """(..., 8) problem columns (float64) -> (..., 24 or 27) problem features (float64), in name order."""
         return self._problem_basis(p)[0] @ self._block_map + self._block_bias
 
     def _problem_basis(self, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -259,7 +274,7 @@ class FeatureEncoder:
         grouped = torch.minimum(c[..., 3:4], tiles_mnk[..., 0:1])
         cross = torch.cat([torch.cat([tiles_mnk, tiled_load, full_waves, grouped], -1).log(),
                            tiles / full_waves, cfg_smem * db], -1)
-        # All three parts are written 44 wide (zeros where they have no feature) and summed with
+        # All three parts are written full width (44 features, 47 from version 3; zeros where they have no feature) and summed with
         # broadcasting: no expand/concatenate of the (P, C) result. float32 from here (the features'
         # type): the (P, C) arrays are the only large ones.
         per_problem = (basis @ self._problem_map44 + self._block_bias44).to(torch.float32)
@@ -267,7 +282,7 @@ class FeatureEncoder:
         return x.reshape(-1, len(self.names))
 
     def config_part(self, configs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The config-only part of a GEMM encoding, (..., 44) float32 and (..., 1): a caller that encodes many
+        """The config-only part of a GEMM encoding, (..., F) float32 and (..., 1): a caller that encodes many
         problems against one config set may compute it once and pass it to encode(config_part=...)."""
         c = configs.to(torch.float64)
         bm_plus_bn = c[..., 0:1] + c[..., 1:2]

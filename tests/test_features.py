@@ -16,8 +16,8 @@ import torch
 from perfmodel import GemmConfig, GemmProblem, PadProblem
 from perfmodel.configs import exhaustive_space
 from perfmodel.devices import get_spec
-from perfmodel.features import (CONFIG_COLUMNS, PAD_COLUMNS, PR156851_FEATURES, PROBLEM_COLUMNS, FeatureEncoder,
-                                configs_tensor, pad_tensor, problems_tensor)
+from perfmodel.features import (CONFIG_COLUMNS, DEVICE_FEATURES, PAD_COLUMNS, PR156851_FEATURES, PROBLEM_COLUMNS,
+                                FeatureEncoder, configs_tensor, pad_tensor, problems_tensor)
 
 SPEC = get_spec("h100-sxm")
 BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
@@ -50,6 +50,9 @@ def ref_problem(m: int, n: int, k: int, dtype: str, tf32: bool, tl: bool, tr: bo
         "log_compute_ms": math.log(compute_ms), "log_memory_ms": math.log(memory_ms),
         "log_sm_count": math.log(SPEC.sm_count), "log_peak_tflops": math.log(peak / 1e12),
         "log_dram_gbs": math.log(SPEC.dram_bw_gbs),
+        # encoder version 3: the device's max SM clock, L2 size and per-block shared memory
+        "log_max_sm_clock_ghz": math.log(SPEC.max_sm_clock_mhz / 1000), "log_l2_mb": math.log(SPEC.l2_bytes / 2**20),
+        "log_smem_optin_kb": math.log(SPEC.shared_memory_per_block_optin / 1024),
     }
 
 
@@ -361,7 +364,78 @@ def test_finite_over_the_full_dim_range(kind):
     assert x.abs().max() < 1e6
 
 
+# ---------------------------------------------------------------- encoder versions and devices
+
+def _encode_all(enc: FeatureEncoder) -> torch.Tensor:
+    if enc.kind == "pad":
+        return enc.encode(pad_tensor(PAD_CASES))
+    if enc.kind == "cublas":
+        return enc.encode(problems_tensor([p for p, _ in CASES]))
+    return enc.encode(problems_tensor([p for p, _ in CASES]), configs_tensor([c for _, c in CASES]))
+
+
+@pytest.mark.parametrize("kind", ["gemm", "cublas", "pad", "pr156851"])
+def test_version_2_is_version_3_without_the_device_features(kind):
+    """A model folder of encoder version 2 (models/h100 as shipped) encodes exactly as before: version 3
+    only adds DEVICE_FEATURES, and every other column is unchanged."""
+    v2, v3 = FeatureEncoder(SPEC, kind, 2), FeatureEncoder(SPEC, kind, 3)
+    assert v2.version == 2 and v3.version == 3
+    if kind == "pr156851":
+        assert v2.names == v3.names == list(PR156851_FEATURES)
+    else:
+        assert [n for n in v3.names if n not in DEVICE_FEATURES] == v2.names
+        assert set(v3.names) - set(v2.names) == set(DEVICE_FEATURES)
+    x2, x3 = _encode_all(v2), _encode_all(v3)
+    keep = [v3.names.index(n) for n in v2.names]
+    assert torch.equal(x3[:, keep], x2)
+
+
+def test_version_2_names_are_the_shipped_models():
+    import json
+
+    from perfmodel.locations import default_model_dir
+
+    meta = json.loads((default_model_dir() / "metadata.json").read_text())
+    if meta["encoder_version"] != 2:
+        pytest.skip("the shipped model was retrained with another encoder version")
+    for name, head in meta["heads"].items():
+        assert FeatureEncoder(SPEC, head.get("encoder_kind", name), 2).names == head["features"], name
+
+
+@pytest.mark.parametrize("kind", ["gemm", "cublas", "pad"])
+def test_device_features_follow_the_spec(kind):
+    """Every device property of the issue's list is a feature (SM count, max SM clock, DRAM bandwidth, L2,
+    shared memory, the row's peak FLOP/s), taken from the spec: constant over rows, different between devices."""
+    want = {"log_sm_count": lambda s: math.log(s.sm_count), "log_dram_gbs": lambda s: math.log(s.dram_bw_gbs),
+            "log_max_sm_clock_ghz": lambda s: math.log(s.max_sm_clock_mhz / 1000),
+            "log_l2_mb": lambda s: math.log(s.l2_bytes / 2**20),
+            "log_smem_optin_kb": lambda s: math.log(s.shared_memory_per_block_optin / 1024)}
+    rows = {}
+    for name in ("h100-sxm", "h200", "a100-sxm"):
+        spec = get_spec(name)
+        enc = FeatureEncoder(spec, kind)
+        x = _encode_all(enc).double()
+        for feat, f in want.items():
+            col = x[:, enc.names.index(feat)]
+            np.testing.assert_allclose(col.numpy(), f(spec), rtol=1e-6, err_msg=f"{name} {feat}")
+        rows[name] = x
+    # H200 vs H100 SXM: same SMs, clock and arithmetic, more DRAM bandwidth (and L2): memory-bound
+    # features move, the peak does not
+    h100, h200 = FeatureEncoder(get_spec("h100-sxm"), kind), FeatureEncoder(get_spec("h200"), kind)
+    for feat in ("log_dram_gbs", "log_memory_ms"):
+        j = h100.names.index(feat)
+        assert (rows["h200"][:, j] > rows["h100-sxm"][:, j] if feat == "log_dram_gbs"
+                else rows["h200"][:, j] < rows["h100-sxm"][:, j]).all(), feat
+    for feat in ("log_sm_count", "log_peak_tflops", "log_max_sm_clock_ghz", "log_compute_ms", "log_m"):
+        j = h100.names.index(feat)
+        assert torch.equal(rows["h200"][:, j], rows["h100-sxm"][:, j]), feat
+    assert not torch.equal(rows["a100-sxm"], rows["h100-sxm"])
+    assert h200.names == h100.names
+
+
 def test_errors():
+    with pytest.raises(ValueError, match="version"):
+        FeatureEncoder(SPEC, "gemm", 1)
     with pytest.raises(ValueError, match="kind"):
         FeatureEncoder(SPEC, "conv")
     p, _ = CASES[0]

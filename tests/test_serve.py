@@ -190,9 +190,11 @@ def test_newer_artifact_says_upgrade(model_dir: Path, tmp_path: Path, key: str, 
     msg = str(exc.value)
     assert f"{key} {want + 1} is newer than this code's {key} {want}" in msg
     assert "perfmodel 9.9.0" in msg and f"this is perfmodel {__version__}" in msg and "upgrade perfmodel" in msg
-    # an older one says to retrain instead
-    _edit_meta(folder, lambda m: m.update({key: want - 1}))
-    with pytest.raises(ValueError, match=f"{key} is {want - 1}, this code needs {want}.*retrain"):
+    # an older one than this code reads says to retrain instead
+    oldest = min(artifact.SUPPORTED_ENCODER_VERSIONS) if key == "encoder_version" else want
+    need = f"one of {', '.join(map(str, artifact.SUPPORTED_ENCODER_VERSIONS))}" if key == "encoder_version" else want
+    _edit_meta(folder, lambda m: m.update({key: oldest - 1}))
+    with pytest.raises(ValueError, match=f"{key} is {oldest - 1}, this code needs {need}.*retrain"):
         Predictor.load(folder)
 
 
