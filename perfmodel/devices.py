@@ -39,7 +39,10 @@ class DeviceSpec:
         return asdict(self)
 
 
-# Datasheet figures (NVIDIA H100/H200/A100 datasheets; clocks are max boost).
+# Datasheet figures (NVIDIA H100/H200/A100 datasheets; clocks are max boost). The H200 (SXM) is the H100 SXM's
+# GH100 configuration (132 SMs, 1980 MHz, the same tensor-core rates and shared memory) with 141 GB of
+# HBM3e at 4.8 TB/s and 60 MB of L2 (torch reports L2_cache_size=60MB for it, 50MB for the H100 SXM).
+# benchmarks/device_probe.py checks a spec against what the card reports and measures.
 KNOWN_DEVICES: dict[str, DeviceSpec] = {
     "h100-sxm": DeviceSpec("h100-sxm", "H100 80GB HBM3", 132, 1980.0, _HOPPER_FLOP_PER_SM_CLK, 3350.0, 232448, 50 * 2**20),
     "h100-pcie": DeviceSpec("h100-pcie", "H100 PCIe", 114, 1755.0, _HOPPER_FLOP_PER_SM_CLK, 2000.0, 232448, 50 * 2**20),
