@@ -50,6 +50,38 @@ class ModelBundle:
         """How many configs per problem the gemm head scores after the screen head."""
         return int(self.metadata.get("screen_keep", DEFAULT_SCREEN_KEEP))
 
+    @property
+    def devices(self) -> tuple[str, ...]:
+        """The device specs the model was trained for, its default first (metadata "devices"; a model
+        of one device, or written before the field: its spec)."""
+        return tuple(self.metadata.get("devices") or (self.spec.name,))
+
+    @property
+    def device_specs(self) -> dict[str, DeviceSpec]:
+        """Each trained device's DeviceSpec, as stored in the artifact (metadata "device_specs")."""
+        stored = self.metadata.get("device_specs") or {}
+        return {name: (spec_from_dict(stored[name]) if name in stored else self.spec) for name in self.devices}
+
+    def for_device(self, name: str) -> "ModelBundle":
+        """The same heads with encoders for another device the model was trained for: the device
+        features (and every feature derived from the spec) are that device's. ValueError naming the
+        device for one the model does not know."""
+        if name == self.spec.name:
+            return self
+        if name not in self.devices:
+            raise ValueError(f"device: this model was trained for {', '.join(self.devices)}, not {name!r}")
+        spec = self.device_specs[name]
+        encoders = {h: FeatureEncoder(spec, enc.kind, enc.version) for h, enc in self.encoders.items()}
+        return ModelBundle(spec, self.heads, encoders, self.metadata)
+
+
+def onnx_file(bundle: ModelBundle, device: str | None = None) -> str:
+    """The ONNX file of a model folder that serves `device` (default: the bundle's): model.onnx for the
+    model's default device, model.<device>.onnx for each other one. The heads' graph is the same in each
+    (it takes encoded rows); the ranking graph encodes problems and configs with that device's spec."""
+    device = bundle.spec.name if device is None else device
+    return ONNX if device == bundle.devices[0] else f"model.{device}.onnx"
+
 
 def spec_from_dict(d: dict[str, Any]) -> DeviceSpec:
     try:
@@ -77,6 +109,12 @@ def save(bundle: ModelBundle, folder: Path, extra_metadata: dict[str, Any] | Non
     meta = {**bundle.metadata, **(extra_metadata or {}), "format": FORMAT, "schema_version": SCHEMA_VERSION,
             "encoder_version": versions.pop(), "device_spec": bundle.spec.as_dict(), "heads": heads_meta,
             "weights_sha256": sha256_file(folder / WEIGHTS)}
+    if len(bundle.devices) > 1 or "devices" in meta:  # several devices: each one's spec, the default first
+        if bundle.spec.name != bundle.devices[0]:
+            raise ArtifactError(f"devices: the bundle's spec {bundle.spec.name!r} is not its default device "
+                                f"{bundle.devices[0]!r} (save the bundle as trained, not for_device())")
+        meta["devices"] = list(bundle.devices)
+        meta["device_specs"] = {name: spec.as_dict() for name, spec in bundle.device_specs.items()}
     (folder / METADATA).write_text(json.dumps(meta, indent=2, sort_keys=True))
     bundle.metadata = meta
     return folder
@@ -106,6 +144,14 @@ def load(folder: Path) -> ModelBundle:
     if meta.get("weights_sha256") and meta["weights_sha256"] != sha256_file(weights_path):
         raise ArtifactError(f"{weights_path}: checksum differs from metadata.weights_sha256 (corrupt or edited)")
     spec = spec_from_dict(meta.get("device_spec", {}))
+    devices = meta.get("devices")
+    if devices is not None:  # a model of several devices: the default first, each one's spec stored
+        specs = meta.get("device_specs")
+        if not isinstance(devices, list) or not devices or devices[0] != spec.name or not isinstance(specs, dict) \
+                or set(specs) != set(devices):
+            raise ArtifactError(f"{meta_path}: 'devices' must list the device_specs' names, device_spec's first")
+        for d in specs.values():
+            spec_from_dict(d)
     try:
         tensors = load_file(str(weights_path))
     except (SafetensorError, OSError, ValueError) as exc:
@@ -202,9 +248,15 @@ RANK_INPUTS = ("rank_problems", "rank_configs", "rank_config_part", "rank_config
 RANK_OUTPUTS = ("rank_kept", "rank_log_ms")
 
 
+def export_onnx_all(bundle: ModelBundle, folder: Path) -> list[Path]:
+    """Every device's ONNX file of a model folder (onnx_file): one for a model of one device."""
+    return [export_onnx(bundle.for_device(d), Path(folder) / onnx_file(bundle, d)) for d in bundle.devices]
+
+
 def export_onnx(bundle: ModelBundle, path: Path) -> Path:
     """A single-file ONNX graph (no external data) with inputs <head>_x and outputs <head>_log_ms and
-    <head>_score, and, when the bundle has a screen head, the screened ranking (RANK_INPUTS -> RANK_OUTPUTS)."""
+    <head>_score, and, when the bundle has a screen head, the screened ranking (RANK_INPUTS -> RANK_OUTPUTS)
+    for the bundle's device (its spec's constants are folded into the ranking graph's encoder)."""
     rank = "screen" in bundle.heads
     keep = bundle.screen_keep
     enc = bundle.encoders["gemm"]

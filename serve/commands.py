@@ -37,6 +37,9 @@ def _model_args(p: argparse.ArgumentParser, backend: bool = True) -> None:
     if backend:
         p.add_argument("--backend", choices=("torch", "onnx"), default=None,
                        help="default: the fastest available (onnx when onnxruntime imports)")
+    p.add_argument("--device", default=None,
+                   help="device spec to predict for, one the model was trained for (default: the visible GPU's "
+                        "when the model knows it, else the model's default device)")
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -66,7 +69,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
     exp = sub.add_parser("export-onnx", help="write a model folder's model.onnx (all heads, one graph)")
     _model_args(exp, backend=False)
-    exp.add_argument("--out", type=Path, default=None, help="output file (default: <model folder>/model.onnx)")
+    exp.add_argument("--out", type=Path, default=None,
+                     help="output file (default: each trained device's file in the model folder: model.onnx for the "
+                          "default device, model.<device>.onnx for the others)")
     _one_line_errors(exp, "export-onnx")
 
 
@@ -81,7 +86,7 @@ def _rank(args: argparse.Namespace) -> int:
 
     prob = GemmProblem(m=args.m, n=args.n, k=args.k, dtype=args.dtype, allow_tf32=args.allow_tf32,
                        transpose_left=args.transpose_left, transpose_right=args.transpose_right)
-    p = Predictor.load(args.model, backend=args.backend)
+    p = Predictor.load(args.model, backend=args.backend, device=args.device)
     cand = p.candidates(prob, top_k=args.top_k, margin=0.0, max_k=args.top_k)
     rows = [{"rank": i + 1, **c.as_dict(), "predicted_ms": ms, "tflops": _tflops(prob.flops, ms)}
             for i, (c, ms) in enumerate(zip(cand.configs, cand.predicted_ms))]
@@ -119,7 +124,7 @@ def _pad(args: argparse.Namespace) -> int:
     pp = PadProblem(m=args.m, k=args.k, n=args.n, dtype=args.dtype, transpose_left=args.transpose_left,
                     transpose_right=args.transpose_right, prepadded_left=args.prepadded_left,
                     prepadded_right=args.prepadded_right, allow_tf32=args.allow_tf32)
-    p = Predictor.load(args.model, backend=args.backend)
+    p = Predictor.load(args.model, backend=args.backend, device=args.device)
     d = p.pad(pp)
     pm, pk, pn = pp.padded_dims()
     if args.json:
@@ -139,7 +144,7 @@ def _pad(args: argparse.Namespace) -> int:
 
 
 def _export_onnx(args: argparse.Namespace) -> int:
-    from perfmodel.artifact import ONNX, export_onnx, load
+    from perfmodel.artifact import export_onnx, export_onnx_all, load, onnx_file
 
     from perfmodel.locations import default_model_dir
 
@@ -149,9 +154,15 @@ def _export_onnx(args: argparse.Namespace) -> int:
         raise ValueError("--model: export-onnx needs a model folder (download the MLflow artifacts first)")
     folder = Path(args.model) if args.model is not None else default_model_dir()
     bundle = load(folder)
-    out = args.out if args.out is not None else folder / ONNX
-    export_onnx(bundle, out)
-    print(f"wrote {out}")
+    if args.device is not None:  # one device's file
+        bundle = bundle.for_device(args.device)
+        outs = [export_onnx(bundle, args.out or folder / onnx_file(bundle))]
+    elif args.out is not None:   # the default device's, elsewhere
+        outs = [export_onnx(bundle, args.out)]
+    else:                        # every trained device's, in the folder
+        outs = export_onnx_all(bundle, folder)
+    for out in outs:
+        print(f"wrote {out}")
     return 0
 
 

@@ -259,6 +259,9 @@ def _check_device(predictor: Predictor) -> None:
     if live is not None and live not in model_devices(predictor.bundle):
         _warn_once("device", f"the model was trained for {', '.join(model_devices(predictor.bundle))}, "
                              f"this GPU is {live!r}: its rankings may not transfer")
+    elif live is not None and live != predictor.device:
+        _warn_once("device", f"the predictor was loaded for {predictor.device}, this GPU is {live!r}, which the "
+                             f"model also knows: load it with device=None (or {live!r}) to predict for this GPU")
 
 
 def install(top_k: int = 5, predictor: Predictor | None = None, *, model: Any = None, backend: str | None = None,

@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from perfmodel.artifact import ONNX, ModelBundle, load as load_bundle
+from perfmodel.artifact import ModelBundle, load as load_bundle, onnx_file
 from perfmodel.locations import default_model_dir
 
 from .runners import (_check_onnx_matches, _configure_torch_threads, _onnxruntime_available, _OnnxRunner,
@@ -19,8 +19,9 @@ BACKENDS = ("torch", "onnx")
 
 
 def model_devices(bundle: ModelBundle) -> tuple[str, ...]:
-    """The device specs a model was trained for (metadata "devices"; a one-device model: its spec)."""
-    return tuple(bundle.metadata.get("devices") or (bundle.spec.name,))
+    """The device specs a model was trained for, its default first (ModelBundle.devices: metadata
+    "devices"; a one-device model: its spec)."""
+    return bundle.devices
 
 
 def live_device_spec() -> str | None:
@@ -52,7 +53,7 @@ def choose_device(bundle: ModelBundle, device: str | None) -> str:
     import warnings
 
     warnings.warn(f"perfmodel: the visible GPU ({live}) is not a device this model was trained for; "
-                  f"predicting for {known[0]}", RuntimeWarning, stacklevel=3)
+                  f"predicting for {known[0]}", RuntimeWarning, stacklevel=5)
     return known[0]
 MLFLOW_SCHEMES = ("models:/", "runs:/", "mlflow-artifacts:/")
 
@@ -92,8 +93,11 @@ def _download_mlflow(uri: str, dst: Path) -> Path:
     return _model_folder_in(Path(local))
 
 
-def load_model(path_or_uri: str | os.PathLike | None, backend: str | None) -> tuple[ModelBundle, str, Any, str]:
-    """(bundle, backend, runner, source) of Predictor.load's arguments (see its docstring)."""
+def load_model(path_or_uri: str | os.PathLike | None, backend: str | None,
+               device: str | None = None) -> tuple[ModelBundle, str, Any, str]:
+    """(bundle, backend, runner, source) of Predictor.load's arguments (see its docstring): the bundle
+    encodes for the device chosen by choose_device (ModelBundle.for_device), the onnx runner runs that
+    device's ONNX file (artifact.onnx_file)."""
     if backend is not None and (not isinstance(backend, str) or backend not in BACKENDS):
         raise ValueError(f"backend: expected one of {', '.join(BACKENDS)} or None, got {backend!r}")
     if path_or_uri is None:
@@ -101,27 +105,30 @@ def load_model(path_or_uri: str | os.PathLike | None, backend: str | None) -> tu
         if not (folder / "metadata.json").is_file():
             raise FileNotFoundError(f"path_or_uri: the shipped default model {folder} is not there yet "
                                     "(no metadata.json); pass a model folder or an MLflow URI")
-        return _from_folder(folder, backend, str(folder))
+        return _from_folder(folder, backend, str(folder), device)
     if not isinstance(path_or_uri, (str, os.PathLike)):
         raise TypeError(f"path_or_uri: expected a path or an MLflow URI, got {type(path_or_uri).__name__}")
     text = os.fspath(path_or_uri)
     if isinstance(text, str) and _is_mlflow_uri(text):
         # Everything is read into memory (weights, ONNX session), so the download can go.
         with tempfile.TemporaryDirectory(prefix="perfmodel-") as tmp:
-            return _from_folder(_download_mlflow(text, Path(tmp)), backend, text)
+            return _from_folder(_download_mlflow(text, Path(tmp)), backend, text, device)
     folder = Path(text)
     if not folder.exists():
         raise FileNotFoundError(f"path_or_uri: no model folder at {folder}")
-    return _from_folder(folder, backend, str(folder))
+    return _from_folder(folder, backend, str(folder), device)
 
 
-def _from_folder(folder: Path, backend: str | None, source: str) -> tuple[ModelBundle, str, Any, str]:
+def _from_folder(folder: Path, backend: str | None, source: str,
+                 device: str | None = None) -> tuple[ModelBundle, str, Any, str]:
     bundle = load_bundle(folder)
+    bundle = bundle.for_device(choose_device(bundle, device))
+    onnx = folder / onnx_file(bundle)
     if backend is None:
-        backend = "onnx" if (folder / ONNX).is_file() and _onnxruntime_available() else "torch"
+        backend = "onnx" if onnx.is_file() and _onnxruntime_available() else "torch"
     if backend == "torch":
         _configure_torch_threads()
         return bundle, backend, _TorchRunner(bundle), source
-    runner = _OnnxRunner(bundle, folder / ONNX)
-    _check_onnx_matches(bundle, runner, folder / ONNX)
+    runner = _OnnxRunner(bundle, onnx)
+    _check_onnx_matches(bundle, runner, onnx)
     return bundle, backend, runner, source

@@ -30,7 +30,7 @@ from perfmodel.features import configs_tensor, pad_tensor, problems_array, probl
 from perfmodel.ranking import screened_rank, screens
 from perfmodel.schema import DTYPE_BYTES, DTYPES, GemmConfig, GemmProblem, PadDecision, PadProblem
 
-from .loading import BACKENDS, MLFLOW_SCHEMES, choose_device, load_model
+from .loading import BACKENDS, MLFLOW_SCHEMES, load_model
 from .runners import _ConfigPart
 
 __all__ = ["BACKENDS", "MLFLOW_SCHEMES", "Candidates", "Predictor"]
@@ -127,14 +127,12 @@ class Predictor:
         Raises FileNotFoundError for a missing model, ArtifactError (a ValueError) for a corrupt or
         mismatched one, ValueError for an unknown backend or a device the model does not know.
         """
-        p = cls(*load_model(path_or_uri, backend))
-        p.device = choose_device(p.bundle, device)
-        return p
+        return cls(*load_model(path_or_uri, backend, device))
 
     # ---------------------------------------------------------------------------------- properties
     @property
     def spec(self):
-        """The DeviceSpec the model was trained for."""
+        """The DeviceSpec predicted for (Predictor.device's; one the model was trained for)."""
         return self.bundle.spec
 
     @property

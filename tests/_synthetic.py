@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from perfmodel.artifact import ModelBundle, export_onnx, save
+from perfmodel.artifact import ModelBundle, export_onnx_all, save
 from perfmodel.configs import pruned_space
 from perfmodel.devices import DEFAULT_DEVICE, get_spec
 from perfmodel.features import FeatureEncoder, configs_tensor, pad_tensor, problems_tensor
@@ -57,8 +57,11 @@ def _randomise_batchnorm(head: PerfMLP, gen: torch.Generator) -> None:
 
 def make_synthetic_bundle(seed: int = 0, hidden: tuple[int, ...] = (256, 256, 256, 256),
                           with_pad: bool = True, with_cublas: bool = True, screen: str | None = "copy",
-                          members: int = 1, average: str = "after_floor") -> ModelBundle:
+                          members: int = 1, average: str = "after_floor",
+                          devices: tuple[str, ...] = (DEFAULT_DEVICE,)) -> ModelBundle:
     """An H100 bundle whose heads have random weights (seeded) and realistic normalisation.
+    devices: the device specs it claims to be trained for, its default first (more than one: metadata
+    "devices" and "device_specs" as a joint model's; the normalisation is the first device's).
     screen: "copy" (a screen head identical to the gemm head: ranking must then equal the full
     ranking), "random" (its own random weights, 2 x 64), or None (no screen head).
     members: > 1 makes the gemm head an ensemble (PerfMLP.ensemble, averaged `average`) of that many
@@ -66,7 +69,7 @@ def make_synthetic_bundle(seed: int = 0, hidden: tuple[int, ...] = (256, 256, 25
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
     rng = random.Random(seed)
-    spec = get_spec(DEFAULT_DEVICE)
+    spec = get_spec(devices[0])
     problems = _sample_problems(rng, 64)
     configs = pruned_space("float16", spec)
     kinds = ["gemm"] + (["cublas"] if with_cublas else []) + (["pad"] if with_pad else [])
@@ -95,7 +98,10 @@ def make_synthetic_bundle(seed: int = 0, hidden: tuple[int, ...] = (256, 256, 25
             small.set_normalisation(x.mean(0), x.std(0))
             _randomise_batchnorm(small, gen)
             heads["screen"], encoders["screen"] = small.eval(), enc
-    return ModelBundle(spec, heads, encoders, {"pad_threshold": 1.1, "synthetic": True, "seed": seed})
+    meta = {"pad_threshold": 1.1, "synthetic": True, "seed": seed}
+    if len(devices) > 1:
+        meta.update(devices=list(devices), device_specs={d: get_spec(d).as_dict() for d in devices})
+    return ModelBundle(spec, heads, encoders, meta)
 
 
 def write_synthetic_model(folder: Path, seed: int = 0, onnx: bool = True, **kwargs) -> Path:
@@ -104,7 +110,7 @@ def write_synthetic_model(folder: Path, seed: int = 0, onnx: bool = True, **kwar
     bundle = make_synthetic_bundle(seed, **kwargs)
     save(bundle, folder)
     if onnx:
-        export_onnx(bundle, folder / "model.onnx")
+        export_onnx_all(bundle, folder)
     (folder / "MODEL_CARD.md").write_text(
         "# SYNTHETIC model (random weights)\n\nWritten by tests._synthetic.write_synthetic_model for tests "
         f"and latency benchmarks (seed {seed}). Its predictions mean nothing.\n")

@@ -5,10 +5,11 @@ from __future__ import annotations
 import warnings
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
-from perfmodel import GemmProblem, Predictor
+from perfmodel import GemmProblem, PadProblem, Predictor
 from perfmodel.serve import loading
 
 
@@ -66,3 +67,102 @@ def test_inductor_hook_says_once_when_the_gpu_is_not_the_models(monkeypatch):
     _mock_gpu(monkeypatch, "NVIDIA H200", 132)
     with pytest.warns(RuntimeWarning, match="trained for h100-sxm, this GPU is 'h200'"):
         si._check_device(p)
+
+
+# ---- a model of two devices (random weights: tests._synthetic, its predictions mean nothing)
+
+@pytest.fixture(scope="module")
+def joint_dir(tmp_path_factory):
+    from tests._synthetic import write_synthetic_model
+
+    return write_synthetic_model(tmp_path_factory.mktemp("joint") / "m", devices=("h100-sxm", "h200"))
+
+
+def test_joint_folder_has_one_onnx_file_per_device(joint_dir):
+    from perfmodel import artifact
+
+    assert (joint_dir / "model.onnx").is_file() and (joint_dir / "model.h200.onnx").is_file()
+    b = artifact.load(joint_dir)
+    assert b.devices == ("h100-sxm", "h200") and b.spec.name == "h100-sxm"
+    assert {n: s.dram_bw_gbs for n, s in b.device_specs.items()} == {"h100-sxm": 3350.0, "h200": 4800.0}
+    h200 = b.for_device("h200")
+    assert h200.spec.name == "h200" and h200.heads is b.heads
+    assert all(e.spec.name == "h200" and e.version == b.encoders[k].version for k, e in h200.encoders.items())
+    with pytest.raises(ValueError, match="^device: .*'a100-sxm'"):
+        b.for_device("a100-sxm")
+    assert artifact.onnx_file(b) == "model.onnx" and artifact.onnx_file(h200) == "model.h200.onnx"
+
+
+@pytest.mark.parametrize("backend", ["torch", "onnx"])
+def test_joint_model_predicts_per_named_device(joint_dir, backend):
+    """The same heads, each device's features: a memory-bound problem's predictions differ between the
+    devices, and each backend serves the device it was loaded for (onnx: that device's file)."""
+    prob = GemmProblem(m=16, n=8192, k=8192, dtype="bfloat16")
+    pad = PadProblem(m=4095, k=4097, n=1000, dtype="float16")
+    out = {}
+    for dev in ("h100-sxm", "h200"):
+        p = Predictor.load(joint_dir, backend=backend, device=dev)
+        assert p.device == dev == p.spec.name and p.backend == backend
+        out[dev] = (p.predict(prob, p.default_configs("bfloat16")[:40]), p.rank(prob, top_k=3), p.pad(pad))
+    assert not np.allclose(out["h100-sxm"][0], out["h200"][0])
+    assert out["h100-sxm"][2] != out["h200"][2]
+
+
+def test_joint_model_backends_agree_per_device(joint_dir):
+    prob = GemmProblem(m=1000, n=37, k=4096, dtype="float16")
+    for dev in ("h100-sxm", "h200"):
+        t = Predictor.load(joint_dir, backend="torch", device=dev)
+        o = Predictor.load(joint_dir, backend="onnx", device=dev)
+        np.testing.assert_allclose(o.predict(prob, t.default_configs("float16")), t.predict(prob, t.default_configs("float16")),
+                                   rtol=1e-3)
+        assert [c for c, _ in o.rank(prob, top_k=5)] == [c for c, _ in t.rank(prob, top_k=5)]
+
+
+def test_joint_model_live_device(joint_dir, monkeypatch):
+    # mocked GPU properties (no GPU here): an H200 that the model knows is chosen quietly
+    _mock_gpu(monkeypatch, "NVIDIA H200", 132)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert Predictor.load(joint_dir).device == "h200"
+    _mock_gpu(monkeypatch, "NVIDIA H100 80GB HBM3", 132)
+    assert Predictor.load(joint_dir).device == "h100-sxm"
+    # an A100 it does not know: the default device, one warning naming it
+    _mock_gpu(monkeypatch, "NVIDIA A100-SXM4-80GB", 108)
+    with pytest.warns(RuntimeWarning, match=r"\(a100-sxm\) is not a device this model was trained for; predicting "
+                                            "for h100-sxm") as rec:
+        assert Predictor.load(joint_dir).device == "h100-sxm"
+    assert len(rec) == 1
+
+
+def test_joint_model_stale_device_onnx_is_refused(joint_dir, tmp_path):
+    """model.h200.onnx exported for the other device (its ranking graph encodes with H100 constants)."""
+    import shutil
+
+    from perfmodel import artifact
+
+    folder = tmp_path / "m"
+    shutil.copytree(joint_dir, folder)
+    b = artifact.load(folder)
+    artifact.export_onnx(b, folder / "model.h200.onnx")  # the H100 graph under the H200 name
+    with pytest.raises(artifact.ArtifactError, match="ranking graph disagrees"):
+        Predictor.load(folder, backend="onnx", device="h200")
+    Predictor.load(folder, backend="onnx", device="h100-sxm")  # its own file is fine
+
+
+def test_inductor_hook_says_when_the_predictor_is_for_another_known_device(joint_dir, monkeypatch):
+    pytest.importorskip("triton")
+    from perfmodel.serve import inductor as si
+
+    p = Predictor.load(joint_dir, device="h100-sxm")
+    monkeypatch.setattr(si, "_warned", set())
+    _mock_gpu(monkeypatch, "NVIDIA H200", 132)  # mocked GPU properties
+    with pytest.warns(RuntimeWarning, match="loaded for h100-sxm, this GPU is 'h200', which the model also knows"):
+        si._check_device(p)
+
+
+def test_saving_a_bundle_for_another_device_is_refused(joint_dir, tmp_path):
+    from perfmodel import artifact
+
+    b = artifact.load(joint_dir)
+    with pytest.raises(artifact.ArtifactError, match="default device"):
+        artifact.save(b.for_device("h200"), tmp_path / "x")
