@@ -10,17 +10,19 @@ tests._synthetic, and benchmarks (--synthetic) likewise, with the repo root on s
 from __future__ import annotations
 
 import copy
+import hashlib
+import math
 import random
 from pathlib import Path
 
 import torch
 
 from perfmodel.artifact import ModelBundle, export_onnx_all, save
-from perfmodel.configs import pruned_space
+from perfmodel.configs import exhaustive_space, pruned_space
 from perfmodel.devices import DEFAULT_DEVICE, get_spec
 from perfmodel.features import FeatureEncoder, configs_tensor, pad_tensor, problems_tensor
 from perfmodel.model import MLPConfig, PerfMLP, floor_features
-from perfmodel.schema import DTYPES, GemmProblem, PadProblem
+from perfmodel.schema import DTYPES, GemmConfig, GemmProblem, PadProblem
 
 
 def _sample_problems(rng: random.Random, n: int) -> list[GemmProblem]:
@@ -114,4 +116,79 @@ def write_synthetic_model(folder: Path, seed: int = 0, onnx: bool = True, **kwar
     (folder / "MODEL_CARD.md").write_text(
         "# SYNTHETIC model (random weights)\n\nWritten by tests._synthetic.write_synthetic_model for tests "
         f"and latency benchmarks (seed {seed}). Its predictions mean nothing.\n")
+    return folder
+
+
+# ---------------------------------------------------------------- SYNTHETIC dataset shards
+# Shards in the real format whose timings come from a formula with noise: for tests of the loaders,
+# training and the transfer benchmark only. Never written into data/ (tests write under tmp_path).
+
+SYNTHETIC_DEVICE_NAMES = {"h100-sxm": "NVIDIA H100 80GB HBM3", "h200": "NVIDIA H200", "a100-sxm": "NVIDIA A100-SXM4-80GB"}
+
+
+def synthetic_header(device: str = DEFAULT_DEVICE, with_spec_name: bool = True) -> dict:
+    """A shard header of `device` (as data_gen writes it; with_spec_name=False: without its device_spec
+    field, as a header the loader must match by device name and SM count)."""
+    spec = get_spec(device)
+    h = {"device_name": SYNTHETIC_DEVICE_NAMES[device], "sm_count": spec.sm_count,
+         "capability": "8.0" if device.startswith("a100") else "9.0", "kernel_hash": "synthetic-test",
+         "schema_version": 1}
+    return {**h, "device_spec": device, "spec": spec.as_dict()} if with_spec_name else h
+
+
+def _fake_ms(p: GemmProblem, c: GemmConfig | None, rng: random.Random, dram_gbs: float) -> float:
+    """A deterministic roofline-ish formula (with a tile-waste term and the compulsory bytes at the
+    device's DRAM bandwidth) times 5% log-normal noise."""
+    rate = {"float16": 600e12, "bfloat16": 600e12, "float32": 50e12}[p.dtype] * (8 if p.allow_tf32 else 1)
+    work = 2 * p.m * p.n * p.k
+    if c is not None:
+        work = 2 * (-(-p.m // c.block_m) * c.block_m) * (-(-p.n // c.block_n) * c.block_n) * p.k
+        rate *= min(1.0, c.num_warps * c.num_stages / 12)
+    memory = (p.m * p.k + p.k * p.n + p.m * p.n) * p.dtype_bytes / (dram_gbs * 1e9)
+    return round((0.006 + max(work / rate, memory) * 1e3) * math.exp(rng.gauss(0, 0.05)), 6)
+
+
+def write_synthetic_dataset(folder: Path, seed: int = 0, device: str = DEFAULT_DEVICE, n_problems: int = 32,
+                            configs: int = 8, n_pads: int = 40, header: dict | None = None) -> Path:
+    """n_problems problems x `configs` configs over the four modes (plus a cuBLAS row each) and n_pads pad
+    rows of one device, written with ShardWriter in the row format of data_gen/gemm_sweep.py and
+    data_gen/pad_sweep.py. The same seed gives the same problems and configs on every device."""
+    rng = random.Random(seed)
+    dram = get_spec(device).dram_bw_gbs
+    header = synthetic_header(device) if header is None else header
+    space = exhaustive_space()
+    modes = [("float16", False), ("bfloat16", False), ("float32", False), ("float32", True)]
+    from perfmodel.data_gen.shards import ShardWriter
+
+    with ShardWriter(folder, "gemm", header) as w:
+        for i in range(n_problems):
+            dtype, tf32 = modes[i % 4]
+            p = GemmProblem(m=rng.randrange(1, 3000), n=rng.randrange(16, 3000), k=rng.randrange(16, 3000),
+                            dtype=dtype, allow_tf32=tf32, transpose_left=rng.random() < 0.3,
+                            transpose_right=rng.random() < 0.5)
+            rows = [{**p.as_dict(), "kind": "cublas", "status": "ok", "flag": None, "ms": _fake_ms(p, None, rng, dram),
+                     "reps": 100}]
+            for c in rng.sample(space, configs):
+                rows.append({**p.as_dict(), "kind": "triton", **c.as_dict(), "status": "ok", "flag": None,
+                             "ms": _fake_ms(p, c, rng, dram), "reps": 100})
+            # a failed config is data too, and must be skipped by the loader
+            rows.append({**p.as_dict(), "kind": "triton", **space[0].as_dict(), "status": "fail:launch:OutOfResources",
+                         "ms": None})
+            w.write_unit(hashlib.sha1(f"problem-{i}".encode()).hexdigest()[:12], rows)
+    with ShardWriter(folder, "pad", header) as w:
+        pads = []
+        for i in range(n_pads):
+            dtype = ("float16", "bfloat16", "float32")[i % 3]
+            pp = PadProblem(m=rng.randrange(1, 2000) | 1, k=rng.randrange(2, 2000) | 1, n=rng.randrange(2, 2000),
+                            dtype=dtype, transpose_left=rng.random() < 0.3, transpose_right=rng.random() < 0.3,
+                            prepadded_left=rng.random() < 0.2, prepadded_right=rng.random() < 0.2,
+                            allow_tf32=dtype == "float32" and rng.random() < 0.5)
+            mp, kp, np_ = pp.padded_dims()
+            orig = _fake_ms(pp.gemm(), None, rng, dram) * (1.5 if pp.needs_padding() else 1.0)
+            copy_ms = 2 * mp * kp * pp.gemm().dtype_bytes / (dram * 1e9) * 1e3 * (not pp.prepadded_left)
+            padded = _fake_ms(pp.gemm(padded=True), None, rng, dram) + 1e-3 * (not pp.prepadded_left) + copy_ms
+            pads.append({**pp.as_dict(), "padded_m": mp, "padded_k": kp, "padded_n": np_, "orig_ms": orig,
+                         "padded_ms": round(padded, 6), "reps": 100, "status": "ok", "flag": None})
+        for j in range(0, len(pads), 25):
+            w.write_unit(f"pad-unit-{j}", pads[j:j + 25])
     return folder

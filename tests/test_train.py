@@ -13,9 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from perfmodel.data_gen.shards import ShardWriter
 from perfmodel import GemmConfig, GemmProblem, PadProblem
-from perfmodel.configs import exhaustive_space
 from perfmodel.train import evaluate as ev
 from perfmodel.train.data import GemmTable, PadTable, split_problems
 from perfmodel.train.module import within_problem_loss
@@ -230,57 +228,8 @@ def test_pad_metrics_by_hand():
 
 # ---------------------------------------------------------------- (d, e) end-to-end on SYNTHETIC data
 
-HEADER = {"device_name": "NVIDIA H100 80GB HBM3", "sm_count": 132, "capability": "9.0",
-          "kernel_hash": "synthetic-test", "schema_version": 1}
-
-
-def _fake_ms(p: GemmProblem, c: GemmConfig | None, rng: random.Random) -> float:
-    """A deterministic roofline-ish formula (with a tile-waste term) times 5% log-normal noise."""
-    rate = {"float16": 600e12, "bfloat16": 600e12, "float32": 50e12}[p.dtype] * (8 if p.allow_tf32 else 1)
-    work = 2 * p.m * p.n * p.k
-    if c is not None:
-        work = 2 * (-(-p.m // c.block_m) * c.block_m) * (-(-p.n // c.block_n) * c.block_n) * p.k
-        rate *= min(1.0, c.num_warps * c.num_stages / 12)
-    return round((0.006 + work / rate * 1e3) * math.exp(rng.gauss(0, 0.05)), 6)
-
-
-def write_synthetic_dataset(folder: Path, seed: int = 0) -> Path:
-    """~30 problems x 8 configs over the four modes (plus a cuBLAS row each) and 40 pad rows, written
-    with ShardWriter in the row format of data_gen/gemm_sweep.py and data_gen/pad_sweep.py."""
-    rng = random.Random(seed)
-    space = exhaustive_space()
-    modes = [("float16", False), ("bfloat16", False), ("float32", False), ("float32", True)]
-    with ShardWriter(folder, "gemm", HEADER) as w:
-        for i in range(32):
-            dtype, tf32 = modes[i % 4]
-            p = GemmProblem(m=rng.randrange(1, 3000), n=rng.randrange(16, 3000), k=rng.randrange(16, 3000),
-                            dtype=dtype, allow_tf32=tf32, transpose_left=rng.random() < 0.3,
-                            transpose_right=rng.random() < 0.5)
-            rows = [{**p.as_dict(), "kind": "cublas", "status": "ok", "flag": None, "ms": _fake_ms(p, None, rng),
-                     "reps": 100}]
-            for c in rng.sample(space, 8):
-                rows.append({**p.as_dict(), "kind": "triton", **c.as_dict(), "status": "ok", "flag": None,
-                             "ms": _fake_ms(p, c, rng), "reps": 100})
-            # a failed config is data too, and must be skipped by the loader
-            rows.append({**p.as_dict(), "kind": "triton", **space[0].as_dict(), "status": "fail:launch:OutOfResources",
-                         "ms": None})
-            w.write_unit(hashlib.sha1(f"problem-{i}".encode()).hexdigest()[:12], rows)
-    with ShardWriter(folder, "pad", HEADER) as w:
-        pads = []
-        for i in range(40):
-            dtype = ("float16", "bfloat16", "float32")[i % 3]
-            pp = PadProblem(m=rng.randrange(1, 2000) | 1, k=rng.randrange(2, 2000) | 1, n=rng.randrange(2, 2000),
-                            dtype=dtype, transpose_left=rng.random() < 0.3, transpose_right=rng.random() < 0.3,
-                            prepadded_left=rng.random() < 0.2, prepadded_right=rng.random() < 0.2,
-                            allow_tf32=dtype == "float32" and rng.random() < 0.5)
-            mp, kp, np_ = pp.padded_dims()
-            orig = _fake_ms(pp.gemm(), None, rng) * (1.5 if pp.needs_padding() else 1.0)
-            padded = _fake_ms(pp.gemm(padded=True), None, rng) + 1e-3 * (not pp.prepadded_left)
-            pads.append({**pp.as_dict(), "padded_m": mp, "padded_k": kp, "padded_n": np_, "orig_ms": orig,
-                         "padded_ms": round(padded, 6), "reps": 100, "status": "ok", "flag": None})
-        for j in range(0, len(pads), 25):
-            w.write_unit(f"pad-unit-{j}", pads[j:j + 25])
-    return folder
+# SYNTHETIC shards (a formula with noise, never GPU timings): tests/_synthetic.py
+from tests._synthetic import write_synthetic_dataset  # noqa: E402
 
 
 def _settings(tmp: Path, out: Path, **kw):

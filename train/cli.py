@@ -48,13 +48,17 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(flag, dest=f.name, action="store_false" if default else "store_true", help=help_)
             continue
         flag = meta.get("flag") or "--" + f.name.replace("_", "-")
+        if typ == tuple[Path, ...]:  # a repeated flag, one path each; none: the field's default
+            parser.add_argument(flag, dest=f.name, type=Path, action="append", default=None, help=help_)
+            continue
         parser.add_argument(flag, dest=f.name, type=_PARSE[typ], default=default, choices=meta.get("choices"),
                             help=help_)
 
 
 def settings_from_args(args: argparse.Namespace, command: str = "") -> TrainSettings:
     names = [f.name for f in dataclasses.fields(TrainSettings) if f.metadata.get("cli", True)]
-    return TrainSettings(**{name: getattr(args, name) for name in names}, command=command)
+    given = {name: getattr(args, name) for name in names}
+    return TrainSettings(**{k: v for k, v in given.items() if v is not None or k != "data"}, command=command)
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -63,7 +67,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     add_settings_arguments(t)
     e = sub.add_parser("eval", help="evaluate a model folder on held-out problems, with baselines")
     e.add_argument("--model", type=Path, default=default_model_dir(), help="model folder (default: the shipped one)")
-    e.add_argument("--data", type=Path, default=d.data)
+    e.add_argument("--data", type=Path, action="append", default=None,
+                   help=f"dataset folder (default {d.data[0]}); repeat for several devices, the model's default "
+                        "device's first (later devices' held-out problems follow its split). The shard headers name "
+                        "each folder's device: a model that knows it predicts for it, another (zero-shot) for its "
+                        "default device, as it serves an unknown GPU")
     e.add_argument("--json", action="store_true")
     e.add_argument("--plots", type=Path, default=None, metavar="DIR",
                    help="also write the held-out plots (PNG, needs matplotlib) into DIR")

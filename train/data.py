@@ -57,12 +57,18 @@ def _problem_row(r: dict) -> list[float]:
 
 
 def load_gemm(folder: Path) -> GemmTable:
-    from perfmodel.data_gen.shards import cublas_times, read_dataset
+    from perfmodel.data_gen.shards import read_dataset
 
     rows, _ = read_dataset(Path(folder), "gemm")
     if not rows:
         raise FileNotFoundError(f"data: no gemm shards in {folder}")
-    cublas_ms = cublas_times(rows, read_dataset(Path(folder), "cublas")[0])
+    return _gemm_table(rows, read_dataset(Path(folder), "cublas")[0])
+
+
+def _gemm_table(rows: list[dict], cublas_rows: list[dict]) -> GemmTable:
+    from perfmodel.data_gen.shards import cublas_times
+
+    cublas_ms = cublas_times(rows, cublas_rows)
     keys: dict[str, int] = {}
     problems, modes, cublas = [], [], []
     pidx, cfgs, ms = [], [], []
@@ -88,7 +94,10 @@ def load_gemm(folder: Path) -> GemmTable:
 def load_pad(folder: Path) -> PadTable:
     from perfmodel.data_gen.shards import read_dataset
 
-    rows, _ = read_dataset(Path(folder), "pad")
+    return _pad_table(read_dataset(Path(folder), "pad")[0])
+
+
+def _pad_table(rows: list[dict]) -> PadTable:
     rows = [r for r in rows if r["status"] == "ok"]
     pads = np.asarray([[r["m"], r["k"], r["n"], DTYPE_BYTES[r["dtype"]], r["dtype"] == "bfloat16", r["allow_tf32"],
                         r["transpose_left"], r["transpose_right"], r["prepadded_left"], r["prepadded_right"],
@@ -108,6 +117,159 @@ def split_problems(modes: np.ndarray, seed: int, fractions=(0.8, 0.1, 0.1)) -> n
         out[idx[:n_test]] = 2
         out[idx[n_test:n_test + n_val]] = 1
     return out
+
+
+# ---------------------------------------------------------------- datasets of several devices
+
+@dataclass
+class DeviceDataset:
+    """One dataset folder: its device (the spec name its shard headers give) and its tables."""
+
+    device: str
+    folder: Path
+    gemm: GemmTable
+    pads: PadTable
+    header: dict          # the first gemm shard header (device metadata, kernel hash, sweep settings)
+
+
+def header_device(header: dict) -> str:
+    """The device spec name of a shard header: its device_spec, else the known spec matching its device
+    name and SM count (perfmodel.devices.match_spec). ValueError when neither names a known device."""
+    from perfmodel.devices import KNOWN_DEVICES, match_spec
+
+    name = header.get("device_spec")
+    if name in KNOWN_DEVICES:
+        return name
+    spec = match_spec(str(header.get("device_name", "")), header.get("sm_count"))
+    if spec is None:
+        raise ValueError(f"data: the shards' device {header.get('device_name')!r} ({header.get('sm_count')} SMs) "
+                         "matches no spec of perfmodel/devices.py; add its DeviceSpec first")
+    return spec.name
+
+
+def folder_name_device(folder: Path) -> str | None:
+    """The device a folder's name stands for (perfmodel.devices.DEVICE_FOLDER: "h100", "h100-v4" -> h100-sxm,
+    "h200" -> h200), None for a name that names no device."""
+    from perfmodel.devices import DEVICE_FOLDER
+
+    name = Path(folder).resolve().name
+    hits = [(len(f), d) for d, f in DEVICE_FOLDER.items() if name == f or name.startswith(f + "-")]
+    return max(hits)[1] if hits else None
+
+
+def load_device_dataset(folder: Path) -> DeviceDataset:
+    """A dataset folder with its device, from the shard headers. Refuses a folder whose parts disagree on
+    the device (within a kind the shard reader already refuses; here across gemm, cublas and pad parts),
+    and one whose name stands for another device than its shards' (data/h200 holding H100 rows)."""
+    from perfmodel.data_gen.shards import ShardMismatchError, read_dataset
+
+    folder = Path(folder)
+    rows, headers = read_dataset(folder, "gemm")
+    if not rows:
+        raise FileNotFoundError(f"data: no gemm shards in {folder}")
+    cublas_rows, cublas_headers = read_dataset(folder, "cublas")
+    pad_rows, pad_headers = read_dataset(folder, "pad")
+    first = headers[0]
+    for h in cublas_headers + pad_headers:
+        for key in ("device_name", "sm_count"):
+            if h.get(key) != first.get(key):
+                raise ShardMismatchError(f"{folder}: refusing to mix devices: the {h.get('kind')} shards' {key} is "
+                                         f"{h.get(key)!r}, the gemm shards' {first.get(key)!r}")
+    device = header_device(first)
+    named = folder_name_device(folder)
+    if named is not None and named != device:
+        raise ShardMismatchError(f"{folder}: the folder's name stands for {named} but its shards were measured on "
+                                 f"{first.get('device_name')!r} ({device}): refusing to mix devices")
+    return DeviceDataset(device, folder, _gemm_table(rows, cublas_rows), _pad_table(pad_rows), first)
+
+
+def load_device_datasets(folders) -> list[DeviceDataset]:
+    """Each folder's DeviceDataset, in order (the first is the model's default device). Refuses two folders
+    of one device (their problems would be split apart independently) and datasets timed with different
+    kernels (every device must be timed with the same kernel to be compared)."""
+    out = [load_device_dataset(f) for f in folders]
+    seen: dict[str, Path] = {}
+    for d in out:
+        if d.device in seen:
+            raise ValueError(f"data: {seen[d.device]} and {d.folder} are both {d.device} datasets; give one folder "
+                             "per device")
+        seen[d.device] = d.folder
+    kernels = {d.header.get("kernel_hash") for d in out}
+    if len(kernels) > 1:
+        raise ValueError("data: the datasets were timed with different kernels ("
+                         + ", ".join(f"{d.folder}: {d.header.get('kernel_hash')}" for d in out) + ")")
+    return out
+
+
+def joint_split(datasets: list, seed: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The split of several devices' datasets (0/1/2 train/val/test per problem, and per pad row), one
+    array per dataset: the first (the model's default device) gets split_problems -- the split of a model
+    of it alone; in each later one, a problem also measured on an earlier device (the same m, n, k, dtype,
+    tf32 and layout) takes that problem's set, so that no held-out shape is trained on through another
+    device's timings, and its other problems are split by split_problems, stratified by dtype mode.
+    Deterministic: the seed and the datasets' order decide it."""
+    known_g: dict[tuple, int] = {}
+    known_p: dict[tuple, int] = {}
+    return ([_inherit_split(ds.gemm.problems, ds.gemm.modes, known_g, seed) for ds in datasets],
+            [_inherit_split(ds.pads.pads, ds.pads.modes, known_p, seed) for ds in datasets])
+
+
+def _inherit_split(rows: np.ndarray, modes: np.ndarray, known: dict[tuple, int], seed: int) -> np.ndarray:
+    keys = [tuple(r) for r in rows.tolist()]
+    out = np.array([known.get(k, -2) for k in keys], dtype=np.int64)
+    new = out == -2
+    out[new] = split_problems(modes[new], seed)
+    for k, v in zip(keys, out.tolist()):
+        known.setdefault(k, v)
+    return out
+
+
+def parse_device_fractions(text: str) -> dict[str, float]:
+    """"h200=0.1,h100-sxm=1" -> {"h200": 0.1, "h100-sxm": 1.0}; "" -> {}."""
+    out: dict[str, float] = {}
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        name, sep, value = part.partition("=")
+        try:
+            frac = float(value)
+        except ValueError:
+            frac = float("nan")
+        if not sep or not name.strip() or not 0.0 <= frac <= 1.0:
+            raise ValueError(f"device_fraction: expected DEVICE=FRACTION with 0 <= FRACTION <= 1, got {part!r}")
+        out[name.strip()] = frac
+    return out
+
+
+def subsample_training(split: np.ndarray, device: np.ndarray, modes: np.ndarray, fractions: dict[str, float],
+                       seed: int) -> np.ndarray:
+    """The split with only a fraction of a device's TRAINING problems kept (per dtype mode, rounded); the
+    others become -1 (unused). Validation and test are unchanged. Deterministic per (seed, device), and
+    nested: the problems kept at a fraction are kept at every larger one."""
+    import zlib
+
+    out = split.copy()
+    for name, frac in fractions.items():
+        rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+        for mode in np.unique(modes):
+            idx = np.flatnonzero((device == name) & (modes == mode) & (split == 0))
+            order = rng.permutation(idx)
+            out[order[int(round(frac * len(idx))):]] = -1
+    return out
+
+
+def concat_gemm(tables: list[GemmTable]) -> GemmTable:
+    offsets = np.cumsum([0] + [len(t.problems) for t in tables])
+    return GemmTable(np.concatenate([t.problems for t in tables]), [k for t in tables for k in t.problem_keys],
+                     np.concatenate([t.modes for t in tables]),
+                     np.concatenate([t.problem_idx + o for t, o in zip(tables, offsets)]),
+                     np.concatenate([t.configs for t in tables]), np.concatenate([t.ms for t in tables]),
+                     np.concatenate([t.cublas_ms for t in tables]))
+
+
+def concat_pad(tables: list[PadTable]) -> PadTable:
+    return PadTable(np.concatenate([t.pads for t in tables]), np.concatenate([t.orig_ms for t in tables]),
+                    np.concatenate([t.padded_ms for t in tables]), np.concatenate([t.modes for t in tables]))
 
 
 def dataset_hash(folder: Path) -> str:

@@ -9,13 +9,51 @@ import numpy as np
 import torch
 
 from perfmodel import artifact
+from perfmodel.locations import default_data_dir
 
 from . import evaluate as ev
 
 
+def evaluate_datasets(bundle: artifact.ModelBundle, datasets: list, plots=None, full_space: bool = True,
+                      seed: int | None = None) -> list[dict]:
+    """evaluate_bundle on each dataset (train/data.py DeviceDataset), on its test problems of the joint
+    split of the datasets in the order given (joint_split: give the model's default device's first, as
+    training did). Each predicts for the data's device when the model was trained for it, else
+    (zero-shot) for the model's default device, as Predictor.load does for a GPU the model does not know.
+    Each result has "device": {"data", "predicted_for", "zero_shot"}."""
+    from .data import joint_split
+
+    if seed is None:
+        seed = int(bundle.metadata.get("settings", {}).get("seed", 0))
+    default = bundle.devices[0]
+    later_known = [ds.device for ds in datasets[1:] if ds.device in bundle.devices]
+    if later_known and datasets[0].device != default:
+        raise ValueError(f"data: the held-out problems of {', '.join(later_known)} follow the split of the model's "
+                         f"default device {default}: give its dataset first (--data <{default} folder> --data ...)")
+    gemm_splits, pad_splits = joint_split(datasets, seed)
+    out = []
+    for ds, gs, ps in zip(datasets, gemm_splits, pad_splits):
+        known = ds.device in bundle.devices
+        target = ds.device if known else default
+        res = ev.evaluate_bundle(bundle.for_device(target), (ds.gemm, ds.pads), plots=plots if not out else None,
+                                 full_space=full_space, seed=seed, split=gs, pad_split=ps)
+        res["device"] = {"data": ds.device, "predicted_for": target, "zero_shot": not known,
+                         "folder": ds.folder.name}
+        out.append(res)
+    return out
+
+
 def run_eval(args: argparse.Namespace) -> int:
+    from .data import load_device_datasets
+
     bundle = artifact.load(args.model)
-    out = ev.evaluate_bundle(bundle, args.data, plots=args.plots)
+    folders = args.data or [default_data_dir()]
+    datasets = load_device_datasets(folders)
+    if len(bundle.devices) > 1 and datasets[0].device != bundle.devices[0] and datasets[0].device in bundle.devices:
+        raise ValueError(f"data: {datasets[0].folder} is {datasets[0].device}'s; its held-out problems follow the "
+                         f"split of the model's default device {bundle.devices[0]}: give that device's dataset "
+                         "first (--data <its folder> --data ...)")
+    results = evaluate_datasets(bundle, datasets, plots=args.plots)
     if args.log_mlflow:
         import mlflow
 
@@ -26,15 +64,27 @@ def run_eval(args: argparse.Namespace) -> int:
         mlflow.set_tracking_uri(args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI)
         mlflow.set_experiment("perfmodel-eval")
         with mlflow.start_run(run_name="eval"):
-            flat = {f"{m}/{k}": v for m, mm in out["results"].items() for k, v in mm.items()}
-            mlflow.log_metrics({_mlflow_key(k): float(v) for k, v in {**flat, **out["cublas"], **out["pad"]}.items()
-                                if v is not None and np.isfinite(v)})
+            for out in results:  # several datasets: each one's metrics prefixed with its device
+                pre = f"{out['device']['data']}/" if len(results) > 1 else ""
+                flat = {f"{m}/{k}": v for m, mm in out["results"].items() for k, v in mm.items()}
+                mlflow.log_metrics({_mlflow_key(pre + k): float(v) for k, v in {**flat, **out["cublas"], **out["pad"]}.items()
+                                    if v is not None and np.isfinite(v)})
     if args.json:
-        print(json.dumps(out, indent=2))
+        print(json.dumps(results[0] if len(results) == 1 else results, indent=2))
         return 0
-    print(f"Held-out problems: {out['test_problems']} (split seed from the model's metadata)\n")
+    for i, out in enumerate(results):
+        if i:
+            print()
+        _print(out)
+    return 0
+
+
+def _print(out: dict) -> None:
+    dev = out["device"]
+    zero = f" (zero-shot: the model was not trained for {dev['data']})" if dev["zero_shot"] else ""
+    print(f"Held-out problems: {out['test_problems']} of {dev['data']} (split seed from the model's metadata); "
+          f"predicting for {dev['predicted_for']}{zero}\n")
     print(ev.format_table(out["results"], ev.TABLE_KEYS))
     print()
     for k, v in {**out["cublas"], **out["pad"]}.items():
         print(f"{k:32s} {v:.4f}")
-    return 0

@@ -216,14 +216,19 @@ ScoreFn = Callable[[GemmTable], np.ndarray]
 
 
 def evaluate_bundle(bundle, data, *, seed: int | None = None,
-                    baselines: dict[str, tuple] | None = None, plots=None) -> dict:
+                    baselines: dict[str, tuple] | None = None, plots=None, full_space: bool = True,
+                    split: np.ndarray | None = None, pad_split: np.ndarray | None = None) -> dict:
     """The held-out metrics of a model (its heads on the test split of `data`), with baselines: the one
     evaluation that `perfmodel train` (before writing the folder) and `perfmodel eval` (on a folder) run.
 
     data: the dataset folder, or its loaded (GemmTable, PadTable). seed: the split seed (default: the
     model's metadata, settings.seed). baselines: {name: (head, encoder)} of trained baselines to evaluate
     alike; None: the baselines recorded in the model's metadata at training ("... (training run)").
-    plots: a folder to write the held-out plots into (train/plots.py), or None.
+    plots: a folder to write the held-out plots into (train/plots.py), or None. full_space: also the
+    screen's agreement over each test problem's whole config space (the slowest part).
+    The bundle encodes for its own spec: for a model of several devices pass bundle.for_device(the data's).
+    split / pad_split: the split of the data's problems / pad rows (2 = test) when it is not
+    split_problems(modes, seed) -- a later device's of a joint split (train/data.py joint_split).
     Returns {"results": {method: metrics}, "cublas": ..., "pad": ..., "test_problems": n}."""
     from perfmodel.analytic import estimate_ms
 
@@ -232,7 +237,7 @@ def evaluate_bundle(bundle, data, *, seed: int | None = None,
     if seed is None:
         seed = int(bundle.metadata.get("settings", {}).get("seed", 0))
     gemm, pads = data if isinstance(data, tuple) else (load_gemm(data), None)
-    split = split_problems(gemm.modes, seed)
+    split = split_problems(gemm.modes, seed) if split is None else split
     test = gemm.subset(split == 2)
     P, C = torch.from_numpy(test.problems[test.problem_idx]), torch.from_numpy(test.configs)
     with torch.inference_mode():
@@ -241,9 +246,9 @@ def evaluate_bundle(bundle, data, *, seed: int | None = None,
         screen = head_outputs(bundle.heads["screen"], x)[0] if "screen" in bundle.heads else None
         keep = bundle.screen_keep
         results = {"perfmodel": rank_path(test, pred, screen, keep, score)}
+        full_space = full_space_agreement(bundle, test, keep) if screen is not None and full_space else {}
         if screen is not None:
             results["perfmodel, gemm head on every config"] = summarize(test, pred, score)
-            full_space = full_space_agreement(bundle, test, keep)
         if baselines is None:
             if "PR 156851 model" in bundle.metadata.get("baselines", {}):
                 results["PR 156851 model (training run)"] = bundle.metadata["baselines"]["PR 156851 model"]
@@ -261,7 +266,7 @@ def evaluate_bundle(bundle, data, *, seed: int | None = None,
         pmet = {}
         if "pad" in bundle.heads:
             pads = pads if pads is not None else load_pad(data)
-            ps = split_problems(pads.modes, seed) == 2
+            ps = (split_problems(pads.modes, seed) if pad_split is None else pad_split) == 2
             pt = PadTable(pads.pads[ps], pads.orig_ms[ps], pads.padded_ms[ps], pads.modes[ps])
             px = bundle.encoders["pad"].encode_pad(torch.from_numpy(pt.pads))
             pmet = pad_metrics(pt, bundle.heads["pad"].eval()(px).double().numpy(), bundle.pad_threshold)
