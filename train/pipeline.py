@@ -292,8 +292,9 @@ def encode_by_device(specs: dict, kind: str, device: np.ndarray, *columns: torch
     return out
 
 
-def load_data(settings: TrainSettings) -> TrainData:
-    datasets = load_device_datasets(settings.data)
+def load_data(settings: TrainSettings, datasets: list | None = None) -> TrainData:
+    """datasets: settings.data's DeviceDatasets when the caller has loaded them already (in that order)."""
+    datasets = load_device_datasets(settings.data) if datasets is None else datasets
     if settings.device_spec and len(datasets) == 1 and datasets[0].device != settings.device_spec:
         raise ValueError(f"device_spec: {settings.data[0]} holds {datasets[0].device} timings, not "
                          f"{settings.device_spec}")
@@ -368,6 +369,13 @@ def fit_heads(settings: TrainSettings, d: TrainData, logger) -> artifact.ModelBu
 def device_metadata(d: TrainData) -> dict[str, Any]:
     """The devices a model is trained for (the default first) and their specs, as the artifact stores them."""
     return {"devices": d.devices, "device_specs": {n: d.specs[n].as_dict() for n in d.devices}}
+
+
+def fit_untracked(settings: TrainSettings, d: TrainData) -> artifact.ModelBundle:
+    """fit_heads without MLflow or a Lightning logger (benchmarks/transfer.py's many small fits); no
+    model folder is written."""
+    torch.manual_seed(settings.seed)
+    return fit_heads(settings, d, logger=False)
 
 
 def fit_baselines(settings: TrainSettings, d: TrainData, logger) -> dict[str, tuple[PerfMLP, FeatureEncoder]]:

@@ -1,0 +1,49 @@
+"""benchmarks/transfer.py --quick on SYNTHETIC datasets of two devices (tests/_synthetic.py: formula
+timings in the real shard format, written under tmp_path): the table's structure and the learning
+curve's bookkeeping, not its numbers (a few batches per fit)."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests._synthetic import write_synthetic_dataset, write_synthetic_model
+from tests.test_train import isolated  # noqa: F401  (restores torch's determinism flag after Lightning)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+def test_transfer_quick(tmp_path, isolated):  # noqa: F811
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import transfer
+    finally:
+        sys.path.pop(0)
+    base = write_synthetic_dataset(tmp_path / "h100", device="h100-sxm", n_problems=40)
+    new = write_synthetic_dataset(tmp_path / "h200", device="h200", n_problems=40)
+    shipped = write_synthetic_model(tmp_path / "shipped", onnx=False)
+    out = tmp_path / "transfer.json"
+    assert transfer.main(["--base", str(base), "--new", str(new), "--shipped", str(shipped), "--quick",
+                          "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert (res["base"]["device"], res["new"]["device"], res["quick"]) == ("h100-sxm", "h200", True)
+    # the same problems on both devices: one split, the same shapes held out on both
+    assert res["held_out"]["h200"] == res["held_out"]["h100-sxm"] > 0
+    curve = res["learning_curve"]
+    assert [c["fraction"] for c in curve] == [0.0, 0.1, 0.3, 1.0]
+    n_train = [c["new_train_problems"] for c in curve]
+    assert n_train[0] == 0 and n_train == sorted(n_train) and n_train[-1] > n_train[1]
+    for c in curve:
+        for side in ("new", "base"):
+            assert 0 < c[side]["all/top1_eff"] <= 1 and c[side]["all/top1_eff"] <= c[side]["all/top5_eff"] <= 1
+            assert c[side]["test_problems"] == res["held_out"][res[side]["device"]]
+            assert c[side]["pad/total_vs_oracle"] >= 1
+    only = res["models"]["base_only"]
+    assert set(only) >= {"base", "new_as_served", "new_with_new_spec"}
+    assert res["models"]["shipped"]["trained_on"] == "h100-sxm" and res["notes"]
+    md = out.with_suffix(".md").read_text()
+    assert "QUICK" in md and "| joint, 30% of h200 training problems" in md and "| h100-sxm-only |" in md
+    assert "--quick" in res["command"] and str(tmp_path) not in res["command"]
