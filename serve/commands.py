@@ -67,6 +67,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     exp = sub.add_parser("export-onnx", help="write a model folder's model.onnx (all heads, one graph)")
     _model_args(exp, backend=False)
     exp.add_argument("--out", type=Path, default=None, help="output file (default: <model folder>/model.onnx)")
+    exp.add_argument("--screen-keep", type=int, default=None,
+                     help="also set the folder's screen_keep (configs per problem that the gemm head scores after "
+                          "the screen; metadata.json) before exporting the ranking graph traced with it")
     _one_line_errors(exp, "export-onnx")
 
 
@@ -150,6 +153,21 @@ def _export_onnx(args: argparse.Namespace) -> int:
     folder = Path(args.model) if args.model is not None else default_model_dir()
     bundle = load(folder)
     out = args.out if args.out is not None else folder / ONNX
+    if args.screen_keep is not None:
+        if args.screen_keep < 1:
+            raise ValueError(f"--screen-keep: must be >= 1, got {args.screen_keep}")
+        if out.resolve() != (folder / ONNX).resolve():
+            raise ValueError("--screen-keep: rewrites the folder's own metadata, so it exports only to its model.onnx")
+        import json
+
+        from perfmodel.artifact import METADATA
+
+        meta = json.loads((folder / METADATA).read_text())
+        meta["screen_keep"] = bundle.metadata["screen_keep"] = args.screen_keep
+        export_onnx(bundle, out)  # the graph first: a failed export leaves the folder as it was
+        (folder / METADATA).write_text(json.dumps(meta, indent=2, sort_keys=True))
+        print(f"wrote {out} and {folder / METADATA} (screen_keep {args.screen_keep})")
+        return 0
     export_onnx(bundle, out)
     print(f"wrote {out}")
     return 0
