@@ -119,7 +119,7 @@ def _worker(args: argparse.Namespace) -> dict[str, Any]:
                   TimingSettings(budget_ms=5.0, min_reps=10, max_reps=100, pre_sleep_us=500.0))
     if variant != "stock":
         t0 = time.perf_counter()
-        pred = Predictor.load(args.model)
+        pred = Predictor.load(args.model, backend=args.backend)
         out["load_s"] = time.perf_counter() - t0
         ok = si.install(top_k=args.top_k, predictor=pred, pad=variant == "perfmodel-pad",
                         cublas_margin=0.1 if variant in ("perfmodel-cublas", "perfmodel-pad") else None)
@@ -180,7 +180,7 @@ def _run_variant(variant: str, args: argparse.Namespace, tmp: Path) -> dict[str,
     res_file = tmp / f"{variant}.json"
     cmd = [sys.executable, __file__, "--worker", variant, "--model", str(args.model), "--top-k", str(args.top_k),
            "--worker-out", str(res_file), "--shapes", args.shapes, "--search-space", args.search_space] + sum((["--only", s] for s in args.only or []), []) + (
-               ["--keep-code"] if args.keep_code else [])
+               ["--keep-code"] if args.keep_code else []) + (["--backend", args.backend] if args.backend else [])
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp / f"inductor-{variant}"),
            "TRITON_CACHE_DIR": str(tmp / f"triton-{variant}")}
     return run_worker(variant, cmd, env, res_file, args.timeout)
@@ -194,7 +194,7 @@ def markdown(results: dict[str, Any]) -> str:
     by_v = {v["variant"]: v for v in results["variants"]}
     stock = {r["name"]: r for r in by_v.get("stock", {}).get("shapes", [])}
     ran = {r["name"] for v in by_v.values() for r in v.get("shapes", [])}
-    for name, m, k, n, dtype in SHAPES:
+    for name, m, k, n, dtype in SHAPE_SETS[results.get("shapes", "tuned")]:
         if ran and name not in ran:
             continue  # left out with --only
         for variant in VARIANTS:
@@ -232,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", type=Path, default=default_model_dir())
     ap.add_argument("--synthetic", action="store_true", help="random-weight model (exercises the script only)")
     ap.add_argument("--top-k", type=int, default=5)
+    ap.add_argument("--backend", choices=("torch", "onnx"), default=None, help="the Predictor's (default: its own choice)")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of " + ",".join(VARIANTS))
     ap.add_argument("--only", action="append", help="run only this shape name (repeatable)")
     ap.add_argument("--shapes", choices=sorted(SHAPE_SETS), default="tuned",

@@ -67,7 +67,7 @@ def _worker(args: argparse.Namespace) -> dict[str, Any]:
     from perfmodel.serve.triton_hook import perfmodel_prune
 
     t0 = time.perf_counter()
-    pred = Predictor.load(args.model)
+    pred = Predictor.load(args.model, backend=args.backend)
     load_s = time.perf_counter() - t0
     out: dict[str, Any] = {"variant": args.worker, "load_s": load_s, "device": torch.cuda.get_device_name(),
                            "torch": torch.__version__, "triton": triton.__version__, "shapes": []}
@@ -129,7 +129,8 @@ def _run_variant(variant: str, args: argparse.Namespace, tmp: Path) -> dict[str,
     env = {**os.environ, "TRITON_CACHE_DIR": str(tmp / f"triton-cache-{variant}")}
     res_file = tmp / f"{variant}.json"
     cmd = [sys.executable, __file__, "--worker", variant, "--model", str(args.model), "--configs", str(args.configs),
-           "--top-k", str(args.top_k), "--seed", str(args.seed), "--worker-out", str(res_file)]
+           "--top-k", str(args.top_k), "--seed", str(args.seed), "--worker-out", str(res_file)] + (
+               ["--backend", args.backend] if args.backend else [])
     return run_worker(variant, cmd, env, res_file, args.timeout)
 
 
@@ -172,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--synthetic", action="store_true", help="random-weight model (exercises the script only)")
     ap.add_argument("--configs", type=int, default=40, help="configs of the full autotune")
     ap.add_argument("--top-k", type=int, default=5)
+    ap.add_argument("--backend", choices=("torch", "onnx"), default=None, help="the Predictor's (default: its own choice)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=400, help="seconds per variant process")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "triton_hook_bench.json")

@@ -123,6 +123,10 @@ class _OnnxRunner:
             heads_graph, rank_graph, predict_graph = _split_graphs(path.read_bytes())
             # Small batches (one problem x a few hundred configs): a few threads, no inter-op pool.
             self.session = session(heads_graph, min(_SERVING_THREADS, os.cpu_count() or 1))
+            # One session per head, so that a call runs only its head's nodes and never feeds the
+            # others an empty batch (onnxruntime on an H100 host died of SIGFPE on zero-row inputs).
+            self.head_sessions = {name: session(graph, min(_SERVING_THREADS, os.cpu_count() or 1))
+                                  for name, graph in _split_heads_graph(heads_graph).items()}
             # The ranking and predict graphs get two sessions each: one thread for a few hundred rows (one
             # problem), where waking a pool thread costs more than it saves (measured: 1 thread 470-550 us,
             # 2 threads 525-690 us per 368-config rank), and the heads' threads for large batches.
@@ -148,9 +152,10 @@ class _OnnxRunner:
                                     f"(re-export with `perfmodel export-onnx`)")
 
     def _run(self, names: list[str], head: str, x: torch.Tensor) -> list[np.ndarray]:
-        feeds = {f"{name}_x": np.zeros((0, w), np.float32) for name, w in self.widths.items()}
-        feeds[f"{head}_x"] = np.ascontiguousarray(x.numpy(), dtype=np.float32)
-        return self.session.run(names, feeds)
+        if len(x) == 0:  # no rows: nothing to run (onnxruntime is never given an empty batch)
+            width = {o.name: o.shape[1:] for o in self.head_sessions[head].get_outputs()}
+            return [np.zeros((0, *width[n]), np.float32) for n in names]
+        return self.head_sessions[head].run(names, {f"{head}_x": np.ascontiguousarray(x.numpy(), dtype=np.float32)})
 
     def score(self, head: str, x: torch.Tensor) -> torch.Tensor:
         return torch.from_numpy(self._run([f"{head}_score"], head, x)[0])
@@ -225,6 +230,22 @@ def _split_graphs(model_bytes: bytes) -> tuple[bytes, bytes | None, bytes | None
         return extractor.extract_model(list(RANK_INPUTS), list(names)).SerializeToString()
 
     return heads.SerializeToString(), part(RANK_OUTPUTS), part(PREDICT_OUTPUTS)
+
+
+def _split_heads_graph(model_bytes: bytes) -> dict[str, bytes]:
+    """One graph per head (input <head>_x; outputs <head>_score and <head>_log_ms) of the heads' graph."""
+    import onnx
+    from onnx.utils import Extractor
+
+    model = onnx.load_from_string(model_bytes)
+    outputs = {o.name for o in model.graph.output}
+    extractor = Extractor(model)
+    graphs = {}
+    for inp in model.graph.input:
+        head = inp.name.removesuffix("_x")
+        names = [n for n in (f"{head}_score", f"{head}_log_ms") if n in outputs]
+        graphs[head] = extractor.extract_model([inp.name], names).SerializeToString()
+    return graphs
 
 
 _threads_lock = threading.Lock()
