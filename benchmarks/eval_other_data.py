@@ -1,11 +1,11 @@
 """A model's ranking, cuBLAS and pad quality on every problem of another dataset folder (CPU).
 
 Used to measure what a model trained on one dataset predicts for timings it never saw: e.g. the
-shipped model (trained on kernel v3's data/h100) on the v4 kernel's data/h100-v4, whose timings come
+shipped model (trained on kernel v3's data/h100) on the v4 kernel's data/h100, whose timings come
 from a different compile of the kernel. All problems of the folder count (no split): the model saw
 none of these timings. Per dtype mode, and for the problems above 1e12 FLOP.
 
-    python benchmarks/eval_other_data.py [--model DIR] [--data data/h100-v4] [--out results.json]
+    python benchmarks/eval_other_data.py [--model DIR] [--data data/h100] [--out results.json]
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from perfmodel.train.data import load_gemm, load_pad  # noqa: E402
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", type=Path, default=None)
-    ap.add_argument("--data", type=Path, default=REPO / "data" / "h100-v4")
+    ap.add_argument("--data", type=Path, default=REPO / "data" / "h100")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     b = artifact.load(args.model or default_model_dir())

@@ -58,6 +58,23 @@ SHAPES = [
     ("odd fp32 777x1234x555", 777, 1234, 555, "float32"),
     ("odd bf16 3000x4095x2049", 3000, 4095, 2049, "bfloat16"),
 ]
+# Shapes no model or hook setting was tuned on (added with dataset v4): vision, speech and LLM
+# training/prefill GEMMs up to 2e12 FLOP, decode, a vocabulary projection that cuBLAS must pad.
+UNSEEN_SHAPES = [
+    ("ViT-B/16 qkv (64 img)", 12608, 768, 2304, "float16"),
+    ("ViT-L/16 mlp up (64 img)", 12608, 1024, 4096, "bfloat16"),
+    ("GPT-2 lm head", 1024, 768, 50257, "float16"),
+    ("ResNet-50 fc (256)", 256, 2048, 1000, "float16"),
+    ("Whisper-base enc mlp", 1500, 512, 2048, "float16"),
+    ("Llama-3 8B qkv 8k tok", 8192, 4096, 6144, "bfloat16"),
+    ("Llama-3 70B mlp up 4k tok", 4096, 8192, 28672, "bfloat16"),
+    ("Llama-3 8B lm head decode", 1, 4096, 128256, "bfloat16"),
+    ("Mixtral expert decode 32", 32, 4096, 14336, "bfloat16"),
+    ("Qwen2-7B o_proj 2k tok", 2048, 3584, 3584, "bfloat16"),
+    ("BERT-large fp32 ffn", 4096, 1024, 4096, "float32"),
+    ("T5 odd fp16 1500x1023x3001", 1500, 1023, 3001, "float16"),
+]
+SHAPE_SETS = {"tuned": SHAPES, "unseen": UNSEEN_SHAPES, "all": SHAPES + UNSEEN_SHAPES}
 VARIANTS = ("stock", "perfmodel", "perfmodel-cublas", "perfmodel-pad")
 _BLOCK_RE = [re.compile(rf"{name}\s*:\s*tl\.constexpr\s*=\s*(\d+)") for name in
              ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")]
@@ -86,13 +103,15 @@ def _worker(args: argparse.Namespace) -> dict[str, Any]:
 
     variant = args.worker
     out: dict[str, Any] = {"variant": variant, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                           "shapes": []}
+                           "search_space": args.search_space, "shapes": []}
+    torch._inductor.config.max_autotune_gemm_search_space = args.search_space
     kept: list[tuple[int, int]] = []
     real_filter = si.filter_template_choices
 
     def counting_filter(choices, kernel_inputs, op_name, *a, **kw):
         res = real_filter(choices, kernel_inputs, op_name, *a, **kw)
-        kept.append((len(choices), len(res)))
+        n_triton = sum((si._uid(c) or "") in si.TRITON_MM_TEMPLATES for c in res)
+        kept.append((len(choices), len(res), n_triton))
         return res
 
     si.filter_template_choices = counting_filter  # count what the hook keeps (it looks the name up per call)
@@ -100,7 +119,7 @@ def _worker(args: argparse.Namespace) -> dict[str, Any]:
                   TimingSettings(budget_ms=5.0, min_reps=10, max_reps=100, pre_sleep_us=500.0))
     if variant != "stock":
         t0 = time.perf_counter()
-        pred = Predictor.load(args.model)
+        pred = Predictor.load(args.model, backend=args.backend)
         out["load_s"] = time.perf_counter() - t0
         ok = si.install(top_k=args.top_k, predictor=pred, pad=variant == "perfmodel-pad",
                         cublas_margin=0.1 if variant in ("perfmodel-cublas", "perfmodel-pad") else None)
@@ -118,7 +137,7 @@ def _worker(args: argparse.Namespace) -> dict[str, Any]:
         t0 = time.perf_counter()
         torch.compile(mm, mode="max-autotune-no-cudagraphs")(w, w)
         out["warmup_s"] = time.perf_counter() - t0
-    for name, m, k, n, dtype in SHAPES:
+    for name, m, k, n, dtype in SHAPE_SETS[args.shapes]:
         row: dict[str, Any] = {"name": name, "m": m, "k": k, "n": n, "dtype": dtype}
         if args.only and name not in args.only:
             continue
@@ -160,8 +179,8 @@ def _worker(args: argparse.Namespace) -> dict[str, Any]:
 def _run_variant(variant: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     res_file = tmp / f"{variant}.json"
     cmd = [sys.executable, __file__, "--worker", variant, "--model", str(args.model), "--top-k", str(args.top_k),
-           "--worker-out", str(res_file)] + sum((["--only", s] for s in args.only or []), []) + (
-               ["--keep-code"] if args.keep_code else [])
+           "--worker-out", str(res_file), "--shapes", args.shapes, "--search-space", args.search_space] + sum((["--only", s] for s in args.only or []), []) + (
+               ["--keep-code"] if args.keep_code else []) + (["--backend", args.backend] if args.backend else [])
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp / f"inductor-{variant}"),
            "TRITON_CACHE_DIR": str(tmp / f"triton-{variant}")}
     return run_worker(variant, cmd, env, res_file, args.timeout)
@@ -169,13 +188,13 @@ def _run_variant(variant: str, args: argparse.Namespace, tmp: Path) -> dict[str,
 
 def markdown(results: dict[str, Any]) -> str:
     lines = [f"torch.mm under torch.compile(mode='max-autotune-no-cudagraphs'), stock vs perfmodel.serve.inductor top-"
-             f"{results['top_k']} (model {results['model']})", "",
+             f"{results['top_k']} (model {results['model']}; {results.get('search_space', 'DEFAULT')} search space)", "",
              "| shape | MxKxN dtype | variant | compile s | vs stock | kernel ms | vs stock | torch.mm ms | winner "
-             "| mm choices kept |", "|---|---|---|---:|---:|---:|---:|---:|---|---|"]
+             "| mm choices kept (Triton) |", "|---|---|---|---:|---:|---:|---:|---:|---|---|"]
     by_v = {v["variant"]: v for v in results["variants"]}
     stock = {r["name"]: r for r in by_v.get("stock", {}).get("shapes", [])}
     ran = {r["name"] for v in by_v.values() for r in v.get("shapes", [])}
-    for name, m, k, n, dtype in SHAPES:
+    for name, m, k, n, dtype in SHAPE_SETS[results.get("shapes", "tuned")]:
         if ran and name not in ran:
             continue  # left out with --only
         for variant in VARIANTS:
@@ -193,7 +212,8 @@ def markdown(results: dict[str, Any]) -> str:
             s = stock.get(name, {})
             cs = r["compile_s"] / s["compile_s"] if "compile_s" in s else float("nan")
             ks = r["kernel_ms"] / s["kernel_ms"] if "kernel_ms" in s else float("nan")
-            kept = "{} -> {}".format(*r["choices_kept"]) if r.get("choices_kept") else "-"
+            ck = r.get("choices_kept")
+            kept = "{} -> {}".format(*ck[:2]) + (f" ({ck[2]})" if len(ck) > 2 else "") if ck else "-"
             lines.append(head + f" {r['compile_s']:.1f} | {cs:.2f} | {r['kernel_ms']:.4f} | {ks:.3f} | "
                                 f"{r['aten_ms']:.4f} | {r['winner']}{' (padded)' if r.get('padded') else ''} | {kept} |")
     lines.append("")
@@ -212,8 +232,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", type=Path, default=default_model_dir())
     ap.add_argument("--synthetic", action="store_true", help="random-weight model (exercises the script only)")
     ap.add_argument("--top-k", type=int, default=5)
+    ap.add_argument("--backend", choices=("torch", "onnx"), default=None, help="the Predictor's (default: its own choice)")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of " + ",".join(VARIANTS))
     ap.add_argument("--only", action="append", help="run only this shape name (repeatable)")
+    ap.add_argument("--shapes", choices=sorted(SHAPE_SETS), default="tuned",
+                    help="tuned: the shapes the hook was developed on; unseen: shapes added with dataset v4")
+    ap.add_argument("--search-space", choices=("DEFAULT", "EXHAUSTIVE"), default="DEFAULT",
+                    help="Inductor's max_autotune_gemm_search_space")
     ap.add_argument("--timeout", type=float, default=540, help="seconds per variant process")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "inductor_bench.json")
     ap.add_argument("--merge", type=Path, nargs="+", help="only combine earlier --out JSON files into one table")
@@ -241,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"inductor_bench: no model at {args.model}; pass --model or --synthetic", file=sys.stderr)
             return 2
         args.model, label = found
-        results = {"model": label, "top_k": args.top_k, "variants": [_run_variant(v, args, tmp) for v in variants]}
+        results = {"model": label, "top_k": args.top_k, "shapes": args.shapes, "search_space": args.search_space,
+                   "variants": [_run_variant(v, args, tmp) for v in variants]}
     save_results(args.out, results, markdown(results))
     return 0
 

@@ -1,7 +1,9 @@
 """Serving latency: our Predictor (torch and onnxruntime backends) vs PR 156851's serving path, on the CPU.
 
 Ranks 368 configs (a stratified sample of the H100 fp16 pruned space) for one problem, and for 100
-problems, and reports p50/p90 wall time of each path and the speed-ups, plus the model's load time.
+problems (rank / rank_many, top 5), and predicts the time of every one of them (predict /
+predict_many; the PR path: its encoding and network without the sort), and reports p50/p90 wall time
+of each path and the speed-ups, plus the model's load time.
 
 The PR 156851 path is reproduced from its torch/_inductor/models/mm_kernel_prediction_model.py
 (shared/seeds/004): per request a pandas DataFrame of the 9 raw columns built from each config's
@@ -122,6 +124,10 @@ class PRModelWrapper:
         with torch.no_grad():
             return self.model(inp)
 
+    def predict(self, m: int, n: int, k: int, dtype: torch.dtype, configs: list[Any]) -> np.ndarray:
+        """The PR's predicted times for every config (its inference on its encoding), as ms."""
+        return self.inference(self.encode(m, n, k, dtype, configs)).squeeze(-1).exp().numpy()
+
     def rank(self, m: int, n: int, k: int, dtype: torch.dtype, configs: list[Any], top_k: int = 5) -> list[Any]:
         pred = self.inference(self.encode(m, n, k, dtype, configs)).squeeze(-1)
         return [configs[i] for i in torch.argsort(pred)[:top_k].tolist()]
@@ -212,32 +218,48 @@ def run(model: Path, repeats: int, seed: int, block: int = 10) -> dict[str, Any]
         preds[backend] = Predictor.load(model, backend=backend)
         load[backend] = (time.perf_counter() - t0) * 1e3
     out["load_ms"] = load
+    out["predict_head"] = preds["onnx"].predict_head
+    try:
+        out["loadavg_before"] = os.getloadavg()[0]
+    except OSError:
+        pass
     out["torch_threads"] = torch.get_num_threads()
 
     pr = PRModelWrapper()
     tconfigs = _triton_configs(configs)
     base_name = "PR 156851 (pandas + eager MLP)"
-    one_fns = {base_name: lambda: pr.rank(one.m, one.n, one.k, torch.float16, tconfigs)}
-    many_fns = {base_name: lambda: [pr.rank(p.m, p.n, p.k, torch.float16, tconfigs) for p in problems]}
-    for backend, p in preds.items():
-        one_fns[f"ours, {backend}"] = lambda p=p: p.rank(one, configs, top_k=5)
+    # what is timed, per call kind: the PR path's call, and ours (p: a Predictor)
+    calls: dict[str, tuple[Callable[[], Any], Callable[[Any], Any]]] = {
+        "one": (lambda: pr.rank(one.m, one.n, one.k, torch.float16, tconfigs),
+                lambda p: p.rank(one, configs, top_k=5)),
         # one batched pass over 100 problems x 368 configs
-        many_fns[f"ours, {backend}"] = lambda p=p: p.rank_many(problems, configs, top_k=5)
+        "many": (lambda: [pr.rank(p.m, p.n, p.k, torch.float16, tconfigs) for p in problems],
+                 lambda p: p.rank_many(problems, configs, top_k=5)),
+        "predict_one": (lambda: pr.predict(one.m, one.n, one.k, torch.float16, tconfigs),
+                        lambda p: p.predict(one, configs)),
+        "predict_many": (lambda: [pr.predict(p.m, p.n, p.k, torch.float16, tconfigs) for p in problems],
+                         lambda p: p.predict_many(problems, configs)),
+    }
     before = _cpu_times()
     # Each backend is interleaved with the PR path on its own: a process serves with one backend, and
     # one backend's idle threads would otherwise compete with the other's.
     rows: dict[str, dict[str, Any]] = {}
-    for backend in preds:
+    for backend, p in preds.items():
         name = f"ours, {backend}"
-        one_t = _time_interleaved({base_name: one_fns[base_name], name: one_fns[name]}, repeats, block=block)
-        many_t = _time_interleaved({base_name: many_fns[base_name], name: many_fns[name]},
-                                   max(3, repeats // 10), warmup=1)  # a 100-problem call is long: call by call
+        base_row: dict[str, Any] = {}
+        row: dict[str, Any] = {}
+        for kind, (pr_fn, our_fn) in calls.items():
+            fns = {base_name: pr_fn, name: lambda our_fn=our_fn, p=p: our_fn(p)}
+            if kind.endswith("many"):  # a 100-problem call is long: call by call
+                t = _time_interleaved(fns, max(3, repeats // 10), warmup=1)
+            else:
+                t = _time_interleaved(fns, repeats, block=block)
+            base_row[kind], row[kind] = t[base_name], t[name]
+            base_row[f"speedup_{kind}_p50"] = 1.0
+            row[f"speedup_{kind}_p50"] = t[base_name]["p50_ms"] / t[name]["p50_ms"]
         # the PR path as timed next to this backend, and this backend
-        rows[f"{base_name}, next to {backend}"] = {"one": one_t[base_name], "many": many_t[base_name],
-                                                  "speedup_one_p50": 1.0, "speedup_many_p50": 1.0}
-        rows[name] = {"one": one_t[name], "many": many_t[name],
-                      "speedup_one_p50": one_t[base_name]["p50_ms"] / one_t[name]["p50_ms"],
-                      "speedup_many_p50": many_t[base_name]["p50_ms"] / many_t[name]["p50_ms"]}
+        rows[f"{base_name}, next to {backend}"] = base_row
+        rows[name] = row
     after = _cpu_times()
     if before and after:  # a VM's steal time: CPU the hypervisor gave to others while we ran
         delta = [b - a for a, b in zip(before, after)]
@@ -247,19 +269,28 @@ def run(model: Path, repeats: int, seed: int, block: int = 10) -> dict[str, Any]
 
 
 def markdown(res: dict[str, Any]) -> str:
-    lines = [f"Ranking {res['n_configs']} configs on the CPU ({res['cpu_count']} cores, torch "
-             f"{res['torch']}, {res['torch_threads']} torch threads); model {res['model']}; one problem: paths "
+    lines = [f"{res['n_configs']} configs on the CPU ({res['cpu_count']} cores, torch {res['torch']}, "
+             f"{res['torch_threads']} torch threads); model {res['model']}; one problem: paths "
              + (f"alternating in blocks of {res['block']} calls" if res.get("block", 1) > 1 else "alternating call by call")
-             + "; 100 problems: call by call", "",
-             f"| path | 1 problem p50 ms | p90 ms | speed-up (p50s) | (per round) | {res['n_problems']} problems "
-             "p50 ms | p90 ms | speed-up (p50s) | (per round) |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for name, r in res["results"].items():
-        lines.append(f"| {name} | {r['one']['p50_ms']:.2f} | {r['one']['p90_ms']:.2f} | {r['speedup_one_p50']:.1f}x "
-                     f"| {r['one']['speedup_round_median']:.1f}x | {r['many']['p50_ms']:.1f} | {r['many']['p90_ms']:.1f} "
-                     f"| {r['speedup_many_p50']:.1f}x | {r['many']['speedup_round_median']:.1f}x |")
-    lines += ["", "Model load: " + ", ".join(f"{b} {ms:.0f} ms" for b, ms in res["load_ms"].items())]
+             + f"; {res['n_problems']} problems: call by call. Speed-up: the PR path's p50 / ours, and the median "
+               "over rounds of the same ratio", ""]
+    for title, one, many in (("rank (top 5)", "one", "many"), ("predict (every config)", "predict_one", "predict_many")):
+        lines += [f"| {title} | 1 problem p50 ms | p90 ms | speed-up (p50s) | (per round) | {res['n_problems']} "
+                  "problems p50 ms | p90 ms | speed-up (p50s) | (per round) |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for name, r in res["results"].items():
+            if one not in r:
+                continue
+            lines.append(f"| {name} | {r[one]['p50_ms']:.2f} | {r[one]['p90_ms']:.2f} | {r[f'speedup_{one}_p50']:.1f}x "
+                         f"| {r[one]['speedup_round_median']:.1f}x | {r[many]['p50_ms']:.1f} | {r[many]['p90_ms']:.1f} "
+                         f"| {r[f'speedup_{many}_p50']:.1f}x | {r[many]['speedup_round_median']:.1f}x |")
+        lines.append("")
+    lines += ["Model load: " + ", ".join(f"{b} {ms:.0f} ms" for b, ms in res["load_ms"].items())]
+    if "predict_head" in res:
+        lines.append(f"predict served by the {res['predict_head']} head")
     if "steal_pct" in res:
         lines.append(f"CPU steal time during the timed rounds: {res['steal_pct']:.1f} % (VM hypervisor)")
+    if "loadavg_before" in res:
+        lines.append(f"Load average (1 min) before the run: {res['loadavg_before']:.2f}")
     return "\n".join(lines)
 
 

@@ -1,7 +1,8 @@
 """Triton autotuning with and without the model's pruning (GPU; run on the H100).
 
-The kernel is data_gen's canonical Triton GEMM (the one the model was trained on), wrapped in
-triton.autotune three ways, each in its own process with an empty Triton cache (TRITON_CACHE_DIR), so
+The kernel is data_gen's canonical Triton GEMM (kernel v4, the one the dataset timed, with Triton's
+default specialisation; each config carries the constexprs the launch helper derives for the shape),
+wrapped in triton.autotune three ways, each in its own process with an empty Triton cache (TRITON_CACHE_DIR), so
 that no variant reuses another's compiled kernels:
 
   full        autotune over N configs (a stratified sample of the device's pruned space; default 40)
@@ -58,7 +59,7 @@ def _worker(args: argparse.Namespace) -> dict[str, Any]:
     """One variant, all shapes, in this (fresh) process."""
     import torch
     import triton
-    from perfmodel.data_gen.kernel import input_precision, matmul_kernel
+    from perfmodel.data_gen.kernel import _args, matmul_kernel
     from perfmodel.data_gen.measure import Bench, TimingSettings
     from perfmodel.configs import pruned_space, stratified_sample
     from perfmodel.schema import GemmProblem
@@ -66,7 +67,7 @@ def _worker(args: argparse.Namespace) -> dict[str, Any]:
     from perfmodel.serve.triton_hook import perfmodel_prune
 
     t0 = time.perf_counter()
-    pred = Predictor.load(args.model)
+    pred = Predictor.load(args.model, backend=args.backend)
     load_s = time.perf_counter() - t0
     out: dict[str, Any] = {"variant": args.worker, "load_s": load_s, "device": torch.cuda.get_device_name(),
                            "torch": torch.__version__, "triton": triton.__version__, "shapes": []}
@@ -78,23 +79,28 @@ def _worker(args: argparse.Namespace) -> dict[str, Any]:
             tdtype = getattr(torch, dtype)
             space = pruned_space(dtype, pred.spec)
             gemm_cfgs = space if args.worker == "model-space" else stratified_sample(space, args.configs, args.seed)
-            configs = [triton.Config({"BLOCK_M": c.block_m, "BLOCK_N": c.block_n, "BLOCK_K": c.block_k,
-                                      "GROUP_M": c.group_m}, num_stages=c.num_stages, num_warps=c.num_warps)
-                       for c in gemm_cfgs]
-            prune = None
-            if args.worker != "full":
-                prune = {"early_config_prune": perfmodel_prune(top_k=args.top_k, predictor=pred,
-                                                               a="a_ptr", b="b_ptr")}
-            tuned = triton.autotune(configs, key=["M", "N", "K"], prune_configs_by=prune)(matmul_kernel)
             a = torch.randn(m, k, device="cuda", dtype=tdtype)
             b = torch.randn(k, n, device="cuda", dtype=tdtype)
             c = torch.empty(m, n, device="cuda", dtype=tdtype)
+            strides = (a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
+            # The kernel's per-config constexprs (EVEN_K, the contiguity hints) and the sizes passed
+            # divided by their power-of-two divisors come from the launch helper's own rule, so that every
+            # config runs exactly the kernel the dataset timed (perfmodel.data_gen.kernel._args).
+            configs = []
+            for g in gemm_cfgs:
+                ints, meta = _args(m, n, k, strides, g, tdtype, False)
+                meta.pop("num_stages"), meta.pop("num_warps")
+                configs.append(triton.Config(meta, num_stages=g.num_stages, num_warps=g.num_warps))
+            prune = None
+            if args.worker != "full":
+                # Sizes read from the tensors' shapes (the integer arguments are divided by their divisors).
+                prune = {"early_config_prune": perfmodel_prune(top_k=args.top_k, predictor=pred,
+                                                               a="a_ptr", b="b_ptr", m="", n="", k="")}
+            tuned = triton.autotune(configs, key=["M_q", "N_q", "K_q"], prune_configs_by=prune)(matmul_kernel)
 
             def launch() -> None:
                 grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
-                tuned[grid](a, b, c, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0),
-                            c.stride(1), INPUT_PRECISION=input_precision(tdtype, False),
-                            A_M_CONTIGUOUS=False, B_N_CONTIGUOUS=True)
+                tuned[grid](a, b, c, *ints)
 
             torch.cuda.synchronize()
             t0 = time.perf_counter()
@@ -123,7 +129,8 @@ def _run_variant(variant: str, args: argparse.Namespace, tmp: Path) -> dict[str,
     env = {**os.environ, "TRITON_CACHE_DIR": str(tmp / f"triton-cache-{variant}")}
     res_file = tmp / f"{variant}.json"
     cmd = [sys.executable, __file__, "--worker", variant, "--model", str(args.model), "--configs", str(args.configs),
-           "--top-k", str(args.top_k), "--seed", str(args.seed), "--worker-out", str(res_file)]
+           "--top-k", str(args.top_k), "--seed", str(args.seed), "--worker-out", str(res_file)] + (
+               ["--backend", args.backend] if args.backend else [])
     return run_worker(variant, cmd, env, res_file, args.timeout)
 
 
@@ -166,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--synthetic", action="store_true", help="random-weight model (exercises the script only)")
     ap.add_argument("--configs", type=int, default=40, help="configs of the full autotune")
     ap.add_argument("--top-k", type=int, default=5)
+    ap.add_argument("--backend", choices=("torch", "onnx"), default=None, help="the Predictor's (default: its own choice)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=400, help="seconds per variant process")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "triton_hook_bench.json")

@@ -27,7 +27,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     for name in ("gemm", "pad", "cublas"):
         g = gsub.add_parser(name, help=f"the {name} sweep" if name != "cublas" else
                             "re-time torch.mm for every GEMM problem of --source, in a quiet process")
-        g.add_argument("--out", type=Path, default=Path("data/h100-v4"),
+        g.add_argument("--out", type=Path, default=Path("data/h100"),
                        help="dataset folder (resumes if it has parts; default: the v4 sweep in progress)")
         if name != "cublas":  # the re-time takes its problems from --source, on one GPU
             g.add_argument("--shard", type=parse_shard, default=(0, 1), help="i/n: this machine's share of the sweep")

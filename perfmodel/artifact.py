@@ -25,7 +25,10 @@ FORMAT = "perfmodel-artifact"
 WEIGHTS = "model.safetensors"
 METADATA = "metadata.json"
 ONNX = "model.onnx"
-HEADS = ("gemm", "cublas", "pad", "screen")  # all but gemm are optional
+HEADS = ("gemm", "cublas", "pad", "screen", "student")  # all but gemm are optional
+# The head that predict / predict_many serve when a folder has it: one MLP distilled from the gemm head
+# (perfmodel distill, train/distill.py); a folder without it predicts with the gemm head.
+STUDENT = "student"
 # Configs per problem that the gemm head scores after the screen head (metadata "screen_keep").
 DEFAULT_SCREEN_KEEP = 48
 
@@ -208,44 +211,100 @@ def sha256_file(path: Path) -> str:
 
 class _OnnxHeads(torch.nn.Module):
     """All heads in one graph: per head one input <head>_x and two outputs, <head>_log_ms and
-    <head>_score (its output before the floors, which ranking sorts by: PerfMLP.score). With a screen head, also the
-    whole screened ranking of `rank_problems` x `rank_configs` (RANK_INPUTS -> RANK_OUTPUTS), traced
-    from perfmodel.ranking.screened_rank: the GEMM encoding, the screen on every config, the gemm head
-    on its best `keep` per problem -- one onnxruntime call, where the torch backend dispatches ~100
-    small ops."""
+    <head>_score (its output before the floors, which ranking sorts by: PerfMLP.score). Then, on
+    `rank_problems` x `rank_configs` (RANK_INPUTS, the GEMM encoding inside the graph): with a screen
+    head, the whole screened ranking (RANK_OUTPUTS), traced from perfmodel.ranking.screened_rank -- the
+    screen on every config, the gemm head on its best `keep` per problem; and what predict serves
+    (PREDICT_OUTPUTS): the log ms of every config by the student head (else the gemm head). One
+    onnxruntime call each, where the torch backend dispatches ~100 small ops."""
 
-    def __init__(self, heads: dict[str, PerfMLP], encoder: FeatureEncoder | None = None, keep: int = 0) -> None:
+    def __init__(self, heads: dict[str, PerfMLP], encoder: FeatureEncoder, keep: int = 0) -> None:
         super().__init__()
         self.names = list(heads)
-        self.heads = torch.nn.ModuleList(heads[n].for_serving() for n in self.names)
+        self.heads = torch.nn.ModuleList(heads[n].for_onnx() for n in self.names)
         self.encoder, self.keep = encoder, keep
         self.gemm = self.heads[self.names.index("gemm")]
-        if encoder is not None:
+        self.rank = "screen" in self.names
+        if self.rank:
             self.screen = self.heads[self.names.index("screen")]
+        self.predict = self.heads[self.names.index(predict_head(self.names))]
 
     def forward(self, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         n = len(self.names)
         out = tuple(h(x) for h, x in zip(self.heads, xs[:n]))
         out = out + tuple(h.score(x) for h, x in zip(self.heads, xs[:n]))
-        if self.encoder is None:
-            return out
         problems, configs, cfg_part, cfg_smem = xs[n:]
-        x = self.encoder.encode_cross(problems, configs, (cfg_part, cfg_smem))       # (P * C, F)
-        n_cfg = configs.shape[0]
-        screen = self.screen.score(x).reshape(-1, n_cfg)                            # (P, C)
+        n_prob, n_cfg = problems.shape[0], configs.shape[0]
+        # The encoding's three parts: cross (P, C, 8), config part (1, C, F), problem part (P, 1, F); the
+        # features of a row are cross @ cross_map + config part + problem part.
+        cross, cpart, ppart = self.encoder.cross_parts(problems, configs, (cfg_part, cfg_smem))
+        cmap = self.encoder.cross_map
+        x = (cross @ cmap + cpart + ppart).reshape(n_prob * n_cfg, cmap.shape[1])    # (P * C, F)
+
+        def score_all(head: PerfMLP) -> torch.Tensor:
+            """head.score on every (problem, config) row, (P * C,). A plain Linear/ReLU head's first Linear
+            is taken through the sum: the 8 cross columns by (cross_map W^T), the config part once per
+            config, the problem part once per problem -- no (P * C, F) features or product (the same
+            result, to float rounding)."""
+            first = _first_linear(head)
+            if first is None:
+                return head.score(x)
+            w = first.weight.t()
+            h = cross @ (cmap @ w) + cpart @ w + (ppart @ w + first.bias)
+            return head.net[1:](h.reshape(n_prob * n_cfg, w.shape[1])).reshape(n_prob * n_cfg)
+
+        # predict: every row's log ms; its floors read one problem feature column (the log roofline)
+        z = score_all(self.predict)
+        if _first_linear(self.predict) is None:
+            pred = self.predict.floor(z, x)
+        else:
+            pred = self.predict.overhead_floor(z.unsqueeze(-1))
+            col = self.predict.cfg.floor_features[0] if self.predict.cfg.floor_features else -1
+            if col >= 0:  # the physical floor: the problem part's column (cross and config parts are 0 there)
+                low = (cross @ cmap[:, col:col + 1] + cpart[..., col:col + 1] + ppart[..., col:col + 1])
+                pred = torch.maximum(pred, low.reshape(n_prob * n_cfg))
+        # every size explicit: onnxruntime cannot infer a -1 in an empty tensor
+        out = out + (pred.reshape(n_prob, n_cfg),)
+        if not self.rank:
+            return out
+        screen = score_all(self.screen).reshape(n_prob, n_cfg)                          # (P, C)
+        cpart2, ppart2 = cpart.reshape(n_cfg, -1), ppart.reshape(n_prob, -1)
+        cross2 = cross.reshape(n_prob * n_cfg, -1)
 
         def gemm(rows: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-            xr = x[rows]
+            if rows is None:
+                xr = x
+            else:  # only the kept rows' features
+                prob = torch.div(rows, n_cfg, rounding_mode="floor")
+                xr = cross2[rows] @ cmap + cpart2[rows - prob * n_cfg] + ppart2[prob]
             score = self.gemm.score(xr)
             return score, self.gemm.floor(score, xr)
 
-        return out + screened_rank(gemm, screen.shape[0], n_cfg, screen, self.keep, self.keep)
+        return out + screened_rank(gemm, n_prob, n_cfg, screen, self.keep, self.keep)
+
+
+def _first_linear(head: PerfMLP) -> torch.nn.Linear | None:
+    """The first Linear of a served (folded) single head whose score is its net's output -- a plain
+    Linear, ReLU, ... chain -- else None."""
+    net = head.net
+    if not getattr(head, "_norm_folded", False) or head.floors_each_member or head.cfg.n_outputs != 1 \
+            or not isinstance(net, torch.nn.Sequential) or not isinstance(net[0], torch.nn.Linear):
+        return None
+    return net[0]
+
+
+def predict_head(names) -> str:
+    """The head that predict / predict_many serve: the student when the model has one, else gemm."""
+    return STUDENT if STUDENT in names else "gemm"
 
 
 RANK_INPUTS = ("rank_problems", "rank_configs", "rank_config_part", "rank_config_smem")
 # Per problem, the screen's best `keep` configs (indices) and their log ms by the gemm head, fastest
 # first, ties in config order (perfmodel.ranking.screened_rank).
 RANK_OUTPUTS = ("rank_kept", "rank_log_ms")
+# (P, C) log ms of every problem with every config by predict_head(); from RANK_INPUTS. A model.onnx
+# written before it has none (the predictor then encodes in torch and runs the head's own graph).
+PREDICT_OUTPUTS = ("predict_log_ms",)
 
 
 def export_onnx_all(bundle: ModelBundle, folder: Path) -> list[Path]:
@@ -255,29 +314,29 @@ def export_onnx_all(bundle: ModelBundle, folder: Path) -> list[Path]:
 
 def export_onnx(bundle: ModelBundle, path: Path) -> Path:
     """A single-file ONNX graph (no external data) with inputs <head>_x and outputs <head>_log_ms and
-    <head>_score, and, when the bundle has a screen head, the screened ranking (RANK_INPUTS -> RANK_OUTPUTS)
-    for the bundle's device (its spec's constants are folded into the ranking graph's encoder)."""
-    rank = "screen" in bundle.heads
+    <head>_score; from RANK_INPUTS, predict's log ms (PREDICT_OUTPUTS) and, when the bundle has a screen
+    head, the screened ranking (RANK_OUTPUTS), both for the bundle's device (its spec's constants are folded
+    into the graph's encoder: export_onnx_all writes one file per device)."""
     keep = bundle.screen_keep
     enc = bundle.encoders["gemm"]
-    mod = _OnnxHeads(bundle.heads, enc if rank else None, keep).eval()
+    mod = _OnnxHeads(bundle.heads, enc, keep).eval()
     xs = tuple(torch.randn(4, len(bundle.encoders[n])) for n in mod.names)
     names_in = [f"{n}_x" for n in mod.names]
     names_out = [f"{n}_log_ms" for n in mod.names] + [f"{n}_score" for n in mod.names]
     # One batch dimension per head: a shared name would force every input to the same row count.
     axes = {**{f"{n}_x": {0: f"{n}_batch"} for n in mod.names}, **{f"{n}_log_ms": {0: f"{n}_batch"} for n in mod.names},
             **{f"{n}_score": {0: f"{n}_batch"} for n in mod.names}}
-    if rank:
-        # traced with 2 problems and 3 * keep configs, so that neither count is frozen at 1
-        gen = torch.Generator().manual_seed(0)
-        problems = torch.tensor([[4096.0, 4096, 4096, 2, 0, 0, 0, 0], [1000.0, 37, 129, 4, 0, 1, 1, 0]], dtype=torch.float64)
-        configs = torch.tensor([16.0, 32, 64, 128, 256], dtype=torch.float64)[torch.randint(0, 5, (3 * keep, 3), generator=gen)]
-        configs = torch.cat([configs, torch.tensor([[8.0, 3, 4]], dtype=torch.float64).expand(3 * keep, 3)], 1)
-        xs = xs + (problems, configs, *enc.config_part(configs))
-        names_in += list(RANK_INPUTS)
-        names_out += list(RANK_OUTPUTS)
-        axes.update({"rank_problems": {0: "rank_p"}, "rank_configs": {0: "rank_c"}, "rank_config_part": {0: "rank_c"},
-                     "rank_config_smem": {0: "rank_c"}, "rank_kept": {0: "rank_p"}, "rank_log_ms": {0: "rank_p"}})
+    # traced with 2 problems and 3 * keep configs, so that neither count is frozen at 1
+    gen = torch.Generator().manual_seed(0)
+    problems = torch.tensor([[4096.0, 4096, 4096, 2, 0, 0, 0, 0], [1000.0, 37, 129, 4, 0, 1, 1, 0]], dtype=torch.float64)
+    configs = torch.tensor([16.0, 32, 64, 128, 256], dtype=torch.float64)[torch.randint(0, 5, (3 * keep, 3), generator=gen)]
+    configs = torch.cat([configs, torch.tensor([[8.0, 3, 4]], dtype=torch.float64).expand(3 * keep, 3)], 1)
+    xs = xs + (problems, configs, *enc.config_part(configs))
+    names_in += list(RANK_INPUTS)
+    names_out += list(PREDICT_OUTPUTS) + (list(RANK_OUTPUTS) if mod.rank else [])
+    axes.update({"rank_problems": {0: "rank_p"}, "rank_configs": {0: "rank_c"}, "rank_config_part": {0: "rank_c"},
+                 "rank_config_smem": {0: "rank_c"}, "rank_kept": {0: "rank_p"}, "rank_log_ms": {0: "rank_p"},
+                 "predict_log_ms": {0: "rank_p", 1: "rank_c"}})
     torch.onnx.export(mod, xs, str(path), input_names=names_in, output_names=names_out,
                       dynamic_axes=axes, opset_version=17, dynamo=False)
     return Path(path)

@@ -259,6 +259,26 @@ class FeatureEncoder:
             nbytes = (m * k + k * n + m * n) * db
             cols = [db * 8, m, n, k, nbytes / 1e9, flops / 1e9, flops / nbytes, bk, bm, bn, st, wp]
             return _stack([x.log() for x in cols], lead)
+        cross, cfg_part, per_problem = self._gemm_parts(p, c, config_part)
+        x = cross @ self._cross_map44 + cfg_part + per_problem
+        return x.reshape(-1, len(self.names))
+
+    def cross_parts(self, problems: torch.Tensor, configs: torch.Tensor,
+                    config_part: tuple[torch.Tensor, torch.Tensor] | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """encode_cross's three parts, float32: (cross (P, C, 8), config part (1, C, F), problem part
+        (P, 1, F)), whose rows encode as cross @ cross_map + config part + problem part. For a graph that
+        needs a few rows of the (P * C, F) features, or a linear map of them, not all of them."""
+        return self._gemm_parts(problems[:, None, :].to(torch.float64), configs[None, :, :].to(torch.float64),
+                                None if config_part is None else tuple(t.unsqueeze(0) for t in config_part))
+
+    @property
+    def cross_map(self) -> torch.Tensor:
+        """(8, F) float32: the cross part's map into the features (cross_parts)."""
+        return self._cross_map44
+
+    def _gemm_parts(self, p: torch.Tensor, c: torch.Tensor,
+                    config_part: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         # Problem-only and config-only parts are computed on the unexpanded rows (P and C of them, not
         # P * C); only the tile counts and what depends on them are per (problem, config).
         cfg_part, cfg_smem = self.config_part(c) if config_part is None else config_part
@@ -278,8 +298,7 @@ class FeatureEncoder:
         # broadcasting: no expand/concatenate of the (P, C) result. float32 from here (the features'
         # type): the (P, C) arrays are the only large ones.
         per_problem = (basis @ self._problem_map44 + self._block_bias44).to(torch.float32)
-        x = cross.to(torch.float32) @ self._cross_map44 + cfg_part + per_problem
-        return x.reshape(-1, len(self.names))
+        return cross.to(torch.float32), cfg_part, per_problem
 
     def config_part(self, configs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The config-only part of a GEMM encoding, (..., F) float32 and (..., 1): a caller that encodes many

@@ -97,7 +97,8 @@ class PerfMLP(nn.Module):
         """(N, n_inputs) raw features -> the output before the floors, (N,) or (N, n_outputs): it orders
         a problem's rows as their log ms do (perfmodel/ranking.py). An after-floor ensemble has no output
         before its overhead floor that does: its score is the members' floored mean."""
-        z = self.net((x - self.x_mean) / self.x_std)
+        # a folded copy carries its standardisation in its first Linear: no (x - 0) / 1 on every row
+        z = self.net(x if getattr(self, "_norm_folded", False) else (x - self.x_mean) / self.x_std)
         if self.floors_each_member:
             return self.overhead_floor(z)
         return z.squeeze(-1) if self.cfg.n_outputs == 1 else z
@@ -173,6 +174,7 @@ class PerfMLP(nn.Module):
             m.x_mean.zero_()
             m.x_std.fill_(1.0)
         m.net = nn.Sequential(*out)
+        m._norm_folded = True  # score() skips the identity standardisation (not saved: a property of this copy)
         return m
 
     def for_serving(self) -> "PerfMLP":
@@ -181,6 +183,16 @@ class PerfMLP(nn.Module):
         m = self.folded()
         if self.cfg.members > 1:
             m.net = GroupedNet(self)
+        return m
+
+    def for_onnx(self) -> "PerfMLP":
+        """for_serving(), with an ensemble's net run as MemberNet (each member its own chain of 2-D
+        products): the copy the ONNX graph exports. onnxruntime runs a chain of Gemm+Relu per member
+        faster than GroupedNet's batched 3-D MatMuls (measured on the 2-core CPU, 3 x 256 wide: 24 rows
+        215 -> 152 us, 2,400 rows 16.3 -> 15.0 ms)."""
+        m = self.for_serving()
+        if isinstance(m.net, GroupedNet):
+            m.net = MemberNet(m.net)
         return m
 
     @staticmethod
@@ -288,3 +300,43 @@ def _member_blocks(weight: torch.Tensor, g: int, what: str) -> torch.Tensor:
     if off.any():
         raise ValueError(f"head: {what} is not block-diagonal over its members")
     return diag.transpose(1, 2).contiguous()
+
+
+class MemberNet(nn.Module):
+    """A GroupedNet's members as G separate chains of 2-D Linear+ReLU products (the same weights, the
+    same output to float rounding): what the ONNX graph exports for an ensemble head (PerfMLP.for_onnx)."""
+
+    def __init__(self, grouped: GroupedNet) -> None:
+        super().__init__()
+        g = self.members = grouped.members
+        width = grouped.w_first.shape[1] // g
+        self.after_floor = grouped.after_floor
+        with torch.no_grad():
+            for i in range(g):
+                self.register_buffer(f"w0_{i}", grouped.w_first[:, i * width:(i + 1) * width].contiguous())
+                self.register_buffer(f"b0_{i}", grouped.b_first[i * width:(i + 1) * width].contiguous())
+                for j, (w, b) in enumerate(zip(grouped.hidden_w, grouped.hidden_b)):
+                    self.register_buffer(f"w{j + 1}_{i}", w[i].contiguous())
+                    self.register_buffer(f"b{j + 1}_{i}", b[i, 0].contiguous())
+                self.register_buffer(f"wl_{i}", grouped.w_last[i].contiguous())
+                if self.after_floor:
+                    self.register_buffer(f"bl_{i}", grouped.b_last[i, 0].contiguous())
+            if not self.after_floor:
+                self.register_buffer("bl", grouped.b_last.clone())
+        self.depth = len(grouped.hidden_w) + 1
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """As GroupedNet.forward: (N, n_outputs), or (N, members * n_outputs) member-major (after floor)."""
+        outs = []
+        for i in range(self.members):
+            h = x
+            for j in range(self.depth):
+                h = torch.relu(torch.addmm(getattr(self, f"b{j}_{i}"), h, getattr(self, f"w{j}_{i}")))
+            w = getattr(self, f"wl_{i}")
+            outs.append(torch.addmm(getattr(self, f"bl_{i}"), h, w) if self.after_floor else h @ w)
+        if self.after_floor:
+            return torch.cat(outs, 1)
+        out = outs[0]
+        for o in outs[1:]:
+            out = out + o
+        return out + self.bl

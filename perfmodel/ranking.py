@@ -34,6 +34,13 @@ def _stable_argsort(x: torch.Tensor) -> torch.Tensor:
     return torch.sort(x, dim=1, stable=True)[1]
 
 
+def _stable_smallest(x: torch.Tensor, n: int) -> torch.Tensor:
+    """_stable_argsort(x)[:, :n]: in the ONNX graph one TopK of n (not a sort of every column)."""
+    if torch.onnx.is_in_onnx_export():
+        return torch.topk(x, n, dim=1, largest=False, sorted=True)[1]
+    return torch.sort(x, dim=1, stable=True)[1][:, :n]
+
+
 def screened_rank(gemm: GemmFn, n_problems: int, n_configs: int, screen: torch.Tensor | None,
                   keep: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The k configs predicted fastest per problem: (config indices, log ms), each (P, min(k, kept)),
@@ -50,7 +57,7 @@ def screened_rank(gemm: GemmFn, n_problems: int, n_configs: int, screen: torch.T
         cand = None
     else:
         # the screen's best `keep`, back in config order (so that ties below sort by it)
-        cand = torch.sort(_stable_argsort(screen)[:, :keep], dim=1)[0]                  # (P, keep)
+        cand = torch.sort(_stable_smallest(screen, keep), dim=1)[0]                     # (P, keep)
         rows = cand + torch.arange(screen.shape[0]).unsqueeze(1) * n_configs
         score, log_ms = gemm(rows.reshape(-1))
         score, log_ms = score.reshape(-1, keep), log_ms.reshape(-1, keep)

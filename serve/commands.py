@@ -67,11 +67,16 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     pad.add_argument("--json", action="store_true")
     _one_line_errors(pad, "pad")
 
-    exp = sub.add_parser("export-onnx", help="write a model folder's model.onnx (all heads, one graph)")
+    exp = sub.add_parser("export-onnx", help="write a model folder's ONNX files (all heads, one graph each: "
+                                             "model.onnx, and model.<device>.onnx for a model's other devices)")
     _model_args(exp, backend=False)
     exp.add_argument("--out", type=Path, default=None,
                      help="output file (default: each trained device's file in the model folder: model.onnx for the "
                           "default device, model.<device>.onnx for the others)")
+    exp.add_argument("--screen-keep", type=int, default=None,
+                     help="also set the folder's screen_keep (configs per problem that the gemm head scores after "
+                          "the screen; metadata.json) before exporting the ranking graphs traced with it (every "
+                          "trained device's file in the folder)")
     _one_line_errors(exp, "export-onnx")
 
 
@@ -154,6 +159,8 @@ def _export_onnx(args: argparse.Namespace) -> int:
         raise ValueError("--model: export-onnx needs a model folder (download the MLflow artifacts first)")
     folder = Path(args.model) if args.model is not None else default_model_dir()
     bundle = load(folder)
+    if args.screen_keep is not None:
+        return _export_screen_keep(args, folder, bundle)
     if args.device is not None:  # one device's file
         bundle = bundle.for_device(args.device)
         outs = [export_onnx(bundle, args.out or folder / onnx_file(bundle))]
@@ -163,6 +170,45 @@ def _export_onnx(args: argparse.Namespace) -> int:
         outs = export_onnx_all(bundle, folder)
     for out in outs:
         print(f"wrote {out}")
+    return 0
+
+
+def _export_screen_keep(args: argparse.Namespace, folder: Path, bundle: Any) -> int:
+    """export-onnx --screen-keep: screen_keep is the folder's (metadata.json, one for all its devices), so
+    every trained device's ONNX file in the folder is re-traced with it -- none left with the old keep, which
+    the loader would refuse as stale -- and only those files: no --out elsewhere, no single --device of a
+    model of several. The graphs are written first (beside, then renamed), the metadata last: a failed
+    export leaves the folder as it was."""
+    import os
+
+    from perfmodel.artifact import METADATA, export_onnx, onnx_file
+
+    if args.screen_keep < 1:
+        raise ValueError(f"--screen-keep: must be >= 1, got {args.screen_keep}")
+    own = [folder / onnx_file(bundle, d) for d in bundle.devices]
+    if args.out is not None and (len(own) > 1 or args.out.resolve() != own[0].resolve()):
+        raise ValueError("--screen-keep: rewrites the folder's own metadata, so it exports only to the folder's "
+                         f"own ONNX files ({', '.join(p.name for p in own)}), not --out")
+    if args.device is not None:
+        bundle.for_device(args.device)  # an unknown device is refused as without --screen-keep
+        if len(own) > 1:
+            raise ValueError("--screen-keep: the folder's screen_keep holds for all its devices, so every device's "
+                             "ONNX file is re-exported: leave out --device")
+    meta = json.loads((folder / METADATA).read_text())
+    meta["screen_keep"] = bundle.metadata["screen_keep"] = args.screen_keep
+    tmps = []
+    try:
+        for d, out in zip(bundle.devices, own):
+            tmp = out.with_name(f".{out.name}.tmp")
+            tmps.append(tmp)
+            export_onnx(bundle.for_device(d), tmp)
+        for tmp, out in zip(tmps, own):
+            os.replace(tmp, out)
+    finally:
+        for tmp in tmps:
+            tmp.unlink(missing_ok=True)
+    (folder / METADATA).write_text(json.dumps(meta, indent=2, sort_keys=True))
+    print(f"wrote {', '.join(str(p) for p in own)} and {folder / METADATA} (screen_keep {args.screen_keep})")
     return 0
 
 

@@ -24,7 +24,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import torch
 
-from perfmodel.artifact import ModelBundle
+from perfmodel.artifact import ModelBundle, predict_head
 from perfmodel.configs import pruned_space, runnable
 from perfmodel.features import configs_tensor, pad_tensor, problems_array, problems_tensor
 from perfmodel.ranking import screened_rank, screens
@@ -85,6 +85,15 @@ def _check_problems(problems: Any) -> list[GemmProblem]:
     return problems
 
 
+class _Fits(dict):
+    """{dtype size: (C,) bool, which configs of a set the device can run}, and the sizes for which it
+    can run them all (checked once per config set, not per call)."""
+
+    def __init__(self, masks: dict[int, np.ndarray]) -> None:
+        super().__init__(masks)
+        self.all_runnable = frozenset(b for b, m in masks.items() if m.all())
+
+
 class Predictor:
     """A loaded model. Build with Predictor.load(); every method validates its arguments, raising
     ValueError/TypeError that name the offending field, and is safe to call from many threads."""
@@ -107,6 +116,9 @@ class Predictor:
         # head on the screen's best screen_keep configs per problem -- only when there are more than
         # twice as many configs, else the gemm head scores them all.
         self.screen_keep = bundle.screen_keep
+        # What predict / predict_many serve: the "student" head (one MLP distilled from the gemm head,
+        # perfmodel distill) when the folder has one, else the gemm head itself.
+        self.predict_head = predict_head(bundle.heads)
 
     # ------------------------------------------------------------------------------------ loading
     @classmethod
@@ -161,7 +173,7 @@ class Predictor:
     def _config_entry(self, ct: torch.Tensor) -> tuple[torch.Tensor, Any, dict[int, np.ndarray]]:
         """What a config set's calls reuse: its tensor, its config-only encoding, and per dtype size which
         of its configs the device can run (perfmodel.configs.runnable)."""
-        fits = {b: runnable(ct.numpy(), float(b), self.spec) for b in set(DTYPE_BYTES.values())}
+        fits = _Fits({b: runnable(ct.numpy(), float(b), self.spec) for b in set(DTYPE_BYTES.values())})
         return ct, _ConfigPart.of(self._encoder, ct), fits
 
     def _configs(self, configs: Any, dtype: str) -> tuple[Sequence[GemmConfig], torch.Tensor, Any, dict]:
@@ -171,13 +183,16 @@ class Predictor:
             return (self._default_configs[dtype], *self._default_tensors[dtype])
         if isinstance(configs, (GemmConfig, str, bytes, dict)) or not isinstance(configs, Iterable):
             raise TypeError(f"configs: expected a sequence of GemmConfig, got {type(configs).__name__}")
+        # An autotuner ranks one config list for shape after shape: the last list is matched by list
+        # equality, which compares the same objects by identity (a few us for hundreds of configs,
+        # where building the key below takes ~25 us). Only GemmConfigs equal GemmConfigs. A list
+        # equal to the last one is served with the last one's own copy (no copy made per call).
+        last = self._last_configs
+        if last is not None and type(configs) is list and last[0] == configs:
+            return (last[0], *last[1])
         configs = list(configs)
         if not configs:
             raise ValueError("configs: empty; pass at least one GemmConfig (or None for the default space)")
-        # An autotuner ranks one config list for shape after shape: the last list is matched by list
-        # equality, which compares the same objects by identity (a few us for hundreds of configs,
-        # where building the key below takes ~25 us). Only GemmConfigs equal GemmConfigs.
-        last = self._last_configs
         if last is not None and last[0] == configs:
             return (configs, *last[1])
         try:  # GemmConfig.packed: 48 bytes per config; anything else fails here or on the length
@@ -208,7 +223,7 @@ class Predictor:
     def _runnable(fits: dict[int, np.ndarray], problems: Sequence[GemmProblem]) -> np.ndarray | None:
         """(P, C) bool: which configs the model's device can run for each problem (fits: _config_entry's
         masks per dtype size); None when all can (the default spaces, and nearly every user list)."""
-        if all(fits[p.dtype_bytes].all() for p in problems):
+        if all(p.dtype_bytes in fits.all_runnable for p in problems):
             return None
         return np.stack([fits[p.dtype_bytes] for p in problems])
 
@@ -220,22 +235,29 @@ class Predictor:
 
     def predict(self, prob: GemmProblem, configs: Sequence[GemmConfig] | None = None) -> np.ndarray:
         """Predicted milliseconds of each config on prob: 1-D float64 array, one per config.
-        configs None: the pruned space of the model's device for prob.dtype."""
+        configs None: the pruned space of the model's device for prob.dtype. Served by the student
+        head when the model has one (`Predictor.predict_head`), else by the gemm head."""
         prob = _check_problem(prob)
         _, ct, part, fits = self._configs(configs, prob.dtype)
-        with torch.inference_mode():  # no autograd bookkeeping on the encoder's small ops
-            x = self._encoder.encode_cross(problems_tensor([prob]), ct, part)  # (C, F)
-        return self._unrunnable_inf(self._ms("gemm", x, f"prob {prob}")[None], fits, [prob])[0]
+        return self._unrunnable_inf(self._predict_ms([prob], ct, part, f"prob {prob}"), fits, [prob])[0]
 
     def predict_many(self, problems: Sequence[GemmProblem],
                      configs: Sequence[GemmConfig] | None = None) -> np.ndarray:
         """[len(problems), len(configs)] predicted ms, every problem with every config in one pass.
         configs None needs problems of one dtype (the default space depends on it)."""
         problems = _check_problems(problems)
-        cfgs, ct, part, fits = self._configs(configs, self._common_dtype(problems, configs))
-        with torch.inference_mode():
+        _, ct, part, fits = self._configs(configs, self._common_dtype(problems, configs))
+        return self._unrunnable_inf(self._predict_ms(problems, ct, part, "problems"), fits, problems)
+
+    def _predict_ms(self, problems: list[GemmProblem], ct: torch.Tensor, part: Any, what: str) -> np.ndarray:
+        """(P, C) float64 ms of the predict head: onnx's predict graph in one call (encoding included),
+        else the torch encoding and the head."""
+        if getattr(self._run, "predict_session", None) is not None:
+            log_ms = self._run.predict(problems_array(problems), part)
+            return self._checked(np.exp(log_ms.astype(np.float64)), what, positive=True)
+        with torch.inference_mode():  # no autograd bookkeeping on the encoder's small ops
             x = self._encoder.encode_cross(problems_tensor(problems), ct, part)  # (P * C, F)
-        return self._unrunnable_inf(self._ms("gemm", x, "problems").reshape(len(problems), len(cfgs)), fits, problems)
+        return self._ms(self.predict_head, x, what).reshape(len(problems), len(ct))
 
     @staticmethod
     def _common_dtype(problems: list[GemmProblem], configs: Any) -> str:
@@ -249,7 +271,7 @@ class Predictor:
         """The k configs predicted fastest for each problem: (indices, ms), each (P, k), fastest first,
         ties in the given order, by perfmodel.ranking.screened_rank (the screen on every config and the
         gemm head on its best max(screen_keep, k), when there are more than twice as many configs)."""
-        n_cfg, n_prob = len(ct), len(problems)
+        n_cfg, n_prob = ct.shape[0], len(problems)  # (a tensor's len() costs a few us)
         k = min(k, n_cfg)
         keep = max(self.screen_keep, k)
         screened = screens(self.has_screen, n_cfg, keep)
@@ -278,7 +300,9 @@ class Predictor:
     def _checked(values: np.ndarray, what: str, positive: bool = False) -> np.ndarray:
         """values (scores, or ms with positive=True), unchanged. Never clamp: a non-finite prediction
         means the model left its valid range."""
-        if not np.isfinite(values).all() or (positive and not (values > 0).all()):
+        # a finite sum means every value is finite (a NaN or an inf makes the sum NaN or inf): one
+        # reduction on the fast path, the elementwise check only when the sum is not finite
+        if (not math.isfinite(values.sum()) and not np.isfinite(values).all()) or (positive and not values.min() > 0):
             raise RuntimeError(f"{what}: the model predicted a non-finite or non-positive time")
         return values
 

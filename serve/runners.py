@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from perfmodel.artifact import RANK_INPUTS, RANK_OUTPUTS, ArtifactError, ModelBundle
+from perfmodel.artifact import PREDICT_OUTPUTS, RANK_INPUTS, RANK_OUTPUTS, ArtifactError, ModelBundle, predict_head
 from perfmodel.configs import pruned_space
 from perfmodel.features import configs_tensor
 from perfmodel.model import GroupedNet
@@ -118,17 +118,26 @@ class _OnnxRunner:
             opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
             return ort.InferenceSession(graph, sess_options=opts, providers=["CPUExecutionProvider"])
 
-        self.rank_session, self.rank_keep = None, None
+        self.rank_session, self.rank_keep, self.predict_session = None, None, None
         try:
-            heads_graph, rank_graph = _split_rank_graph(path.read_bytes())
+            heads_graph, rank_graph, predict_graph = _split_graphs(path.read_bytes())
             # Small batches (one problem x a few hundred configs): a few threads, no inter-op pool.
             self.session = session(heads_graph, min(_SERVING_THREADS, os.cpu_count() or 1))
+            # One session per head, so that a call runs only its head's nodes and never feeds the
+            # others an empty batch (onnxruntime on an H100 host died of SIGFPE on zero-row inputs).
+            self.head_sessions = {name: session(graph, min(_SERVING_THREADS, os.cpu_count() or 1))
+                                  for name, graph in _split_heads_graph(heads_graph).items()}
+            # The ranking and predict graphs get two sessions each: one thread for a few hundred rows (one
+            # problem), where waking a pool thread costs more than it saves (measured: 1 thread 470-550 us,
+            # 2 threads 525-690 us per 368-config rank), and the heads' threads for large batches.
+            wide = min(_SERVING_THREADS, os.cpu_count() or 1)
             if rank_graph is not None:
-                # Its own session (onnxruntime runs every node of a graph whatever outputs are asked
-                # for), on one thread: ~90 small nodes per call, where waking a pool thread costs more
-                # than it saves (measured: 1 thread 470-550 us, 2 threads 525-690 us per 368-config rank).
-                self.rank_session = session(rank_graph, 1)
+                # its own sessions: onnxruntime runs every node of a graph whatever outputs are asked for
+                self.rank_session = _BySize(session(rank_graph, 1), session(rank_graph, wide) if wide > 1 else None)
                 self.rank_keep = bundle.screen_keep  # traced with it (perfmodel.artifact.export_onnx)
+            if predict_graph is not None:
+                self.predict_session = _BySize(session(predict_graph, 1),
+                                               session(predict_graph, wide) if wide > 1 else None)
         except Exception as exc:  # onnxruntime raises its own (non-public) exception types for bad graphs
             raise ArtifactError(f"{path}: not a loadable ONNX model ({type(exc).__name__}: {exc})") from None
         self.widths = {}
@@ -143,9 +152,10 @@ class _OnnxRunner:
                                     f"(re-export with `perfmodel export-onnx`)")
 
     def _run(self, names: list[str], head: str, x: torch.Tensor) -> list[np.ndarray]:
-        feeds = {f"{name}_x": np.zeros((0, w), np.float32) for name, w in self.widths.items()}
-        feeds[f"{head}_x"] = np.ascontiguousarray(x.numpy(), dtype=np.float32)
-        return self.session.run(names, feeds)
+        if len(x) == 0:  # no rows: nothing to run (onnxruntime is never given an empty batch)
+            width = {o.name: o.shape[1:] for o in self.head_sessions[head].get_outputs()}
+            return [np.zeros((0, *width[n]), np.float32) for n in names]
+        return self.head_sessions[head].run(names, {f"{head}_x": np.ascontiguousarray(x.numpy(), dtype=np.float32)})
 
     def score(self, head: str, x: torch.Tensor) -> torch.Tensor:
         return torch.from_numpy(self._run([f"{head}_score"], head, x)[0])
@@ -158,10 +168,31 @@ class _OnnxRunner:
         """log ms (float64), the head's full output."""
         return self._run([f"{head}_log_ms"], head, x)[0].astype(np.float64)
 
+    def predict(self, problems: np.ndarray, part: "_ConfigPart") -> np.ndarray:
+        """(P, C) float32 log ms of problems (P, 8) float64 with a config set, by predict_head()."""
+        rows = problems.shape[0] * part[1].shape[0]
+        return self.predict_session.get(rows).run(PREDICT_OUTPUTS, {"rank_problems": problems, **part.feeds})[0]
+
     def rank(self, problems: np.ndarray, part: "_ConfigPart") -> tuple[np.ndarray, np.ndarray]:
         """The graph's screened ranking of problems (P, 8) float64 against a config set: (kept config
         indices, their log ms), each (P, rank_keep), fastest first, ties in config order."""
-        return self.rank_session.run(RANK_OUTPUTS, {"rank_problems": problems, **part.feeds})
+        rows = problems.shape[0] * part[1].shape[0]
+        return self.rank_session.get(rows).run(RANK_OUTPUTS, {"rank_problems": problems, **part.feeds})
+
+
+# (problems x configs) rows from which the ranking and predict graphs run on the multi-threaded session
+_WIDE_ROWS = 4096
+
+
+class _BySize:
+    """Two onnxruntime sessions on one graph: one thread (`small`) and several (`wide`, None on one
+    core); get(rows) picks by the call's (problems x configs) rows."""
+
+    def __init__(self, small: Any, wide: Any | None) -> None:
+        self.small, self.wide = small, wide
+
+    def get(self, rows: int) -> Any:
+        return self.wide if self.wide is not None and rows >= _WIDE_ROWS else self.small
 
 
 class _ConfigPart(tuple):
@@ -178,22 +209,43 @@ class _ConfigPart(tuple):
         return part
 
 
-def _split_rank_graph(model_bytes: bytes) -> tuple[bytes, bytes | None]:
-    """(the heads' graph, the screened-ranking graph or None) of a model.onnx: two sessions, so that
-    neither call runs the other's nodes."""
+def _split_graphs(model_bytes: bytes) -> tuple[bytes, bytes | None, bytes | None]:
+    """(the heads' graph, the screened-ranking graph or None, predict's graph or None) of a model.onnx:
+    one session each, so that no call runs another's nodes."""
     import onnx
     from onnx.utils import Extractor
 
     model = onnx.load_from_string(model_bytes)
     inputs = [i.name for i in model.graph.input]
     if not any(name in inputs for name in RANK_INPUTS):
-        return model_bytes, None
+        return model_bytes, None, None
     outputs = [o.name for o in model.graph.output]
     extractor = Extractor(model)
     heads = extractor.extract_model([n for n in inputs if n not in RANK_INPUTS],
-                                    [n for n in outputs if n not in RANK_OUTPUTS])
-    rank = extractor.extract_model(list(RANK_INPUTS), list(RANK_OUTPUTS))
-    return heads.SerializeToString(), rank.SerializeToString()
+                                    [n for n in outputs if n not in RANK_OUTPUTS + PREDICT_OUTPUTS])
+
+    def part(names: tuple[str, ...]) -> bytes | None:
+        if not all(n in outputs for n in names):
+            return None
+        return extractor.extract_model(list(RANK_INPUTS), list(names)).SerializeToString()
+
+    return heads.SerializeToString(), part(RANK_OUTPUTS), part(PREDICT_OUTPUTS)
+
+
+def _split_heads_graph(model_bytes: bytes) -> dict[str, bytes]:
+    """One graph per head (input <head>_x; outputs <head>_score and <head>_log_ms) of the heads' graph."""
+    import onnx
+    from onnx.utils import Extractor
+
+    model = onnx.load_from_string(model_bytes)
+    outputs = {o.name for o in model.graph.output}
+    extractor = Extractor(model)
+    graphs = {}
+    for inp in model.graph.input:
+        head = inp.name.removesuffix("_x")
+        names = [n for n in (f"{head}_score", f"{head}_log_ms") if n in outputs]
+        graphs[head] = extractor.extract_model([inp.name], names).SerializeToString()
+    return graphs
 
 
 _threads_lock = threading.Lock()
@@ -236,15 +288,22 @@ def _check_onnx_matches(bundle: ModelBundle, runner: _OnnxRunner, path: Path) ->
             if got.shape != want.shape or not np.allclose(got, want, rtol=_ONNX_CHECK_RTOL, atol=1e-4):
                 raise ArtifactError(f"{path}: head {name!r} of the ONNX graph disagrees with the folder's "
                                     "weights (stale export?); re-run `perfmodel export-onnx`")
+        if runner.predict_session is not None or runner.rank_session is not None:
+            enc = bundle.encoders["gemm"]
+            problems = torch.tensor([[3000.0, 1000, 777, 2, 0, 0, 0, 1]], dtype=torch.float64)
+            configs = configs_tensor(pruned_space("float16", bundle.spec))
+            x = enc.encode_cross(problems, configs)
+        if runner.predict_session is not None:
+            got = runner.predict(problems.numpy(), _ConfigPart.of(enc, configs))[0]
+            want = bundle.heads[predict_head(bundle.heads)](x).numpy()
+            if got.shape != want.shape or not np.allclose(got, want, rtol=_ONNX_CHECK_RTOL, atol=1e-4):
+                raise ArtifactError(f"{path}: the ONNX predict graph disagrees with the folder's weights "
+                                    "(stale export?); re-run `perfmodel export-onnx`")
         if runner.rank_session is not None:
             if "screen" not in bundle.heads or runner.rank_keep != bundle.screen_keep:
                 raise ArtifactError(f"{path}: the ONNX ranking graph does not match the folder's screen head or "
                                     "screen_keep; re-run `perfmodel export-onnx`")
-            enc = bundle.encoders["gemm"]
-            problems = torch.tensor([[3000.0, 1000, 777, 2, 0, 0, 0, 1]], dtype=torch.float64)
-            configs = configs_tensor(pruned_space("float16", bundle.spec))
             kept, log_ms = runner.rank(problems.numpy(), _ConfigPart.of(enc, configs))
-            x = enc.encode_cross(problems, configs)
             want = bundle.heads["gemm"](x[torch.from_numpy(kept[0])]).numpy()
             screen = bundle.heads["screen"](x).numpy()
             if not np.allclose(log_ms[0], want, rtol=_ONNX_CHECK_RTOL, atol=1e-4) or \

@@ -135,7 +135,8 @@ def test_joint_model_live_device(joint_dir, monkeypatch):
 
 
 def test_joint_model_stale_device_onnx_is_refused(joint_dir, tmp_path):
-    """model.h200.onnx exported for the other device (its ranking graph encodes with H100 constants)."""
+    """model.h200.onnx exported for the other device (its predict and ranking graphs encode with H100
+    constants; the load-time check meets the predict graph first)."""
     import shutil
 
     from perfmodel import artifact
@@ -144,7 +145,7 @@ def test_joint_model_stale_device_onnx_is_refused(joint_dir, tmp_path):
     shutil.copytree(joint_dir, folder)
     b = artifact.load(folder)
     artifact.export_onnx(b, folder / "model.h200.onnx")  # the H100 graph under the H200 name
-    with pytest.raises(artifact.ArtifactError, match="ranking graph disagrees"):
+    with pytest.raises(artifact.ArtifactError, match="(predict|ranking) graph disagrees"):
         Predictor.load(folder, backend="onnx", device="h200")
     Predictor.load(folder, backend="onnx", device="h100-sxm")  # its own file is fine
 
@@ -166,3 +167,31 @@ def test_saving_a_bundle_for_another_device_is_refused(joint_dir, tmp_path):
     b = artifact.load(joint_dir)
     with pytest.raises(artifact.ArtifactError, match="default device"):
         artifact.save(b.for_device("h200"), tmp_path / "x")
+
+
+def test_export_onnx_screen_keep_rewrites_every_devices_file(joint_dir, tmp_path, capsys):
+    """export-onnx --screen-keep on a model of two devices: the keep is the folder's, so both files are
+    re-traced with it (neither left stale); --out and a single --device are refused, the folder unchanged."""
+    import shutil
+
+    from perfmodel import artifact
+    from perfmodel.cli import main
+
+    folder = tmp_path / "m"
+    shutil.copytree(joint_dir, folder)
+    before = artifact.load(folder).screen_keep
+    keep = max(1, before // 2)
+    for extra in (["--out", str(folder / "model.onnx")], ["--device", "h200"]):
+        assert main(["export-onnx", "--model", str(folder), "--screen-keep", str(keep), *extra]) == 2
+        assert "--screen-keep" in capsys.readouterr().err
+    assert artifact.load(folder).screen_keep == before
+    assert main(["export-onnx", "--model", str(folder), "--screen-keep", str(keep)]) == 0
+    out = capsys.readouterr().out
+    assert "model.onnx" in out and "model.h200.onnx" in out and f"screen_keep {keep}" in out
+    assert not list(folder.glob(".*.tmp"))
+    prob = GemmProblem(m=3000, n=77, k=1024)
+    for dev in ("h100-sxm", "h200"):
+        ox, pt = Predictor.load(folder, device=dev, backend="onnx"), Predictor.load(folder, device=dev, backend="torch")
+        assert ox._run.rank_keep == pt.screen_keep == keep != before
+        a, b = ox.rank(prob, top_k=5), pt.rank(prob, top_k=5)
+        assert [c for c, _ in a] == [c for c, _ in b]

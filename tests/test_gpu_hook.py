@@ -11,7 +11,8 @@ pytestmark = pytest.mark.gpu
 TOP_K = 3
 
 
-def test_max_autotune_hook_keeps_top_k_real_choices(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("space", ["DEFAULT", "EXHAUSTIVE"])
+def test_max_autotune_hook_keeps_top_k_real_choices(space, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
     from torch._inductor import config as inductor_config
 
@@ -33,7 +34,8 @@ def test_max_autotune_hook_keeps_top_k_real_choices(tmp_path, monkeypatch: pytes
     a = torch.randn(512, 256, device="cuda", dtype=torch.float16)
     b = torch.randn(256, 384, device="cuda", dtype=torch.float16)
     try:
-        with si.installed(top_k=TOP_K) as ok, inductor_config.patch(force_disable_caches=True):
+        with si.installed(top_k=TOP_K) as ok, inductor_config.patch(force_disable_caches=True,
+                                                                     max_autotune_gemm_search_space=space):
             assert ok, "the Inductor hook did not install on this torch"
             out = torch.compile(lambda x, y: torch.mm(x, y), mode="max-autotune-no-cudagraphs")(a, b)
     finally:
@@ -43,4 +45,6 @@ def test_max_autotune_hook_keeps_top_k_real_choices(tmp_path, monkeypatch: pytes
     assert mm, f"the hook saw no mm of this problem: {seen}"
     for _, _, n_mm, kept_mm in mm:
         assert n_mm > TOP_K, f"Inductor offered only {n_mm} triton::mm choices"  # real choices, more than kept
+        if space == "EXHAUSTIVE":  # the whole space is ranked (num_warps=1 configs included), none passes unranked
+            assert n_mm > 500, n_mm
         assert 1 <= kept_mm <= TOP_K

@@ -208,3 +208,55 @@ def test_eval_cli_on_two_devices(joint, two):
     # the H200's held-out problems follow the H100's split: without the H100's folder first, refused
     proc = subprocess.run(cmd[:6] + ["--data", str(two["h200"])], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "default device h100-sxm" in proc.stderr
+
+
+@pytest.mark.slow
+def test_joint_model_student_serves_each_device(joint, two):
+    """perfmodel train's student step on two devices: one student, measured on each device's own test
+    problems, in each device's ONNX file (predict graph); both backends agree per device."""
+    from perfmodel import GemmProblem, Predictor, artifact
+    from perfmodel.configs import pruned_space
+
+    out = joint["out"]
+    b = artifact.load(out)
+    assert "student" in b.heads and b.encoders["student"].kind == "gemm"
+    by = b.metadata["student_metrics_by_device"]
+    assert set(by) == {"h100-sxm", "h200"}
+    assert {k: v for k, v in b.metadata["student_metrics"].items() if k != "student/seconds"} == by["h100-sxm"]
+    assert by["h200"]["student/test_problems"] == b.metadata["split_by_device"]["h200"]["test"]
+    assert "h200: median" in (out / "MODEL_CARD.md").read_text()
+    probs = [GemmProblem(m=16, n=8192, k=8192, dtype="bfloat16"), GemmProblem(m=3000, n=77, k=1024)]
+    preds = {}
+    for dev in ("h100-sxm", "h200"):
+        pt, ox = Predictor.load(out, device=dev, backend="torch"), Predictor.load(out, device=dev, backend="onnx")
+        assert ox._run.predict_session is not None  # model.<device>.onnx has the predict graph
+        cfgs = list(pruned_space("bfloat16", pt.spec))[:64]
+        a, c = np.log(pt.predict_many(probs, cfgs)), np.log(ox.predict_many(probs, cfgs))
+        assert np.abs(a - c).max() < 1e-3
+        preds[dev] = a
+    assert not np.allclose(preds["h100-sxm"], preds["h200"])  # each device's features
+
+
+@pytest.mark.slow
+def test_distill_cli_on_a_model_of_two_devices(joint, two, tmp_path, capsys):
+    """perfmodel distill on a two-device model takes both datasets in the model's order (the joint split),
+    and refuses one folder or the wrong order."""
+    import shutil
+
+    from perfmodel import artifact
+    from perfmodel.cli import main
+
+    folder = tmp_path / "m"
+    shutil.copytree(joint["out"], folder)
+    args = ["distill", "--model", str(folder), "--hidden", "8", "--epochs", "1", "--random-problems", "4",
+            "--random-configs", "8"]
+    for data in ([two["h100"]], [two["h200"], two["h100"]]):
+        assert main(args + [a for d in data for a in ("--data", str(d))]) == 2
+        assert "data: this model was trained for h100-sxm, h200" in capsys.readouterr().err
+    assert main(args + ["--data", str(two["h100"]), "--data", str(two["h200"])]) == 0
+    b = artifact.load(folder)
+    assert b.heads["student"].cfg.hidden == (8,) and set(b.metadata["student_metrics_by_device"]) == {"h100-sxm", "h200"}
+    # the same held-out problems as training's evaluation
+    assert b.metadata["student_metrics_by_device"]["h200"]["student/test_problems"] == \
+        b.metadata["split_by_device"]["h200"]["test"]
+    assert (folder / "model.h200.onnx").is_file()

@@ -213,19 +213,29 @@ def test_onnx_matches_torch_per_head(saved):
     ort = pytest.importorskip("onnxruntime")
     bundle, feats, folder = saved
     sess = ort.InferenceSession(str(folder / artifact.ONNX), providers=["CPUExecutionProvider"])
-    assert {i.name for i in sess.get_inputs()} == {"gemm_x", "cublas_x", "pad_x"}
+    # no screen head: the heads, and predict's graph (encoding included) on RANK_INPUTS, no ranking graph
+    assert {i.name for i in sess.get_inputs()} == {"gemm_x", "cublas_x", "pad_x", *artifact.RANK_INPUTS}
     assert {o.name for o in sess.get_outputs()} == {f"{h}_{o}" for h in ("gemm", "cublas", "pad")
-                                                    for o in ("log_ms", "score")}
+                                                    for o in ("log_ms", "score")} | set(artifact.PREDICT_OUTPUTS)
     want = _predict(bundle, feats)
+    enc = bundle.encoders["gemm"]
+    problems = torch.tensor([[300.0, 77, 4096, 2, 1, 0, 0, 1], [8192, 8192, 64, 4, 0, 1, 1, 0]], dtype=torch.float64)
+    configs = torch.tensor([[64.0, 64, 32, 8, 3, 4], [128, 256, 64, 8, 4, 8], [16, 16, 16, 8, 1, 2]], dtype=torch.float64)
+    part, smem = enc.config_part(configs)
+    rank_feeds = {"rank_problems": problems.numpy(), "rank_configs": configs.numpy(), "rank_config_part": part.numpy(),
+                  "rank_config_smem": smem.numpy()}
+    with torch.no_grad():
+        want_predict = bundle.heads["gemm"](enc.encode_cross(problems, configs)).reshape(2, 3).numpy()
     # a different batch size per head, twice over
     for sizes in ({"gemm": 240, "cublas": 7, "pad": 33}, {"gemm": 1, "cublas": 24, "pad": 2}):
-        inputs = {f"{n}_x": feats[n][:sizes[n]].numpy() for n in sizes}
+        inputs = {**{f"{n}_x": feats[n][:sizes[n]].numpy() for n in sizes}, **rank_feeds}
         outs = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, inputs)))
         for n, size in sizes.items():
             got = outs[f"{n}_log_ms"]
             assert got.shape == tuple(want[n][:size].shape), n
             # 1e-3 relative in ms
             np.testing.assert_allclose(np.exp(got), np.exp(want[n][:size].numpy()), rtol=1e-3, err_msg=n)
+        np.testing.assert_allclose(np.exp(outs["predict_log_ms"]), np.exp(want_predict), rtol=1e-3)
 
 
 def _copy_folder(src: Path, dst: Path) -> Path:

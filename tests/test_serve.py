@@ -632,3 +632,38 @@ def test_candidates_never_offer_a_config_the_device_cannot_run(pt: Predictor) ->
     big, a, b = GemmConfig(256, 256, 128, 8, 5, 8), GemmConfig(128, 128, 64, 8, 3, 4), GemmConfig(64, 64, 32, 8, 4, 4)
     c = pt.candidates(prob, [big, a, b], top_k=3)
     assert big not in c.configs and set(c.configs) == {a, b} and np.isfinite(c.predicted_ms).all()
+
+
+def test_onnx_runner_gives_onnxruntime_no_empty_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    # onnxruntime on an H100 host died of SIGFPE when a head was fed a zero-row batch (the heads shared
+    # one session, so every call fed the other heads empty inputs). Each head has its own session now,
+    # and a call with no rows returns empty outputs without running onnxruntime at all.
+    from perfmodel.serve.loading import load_model
+
+    bundle, backend, runner, _ = load_model(None, "onnx")
+    assert backend == "onnx"
+    assert set(runner.head_sessions) == set(bundle.heads)
+    fed = []
+    for name, sess in runner.head_sessions.items():
+        real = sess.run
+
+        class Spy:
+            def __init__(self, sess, real):
+                self._sess, self._real = sess, real
+
+            def run(self, names, feeds):
+                fed.extend(v.shape[0] for v in feeds.values())
+                return self._real(names, feeds)
+
+            def __getattr__(self, attr):
+                return getattr(self._sess, attr)
+
+        runner.head_sessions[name] = Spy(sess, real)
+    for name, head in bundle.heads.items():
+        width = head.cfg.n_inputs
+        assert runner(name, torch.zeros(0, width)).shape[0] == 0
+        z, log_ms = runner.score_log_ms(name, torch.zeros(0, width))
+        assert z.shape[0] == log_ms.shape[0] == 0
+        out = runner(name, torch.randn(5, width))
+        assert out.shape[0] == 5 and np.isfinite(out).all()
+    assert fed and min(fed) > 0  # every batch onnxruntime saw had rows

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from perfmodel import GemmProblem, PadProblem
@@ -114,6 +115,25 @@ def test_export_onnx(model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixt
     assert p.rank(GemmProblem(m=64, n=64, k=64), top_k=1)
     rc, _, _ = _run(capsys, "export-onnx", "--model", str(folder), "--out", str(tmp_path / "x.onnx"))
     assert rc == 0 and (tmp_path / "x.onnx").is_file()
+
+
+def test_export_onnx_screen_keep(model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """--screen-keep sets the folder's screen_keep and traces the ranking graph with it: the onnx backend
+    then ranks in one call with that keep, as the torch backend does."""
+    folder = tmp_path / "m"
+    shutil.copytree(model_dir, folder)
+    before = Predictor.load(folder, backend="onnx").screen_keep
+    keep = max(1, before // 2)
+    rc, out, err = _run(capsys, "export-onnx", "--model", str(folder), "--screen-keep", str(keep))
+    assert rc == 0, err
+    ox, pt = Predictor.load(folder, backend="onnx"), Predictor.load(folder, backend="torch")
+    assert ox.screen_keep == pt.screen_keep == ox._run.rank_keep == keep != before
+    prob = GemmProblem(m=3000, n=77, k=1024)
+    a, b = ox.rank(prob, top_k=5), pt.rank(prob, top_k=5)
+    assert [c for c, _ in a] == [c for c, _ in b]
+    assert np.allclose([ms for _, ms in a], [ms for _, ms in b], rtol=1e-3)
+    rc, _, err = _run(capsys, "export-onnx", "--model", str(folder), "--screen-keep", "4", "--out", str(tmp_path / "x.onnx"))
+    assert rc == 2 and "--screen-keep" in err
 
 
 def test_python_m_serve_cli(model_dir: Path) -> None:

@@ -237,7 +237,8 @@ def _settings(tmp: Path, out: Path, **kw):
 
     base = dict(data=tmp / "data", out=out, epochs=1, small_head_epochs=1, fast_dev_run=True,
                 tracking_uri=f"sqlite:///{tmp}/mlflow.db", register_name="perfmodel-test", alias="candidate",
-                progress=False, baselines=True, hidden=(32, 32), command="pytest tests/test_train.py")
+                progress=False, baselines=True, hidden=(32, 32), student_hidden=(16,),
+                command="pytest tests/test_train.py")
     return TrainSettings(**{**base, **kw})
 
 
@@ -298,7 +299,9 @@ def test_training_writes_a_loadable_model_folder(trained):
     for name in ("model.safetensors", "model.onnx", "metadata.json", "MODEL_CARD.md"):
         assert (out / name).is_file(), name
     bundle = artifact.load(out)
-    assert set(bundle.heads) == {"gemm", "cublas", "pad", "screen"}
+    assert set(bundle.heads) == {"gemm", "cublas", "pad", "screen", "student"}
+    assert bundle.heads["student"].cfg.hidden == (16,) and bundle.heads["student"].cfg.members == 1
+    assert set(bundle.metadata["student_metrics"]) >= {"student/median_abs_log_diff", "gemm/member_spread_median"}
     assert bundle.encoders["screen"].kind == "gemm" and bundle.metadata["screen_keep"] >= 1
     assert bundle.metadata["fast_dev_run"] is True
     gemm = bundle.heads["gemm"].cfg  # two seeds, averaged after each one's floor
@@ -312,6 +315,7 @@ def test_training_writes_a_loadable_model_folder(trained):
     assert sum(bundle.metadata["split"].values()) == 32
     card = (out / "MODEL_CARD.md").read_text()
     assert "pytest tests/test_train.py" in card and bundle.metadata["dataset"]["sha256"] in card
+    assert "Student head (what `predict` serves" in card
     assert "gemm 2 x 32x32, averaged after floor" in card and (f"pad {s.pad_members} x {'x'.join(map(str, s.pad_hidden))}, "
                                                                    "averaged before floor") in card
     from perfmodel import __version__

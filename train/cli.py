@@ -77,6 +77,20 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="also write the held-out plots (PNG, needs matplotlib) into DIR")
     e.add_argument("--log-mlflow", action="store_true", help="also log the metrics to an MLflow run")
     e.add_argument("--tracking-uri", default=None)
+    from .distill import DistillSettings
+
+    ds = DistillSettings()
+    t = sub.add_parser("distill", help="fit the student head that predict serves (one MLP distilled from the "
+                       "gemm head) and add it to a model folder (re-exports model.onnx)")
+    t.add_argument("--model", type=Path, default=ds.model, help="model folder, rewritten in place")
+    t.add_argument("--data", type=Path, action="append", default=None,
+                   help=f"the dataset the model was trained on (its split; default {ds.data}); a model of several "
+                        "devices: repeat, one folder per device in the model's device order")
+    t.add_argument("--hidden", type=_widths, default=ds.hidden, help="the student's hidden widths")
+    for name in ("epochs", "batch_rows", "lr", "weight_decay", "random_problems", "random_configs", "seed",
+                 "device", "threads"):
+        default = getattr(ds, name)
+        t.add_argument("--" + name.replace("_", "-"), type=type(default), default=default)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -86,6 +100,19 @@ def run(args: argparse.Namespace) -> int:
 
         res = train_run(s)
         print(json.dumps({k: v for k, v in res.items() if k not in ("metrics",)}, indent=2, default=str))
+        return 0
+    if args.command == "distill":
+        from .distill import DistillSettings, run as distill_run
+
+        given = {k: getattr(args, k) for k in DistillSettings.__dataclass_fields__}
+        if given["data"] is None:
+            del given["data"]
+        elif len(given["data"]) == 1:
+            given["data"] = given["data"][0]
+        else:
+            given["data"] = tuple(given["data"])
+        metrics = distill_run(DistillSettings(**given))
+        print(json.dumps(metrics, indent=2))
         return 0
     from .eval_cmd import run_eval
 

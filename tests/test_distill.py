@@ -1,0 +1,165 @@
+"""The student head (train/distill.py, `perfmodel distill`) and how the Predictor serves it: predict and
+predict_many run it on both backends (onnx: the predict graph, encoding included), rank keeps the gemm
+head, and a folder without a student (or with a model.onnx written before the predict graph) still
+serves predict with the gemm head."""
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from perfmodel import GemmConfig, GemmProblem, artifact
+from perfmodel.configs import pruned_space
+from perfmodel.serve import Predictor
+from tests._synthetic import write_synthetic_model
+
+PROBS = [GemmProblem(m=4096, n=4096, k=4096, dtype="float16"), GemmProblem(m=77, n=3000, k=129, dtype="float16"),
+         GemmProblem(m=1, n=512, k=8192, dtype="float16", transpose_right=True)]
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    from tests._synthetic import write_synthetic_dataset
+
+    return write_synthetic_dataset(tmp_path_factory.mktemp("distill") / "data")
+
+
+@pytest.fixture(scope="module")
+def distilled(tmp_path_factory, data_dir: Path) -> tuple[Path, Path, dict]:
+    """(a synthetic model folder, the same folder after perfmodel distill, its metrics)."""
+    from perfmodel.cli import main
+
+    tmp = tmp_path_factory.mktemp("distilled")
+    before = write_synthetic_model(tmp / "before", seed=3, members=3, hidden=(32, 32), screen="random")
+    after = tmp / "after"
+    shutil.copytree(before, after)
+    assert main(["distill", "--model", str(after), "--data", str(data_dir), "--hidden", "24,24", "--epochs", "2",
+                 "--random-problems", "16", "--random-configs", "32"]) == 0
+    return before, after, json.loads((after / "metadata.json").read_text())["student_metrics"]
+
+
+def test_distill_adds_a_student_and_keeps_the_rest(distilled) -> None:
+    before, after, metrics = distilled
+    old, new = artifact.load(before), artifact.load(after)
+    assert set(new.heads) == set(old.heads) | {"student"}
+    assert new.heads["student"].cfg.hidden == (24, 24) and new.encoders["student"].kind == "gemm"
+    assert new.heads["student"].cfg.floor_features == new.heads["gemm"].cfg.floor_features  # floored alike
+    for name, head in old.heads.items():  # the other heads unchanged
+        for k, v in head.state_dict().items():
+            assert torch.equal(v, new.heads[name].state_dict()[k]), (name, k)
+    assert 0 < metrics["student/median_abs_log_diff"] and 0 < metrics["gemm/member_spread_median"]
+    assert metrics["student/test_problems"] >= 1
+    assert new.metadata["student_settings"]["hidden"] == "(24, 24)"
+
+
+def test_member_spread_is_measured_around_the_ensemble(distilled) -> None:
+    from perfmodel.train.distill import member_log_ms
+
+    new = artifact.load(distilled[1])
+    gemm, enc = new.heads["gemm"], new.encoders["gemm"]
+    x = enc.encode_cross(torch.tensor([[300.0, 2000, 64, 2, 0, 0, 0, 0]], dtype=torch.float64),
+                         torch.tensor([[64.0, 64, 32, 8, 3, 4], [128, 256, 64, 8, 4, 8]], dtype=torch.float64))
+    with torch.inference_mode():
+        # after-floor ensemble: the head's output is the members' mean (its physical floor aside)
+        want = gemm(x)
+        got = torch.maximum(member_log_ms(gemm, x).mean(1), x[:, gemm.cfg.floor_features[0]])
+    assert torch.allclose(got, want, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["torch", "onnx"])
+def test_predict_serves_the_student_rank_the_gemm_head(distilled, backend: str) -> None:
+    _, after, _ = distilled
+    p = Predictor.load(after, backend=backend)
+    assert p.predict_head == "student"
+    bundle = artifact.load(after)
+    cfgs = list(pruned_space("float16", bundle.spec))[:300]
+    enc = bundle.encoders["gemm"]
+    from perfmodel.features import configs_tensor, problems_tensor
+
+    x = enc.encode_cross(problems_tensor(PROBS), configs_tensor(cfgs))
+    with torch.inference_mode():
+        student = bundle.heads["student"](x).double().numpy().reshape(len(PROBS), -1)
+        gemm = bundle.heads["gemm"](x).double().numpy().reshape(len(PROBS), -1)
+    got = np.log(p.predict_many(PROBS, cfgs))
+    assert np.allclose(got, student, atol=1e-3) and not np.allclose(got, gemm, atol=1e-3)
+    assert np.allclose(np.log(p.predict(PROBS[1], cfgs)), student[1], atol=1e-3)
+    # the physical floor is in the student's output too
+    floor = x[:, enc.names.index("log_roofline_ms")].double().numpy().reshape(len(PROBS), -1)
+    assert np.all(got >= floor - 1e-4)
+    # rank: the gemm head's times for its picks
+    best = p.rank(PROBS[0], cfgs, top_k=3)
+    idx = [cfgs.index(c) for c, _ in best]
+    assert np.allclose(np.log([ms for _, ms in best]), gemm[0][idx], atol=1e-3)
+
+
+def test_both_backends_agree_on_the_student(distilled) -> None:
+    _, after, _ = distilled
+    pt, ox = Predictor.load(after, backend="torch"), Predictor.load(after, backend="onnx")
+    assert ox._run.predict_session is not None
+    cfgs = list(pruned_space("float16", pt.spec))
+    a, b = np.log(pt.predict_many(PROBS, cfgs)), np.log(ox.predict_many(PROBS, cfgs))
+    assert np.abs(a - b).max() < 1e-3
+
+
+def test_folder_without_student_predicts_with_the_gemm_head(distilled) -> None:
+    before, _, _ = distilled
+    for backend in ("torch", "onnx"):
+        p = Predictor.load(before, backend=backend)
+        assert p.predict_head == "gemm"
+        bundle = p.bundle
+        x = bundle.encoders["gemm"].encode_cross(
+            torch.from_numpy(np.frombuffer(PROBS[0].packed, dtype=np.float64).reshape(1, -1).copy()),
+            torch.tensor([[64.0, 64, 32, 8, 3, 4]], dtype=torch.float64))
+        with torch.inference_mode():
+            want = bundle.heads["gemm"](x).double().numpy()
+        assert np.allclose(np.log(p.predict(PROBS[0], [GemmConfig(64, 64, 32, 8, 3, 4)])), want, atol=1e-3)
+
+
+def test_onnx_written_before_the_predict_graph_still_serves(distilled, tmp_path: Path) -> None:
+    """A model.onnx without predict_log_ms (exported before it existed): predict encodes in torch and runs
+    the head's own graph."""
+    import onnx
+    from onnx.utils import Extractor
+
+    _, after, _ = distilled
+    folder = tmp_path / "m"
+    shutil.copytree(after, folder)
+    model = onnx.load(str(folder / "model.onnx"))
+    outputs = [o.name for o in model.graph.output if o.name not in artifact.PREDICT_OUTPUTS]
+    old = Extractor(model).extract_model([i.name for i in model.graph.input], outputs)
+    onnx.save(old, str(folder / "model.onnx"))
+    p = Predictor.load(folder, backend="onnx")
+    assert p._run.predict_session is None and p._run.rank_session is not None
+    q = Predictor.load(after, backend="onnx")
+    cfgs = list(pruned_space("float16", p.spec))[:50]
+    assert np.allclose(np.log(p.predict_many(PROBS, cfgs)), np.log(q.predict_many(PROBS, cfgs)), atol=1e-4)
+
+
+def test_stale_student_export_is_refused(distilled, tmp_path: Path) -> None:
+    """A folder whose student weights differ from its model.onnx is refused at load, like any head."""
+    from safetensors.torch import load_file, save_file
+
+    _, after, _ = distilled
+    folder = tmp_path / "m"
+    shutil.copytree(after, folder)
+    t = load_file(str(folder / "model.safetensors"))
+    key = next(k for k in t if k.startswith("student.net.0.weight"))
+    t[key] = t[key] * 1.5
+    save_file(t, str(folder / "model.safetensors"))
+    meta = json.loads((folder / "metadata.json").read_text())
+    meta["weights_sha256"] = artifact.sha256_file(folder / "model.safetensors")
+    (folder / "metadata.json").write_text(json.dumps(meta))
+    with pytest.raises(artifact.ArtifactError, match="stale"):
+        Predictor.load(folder, backend="onnx")
+
+
+def test_distill_cli_help() -> None:
+    from perfmodel.cli import build_parser
+
+    args = build_parser().parse_args(["distill", "--hidden", "64,64", "--epochs", "3"])
+    assert args.hidden == (64, 64) and args.epochs == 3 and args.device == "cpu"
