@@ -1,8 +1,8 @@
 """The plots of README.md and docs/, made from committed results only (CPU; needs the `bench` extra).
 
     python benchmarks/plots.py [--out docs/img] [--model models/h100] [--data data/h100]
-                               [--inductor benchmarks/results/inductor_bench_h100_r10.json]
-                               [--triton benchmarks/results/triton_hook_bench_h100_v6.json]
+                               [--inductor benchmarks/results/inductor_bench_h100_unseen.json]
+                               [--triton benchmarks/results/triton_hook_bench_h100_v7.json]
 
 Model quality (`perfmodel eval --plots DIR` writes the same files): the shipped model evaluated on the
 test split of its dataset, as `perfmodel eval` does --
@@ -35,7 +35,7 @@ def _short_dtype(dtype: str) -> str:
 def inductor_plot(plt, path_json: Path, out: Path) -> Path:
     """Per shape: compile time of stock max-autotune and of the hook (log), and stock kernel ms / ours."""
     run = json.loads(path_json.read_text())
-    by = {v["variant"]: {s["name"]: s for s in v["shapes"]} for v in run["variants"]}
+    by = {v["variant"]: {s["name"]: s for s in v.get("shapes", [])} for v in run["variants"] if v.get("shapes")}
     ours_name = next(v for v in by if v != "stock")
     names = [n for n in by["stock"] if n in by[ours_name]]
     stock, ours = by["stock"], by[ours_name]
@@ -55,7 +55,7 @@ def inductor_plot(plt, path_json: Path, out: Path) -> Path:
         a2.annotate(f"{r:.3f}", (r, yi), xytext=(3, 0), textcoords="offset points", va="center", fontsize=7)
     a2.set(xlim=(min(0.9, min(ratio) - 0.02), max(ratio) + 0.12),
            xlabel="kernel speed: stock ms / ours (> 1: ours faster)")
-    fig.suptitle(f"torch.compile max-autotune of torch.mm (M x K x N) on the H100, one run ({path_json.name})",
+    fig.suptitle(f"torch.compile max-autotune of torch.mm (M x K x N) on the H100 ({path_json.name})",
                  fontsize=10)
     return _save(plt, fig, out)
 
@@ -108,8 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "img")
     ap.add_argument("--model", type=Path, default=ROOT / "models" / "h100")
     ap.add_argument("--data", type=Path, default=ROOT / "data" / "h100")
-    ap.add_argument("--inductor", type=Path, default=ROOT / "benchmarks/results/inductor_bench_h100_r10.json")
-    ap.add_argument("--triton", type=Path, default=ROOT / "benchmarks/results/triton_hook_bench_h100_v6.json")
+    ap.add_argument("--inductor", type=Path, default=ROOT / "benchmarks/results/inductor_bench_h100_unseen.json")
+    ap.add_argument("--triton", type=Path, default=ROOT / "benchmarks/results/triton_hook_bench_h100_v7.json")
     ap.add_argument("--no-model", action="store_true", help="only the hook plots (skips the ~1 min evaluation)")
     args = ap.parse_args(argv)
 

@@ -37,6 +37,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from perfmodel.schema import GemmConfig, GemmProblem, PadDecision, PadProblem, is_column_major
+from perfmodel.configs import inductor_default_configs
 
 from .predictor import Predictor, _check_top_k
 from .triton_hook import kwargs_to_gemm
@@ -175,13 +176,26 @@ def _triton_mm_in_play() -> bool:
         "TRITON" in str(config.max_autotune_gemm_backends).upper()
 
 
-def unpadded_triton_instead(predictor: Predictor, pp: PadProblem, decision: PadDecision) -> PadDecision:
+def _configs_in_play() -> list[GemmConfig] | None:
+    """The mm template configs this compile's autotuning offers: Inductor's default list in the DEFAULT
+    search space, None (the model's whole space) in EXHAUSTIVE."""
+    from torch._inductor import config
+
+    if str(config.max_autotune_gemm_search_space).upper() == "EXHAUSTIVE":
+        return None
+    return list(inductor_default_configs())
+
+
+def unpadded_triton_instead(predictor: Predictor, pp: PadProblem, decision: PadDecision,
+                            configs: Sequence[GemmConfig] | None = None) -> PadDecision:
     """The pad decision when Triton templates compete with cuBLAS: padding helps cuBLAS, which wants
     aligned operands, but the Triton template runs the unaligned shape as it is (masked loads). When the
     model's best Triton config on the unpadded problem beats padded cuBLAS (copies included), padding
-    would only slow the winner down: do not pad, and let autotuning pick Triton on the original shape
-    (GPT-2's 50257-wide lm head: padded cuBLAS 0.185 ms, unpadded Triton 0.164 ms on the H100)."""
-    best = predictor.rank(pp.gemm(padded=False), top_k=1)
+    would only slow the winner down: do not pad, and let autotuning pick Triton on the original shape.
+    configs: the Triton configs autotuning will offer (None: the whole space). Comparing with configs
+    that are not offered kept GPT-2's 50257-wide lm head unpadded under the DEFAULT space on the H100,
+    where Inductor's best offered Triton config ran 0.385 ms and stock's padded cuBLAS 0.197 ms."""
+    best = predictor.rank(pp.gemm(padded=False), configs, top_k=1)
     if best and best[0][1] < decision.padded_ms:
         return replace(decision, should_pad=False)
     return decision
@@ -201,7 +215,7 @@ def _pad_hook(predictor: Predictor, original: Any) -> Any:
                     with no_dispatch():  # the pass runs under FakeTensorMode: the model needs real tensors
                         decision = predictor.pad(pp)
                         if decision.should_pad and _triton_mm_in_play():
-                            decision = unpadded_triton_instead(predictor, pp, decision)
+                            decision = unpadded_triton_instead(predictor, pp, decision, _configs_in_play())
                     with _lock:
                         _installed.setdefault("pad_decisions", collections.deque(maxlen=PAD_LOG_SIZE)).append(
                             (pp, decision))

@@ -70,3 +70,35 @@ def test_pad_decision_weighs_unpadded_triton_against_padded_cublas():
     pad = PadDecision(should_pad=True, orig_ms=0.25, padded_ms=0.185)
     assert si.unpadded_triton_instead(_RankStub(0.164), pp, pad) == PadDecision(False, 0.25, 0.185)
     assert si.unpadded_triton_instead(_RankStub(0.200), pp, pad) is pad  # Triton slower: pad for cuBLAS
+
+
+class _ConfigRankStub:
+    """A stand-in predictor (synthetic times, for the rule): each config's time is given in a dict."""
+
+    def __init__(self, times: dict) -> None:
+        self.times = times
+
+    def rank(self, prob, configs=None, top_k=5):
+        pool = self.times if configs is None else {c: self.times[c] for c in configs}
+        return sorted(pool.items(), key=lambda kv: kv[1])[:top_k]
+
+
+def test_pad_decision_weighs_only_the_configs_in_play(monkeypatch: pytest.MonkeyPatch):
+    # The unpadded Triton path counts only with the configs autotuning will offer: in the DEFAULT space a
+    # fast config outside Inductor's default list must not stop the pad that helps cuBLAS.
+    from torch._inductor import config as inductor_config
+
+    from perfmodel import PadDecision, PadProblem
+    from perfmodel.configs import exhaustive_space, inductor_default_configs
+
+    defaults = set(inductor_default_configs())
+    outside = next(c for c in exhaustive_space() if c not in defaults)
+    times = {c: 0.30 for c in defaults} | {outside: 0.15}
+    pp = PadProblem(m=1024, k=768, n=50257, dtype="float16")
+    pad = PadDecision(should_pad=True, orig_ms=0.45, padded_ms=0.27)
+    stub = _ConfigRankStub(times)
+    monkeypatch.setattr(inductor_config, "max_autotune_gemm_search_space", "DEFAULT")
+    assert si.unpadded_triton_instead(stub, pp, pad, si._configs_in_play()) is pad
+    monkeypatch.setattr(inductor_config, "max_autotune_gemm_search_space", "EXHAUSTIVE")
+    assert si._configs_in_play() is None
+    assert si.unpadded_triton_instead(stub, pp, pad, si._configs_in_play()) == PadDecision(False, 0.45, 0.27)
