@@ -98,9 +98,9 @@ def _linear_relu_chain(head: Any) -> list[tuple[torch.Tensor, torch.Tensor]] | N
 
 
 class _OnnxRunner:
-    """Two onnxruntime sessions on the folder's model.onnx: the heads (inputs <head>_x, outputs
+    """onnxruntime sessions on the folder's model.onnx: one per head (input <head>_x, outputs
     <head>_log_ms and <head>_score) and, with a screen head, the screened ranking graph (traced from
-    perfmodel.ranking.screened_rank). InferenceSession.run is thread-safe."""
+    perfmodel.ranking.screened_rank) and predict's graph. InferenceSession.run is thread-safe."""
 
     def __init__(self, bundle: ModelBundle, path: Path) -> None:
         import onnxruntime as ort
@@ -120,17 +120,15 @@ class _OnnxRunner:
 
         self.rank_session, self.rank_keep, self.predict_session = None, None, None
         try:
-            heads_graph, rank_graph, predict_graph = _split_graphs(path.read_bytes())
-            # Small batches (one problem x a few hundred configs): a few threads, no inter-op pool.
-            self.session = session(heads_graph, min(_SERVING_THREADS, os.cpu_count() or 1))
-            # One session per head, so that a call runs only its head's nodes and never feeds the
-            # others an empty batch (onnxruntime on an H100 host died of SIGFPE on zero-row inputs).
-            self.head_sessions = {name: session(graph, min(_SERVING_THREADS, os.cpu_count() or 1))
-                                  for name, graph in _split_heads_graph(heads_graph).items()}
+            head_graphs, rank_graph, predict_graph = _split_graphs(path.read_bytes())
+            wide = min(_SERVING_THREADS, os.cpu_count() or 1)
+            # One session per head (small batches: a few threads, no inter-op pool), so that a call runs
+            # only its head's nodes and never feeds the others an empty batch (onnxruntime on an H100
+            # host died of SIGFPE on zero-row inputs).
+            self.head_sessions = {name: session(graph, wide) for name, graph in head_graphs.items()}
             # The ranking and predict graphs get two sessions each: one thread for a few hundred rows (one
             # problem), where waking a pool thread costs more than it saves (measured: 1 thread 470-550 us,
             # 2 threads 525-690 us per 368-config rank), and the heads' threads for large batches.
-            wide = min(_SERVING_THREADS, os.cpu_count() or 1)
             if rank_graph is not None:
                 # its own sessions: onnxruntime runs every node of a graph whatever outputs are asked for
                 self.rank_session = _BySize(session(rank_graph, 1), session(rank_graph, wide) if wide > 1 else None)
@@ -140,12 +138,13 @@ class _OnnxRunner:
                                                session(predict_graph, wide) if wide > 1 else None)
         except Exception as exc:  # onnxruntime raises its own (non-public) exception types for bad graphs
             raise ArtifactError(f"{path}: not a loadable ONNX model ({type(exc).__name__}: {exc})") from None
-        self.widths = {}
-        for inp in self.session.get_inputs():
-            if not inp.name.endswith("_x"):
+        self.widths, outputs = {}, set()
+        for head, sess in self.head_sessions.items():
+            (inp,) = sess.get_inputs()
+            if inp.name != f"{head}_x":
                 raise ArtifactError(f"{path}: unexpected ONNX input {inp.name!r}")
-            self.widths[inp.name[:-2]] = inp.shape[1]
-        outputs = {o.name for o in self.session.get_outputs()}
+            self.widths[head] = inp.shape[1]
+            outputs |= {o.name for o in sess.get_outputs()}
         for name, enc in bundle.encoders.items():
             if self.widths.get(name) != len(enc) or not {f"{name}_log_ms", f"{name}_score"} <= outputs:
                 raise ArtifactError(f"{path}: the ONNX graph does not match head {name!r} of the weights "
@@ -209,43 +208,31 @@ class _ConfigPart(tuple):
         return part
 
 
-def _split_graphs(model_bytes: bytes) -> tuple[bytes, bytes | None, bytes | None]:
-    """(the heads' graph, the screened-ranking graph or None, predict's graph or None) of a model.onnx:
-    one session each, so that no call runs another's nodes."""
+def _split_graphs(model_bytes: bytes) -> tuple[dict[str, bytes], bytes | None, bytes | None]:
+    """({head: its graph}, the screened-ranking graph or None, predict's graph or None) of a model.onnx:
+    one session each, so that no call runs another's nodes. A head's graph has input <head>_x and
+    outputs <head>_score and <head>_log_ms (those the model has)."""
     import onnx
     from onnx.utils import Extractor
 
     model = onnx.load_from_string(model_bytes)
     inputs = [i.name for i in model.graph.input]
-    if not any(name in inputs for name in RANK_INPUTS):
-        return model_bytes, None, None
     outputs = [o.name for o in model.graph.output]
     extractor = Extractor(model)
-    heads = extractor.extract_model([n for n in inputs if n not in RANK_INPUTS],
-                                    [n for n in outputs if n not in RANK_OUTPUTS + PREDICT_OUTPUTS])
+    heads = {}
+    for name in inputs:
+        if name in RANK_INPUTS:
+            continue
+        head = name.removesuffix("_x")
+        heads[head] = extractor.extract_model(
+            [name], [n for n in (f"{head}_score", f"{head}_log_ms") if n in outputs]).SerializeToString()
 
     def part(names: tuple[str, ...]) -> bytes | None:
-        if not all(n in outputs for n in names):
+        if not all(n in inputs for n in RANK_INPUTS) or not all(n in outputs for n in names):
             return None
         return extractor.extract_model(list(RANK_INPUTS), list(names)).SerializeToString()
 
-    return heads.SerializeToString(), part(RANK_OUTPUTS), part(PREDICT_OUTPUTS)
-
-
-def _split_heads_graph(model_bytes: bytes) -> dict[str, bytes]:
-    """One graph per head (input <head>_x; outputs <head>_score and <head>_log_ms) of the heads' graph."""
-    import onnx
-    from onnx.utils import Extractor
-
-    model = onnx.load_from_string(model_bytes)
-    outputs = {o.name for o in model.graph.output}
-    extractor = Extractor(model)
-    graphs = {}
-    for inp in model.graph.input:
-        head = inp.name.removesuffix("_x")
-        names = [n for n in (f"{head}_score", f"{head}_log_ms") if n in outputs]
-        graphs[head] = extractor.extract_model([inp.name], names).SerializeToString()
-    return graphs
+    return heads, part(RANK_OUTPUTS), part(PREDICT_OUTPUTS)
 
 
 _threads_lock = threading.Lock()
