@@ -34,13 +34,11 @@ import warnings
 from dataclasses import replace
 from typing import Any, Iterator, Sequence
 
-import numpy as np
-
 from perfmodel.schema import GemmConfig, GemmProblem, PadDecision, PadProblem, is_column_major
 from perfmodel.configs import inductor_default_configs
 
 from .predictor import Predictor, _check_top_k
-from .triton_hook import kwargs_to_gemm
+from .triton_hook import kwargs_to_gemm, rank_positions
 
 MM_OPS = ("mm", "addmm")
 TRITON_MM_TEMPLATES = ("triton::mm",)
@@ -131,10 +129,10 @@ def filter_template_choices(choices: list, kernel_inputs: Any, op_name: str, pre
         return choices  # a problem the model does not cover (batched, int8, ...): Inductor's default
     if prob.dtype == "float32" and allow_tf32:
         prob = replace(prob, allow_tf32=True)
-    ms = predictor.predict(prob, cfgs)
-    keep = {idx[j] for j in np.argsort(ms, kind="stable")[:top_k]}
+    best = rank_positions(predictor, prob, cfgs, top_k)
+    keep = {idx[j] for j, _ in best}
     if cublas_margin is not None and has_aten and predictor.has_cublas:
-        if predictor.predict_cublas(prob) * (1.0 + cublas_margin) < float(ms.min()):
+        if predictor.predict_cublas(prob) * (1.0 + cublas_margin) < best[0][1]:
             keep = set()
     ranked = set(idx)
     return [c for i, c in enumerate(choices) if i not in ranked or i in keep]

@@ -18,11 +18,10 @@ num_warps=16) cannot be ranked: it is kept (and benchmarked) by default, see `un
 """
 from __future__ import annotations
 
+import math
 import threading
 import warnings
 from typing import Any, Callable, Sequence
-
-import numpy as np
 
 from perfmodel.schema import GemmConfig, GemmProblem, is_column_major
 
@@ -62,6 +61,17 @@ def kwargs_to_gemm(kw: dict[str, Any]) -> GemmConfig:
     values["num_stages"] = kw.get("num_stages", 3)
     values["num_warps"] = kw.get("num_warps", 4)
     return GemmConfig(**values)
+
+
+def rank_positions(predictor: Predictor, prob: GemmProblem, cfgs: Sequence[GemmConfig],
+                   top_k: int) -> list[tuple[int, float]]:
+    """Predictor.rank's top_k of cfgs -- the project's one ranking rule (the screen, then the gemm head;
+    unrunnable configs last at inf) -- as (position in cfgs, predicted ms), fastest first. A config
+    listed twice is two positions."""
+    where: dict[GemmConfig, list[int]] = {}
+    for i, c in enumerate(cfgs):
+        where.setdefault(c, []).append(i)
+    return [(where[c].pop(0), ms) for c, ms in predictor.rank(prob, cfgs, top_k=top_k)]
 
 
 class _LazyPredictor:
@@ -161,12 +171,11 @@ def perfmodel_prune(top_k: int = 5, *, predictor: Predictor | None = None, model
                           stacklevel=2)
         if not ranked:
             return configs
-        ms = lazy.get().predict(prob, ranked_cfgs)
-        order = np.argsort(ms, kind="stable")
-        # A config the device cannot run (over its shared memory or registers) predicts inf: never kept
-        # while a runnable one exists.
-        runnable = order[np.isfinite(ms[order])]
-        kept = [ranked[i] for i in (runnable if len(runnable) else order)[:top_k]]  # the caller's Config objects
+        order = rank_positions(lazy.get(), prob, ranked_cfgs, top_k)
+        # A config the device cannot run (over its shared memory or registers) ranks last at inf: never
+        # kept while a runnable one exists.
+        runnable = [i for i, ms in order if math.isfinite(ms)]
+        kept = [ranked[i] for i in (runnable or [i for i, _ in order])]  # the caller's Config objects
         return kept + (others if unknown == "keep" else [])
 
     early_config_prune.top_k = top_k  # type: ignore[attr-defined]

@@ -11,7 +11,6 @@ import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 import torch
 
@@ -67,8 +66,8 @@ def _prune(tuner, *args, **kwargs) -> list:
 
 
 def _expected(pt: Predictor, prob: GemmProblem, configs: list, top_k: int) -> list[str]:
-    ms = pt.predict(prob, [config_to_gemm(c) for c in configs])
-    return [str(configs[i]) for i in np.argsort(ms, kind="stable")[:top_k]]
+    gemm = [config_to_gemm(c) for c in configs]  # distinct configs: a rank entry names its position
+    return [str(configs[gemm.index(c)]) for c, _ in pt.rank(prob, gemm, top_k=top_k)]
 
 
 def test_early_prune_keeps_top_k_in_model_order(pt: Predictor) -> None:
@@ -253,10 +252,10 @@ def test_filter_keeps_top_k_triton_mm_and_passes_the_rest(pt: Predictor) -> None
     out = si.filter_template_choices(choices, ki, "mm", pt, top_k=4)
     assert out[0] is aten and out[-1] is tma and len(out) == 6
     prob = GemmProblem(m=2048, n=1024, k=512, dtype="float16", transpose_right=True)
-    ms = pt.predict(prob, [GemmConfig(**{f: c.params.kw[n] for f, n in (
+    gemm = [GemmConfig(**{f: c.params.kw[n] for f, n in (
         ("block_m", "BLOCK_M"), ("block_n", "BLOCK_N"), ("block_k", "BLOCK_K"), ("group_m", "GROUP_M"),
-        ("num_stages", "num_stages"), ("num_warps", "num_warps"))}) for c in tri])
-    best = {id(tri[i]) for i in np.argsort(ms, kind="stable")[:4]}
+        ("num_stages", "num_stages"), ("num_warps", "num_warps"))}) for c in tri]
+    best = {id(tri[gemm.index(c)]) for c, _ in pt.rank(prob, gemm, top_k=4)}  # the one ranking rule
     assert {id(c) for c in out[1:-1]} == best
     # other ops, unsupported dtypes and batched problems: untouched
     assert si.filter_template_choices(choices, ki, "bmm", pt, top_k=4) is choices
