@@ -21,6 +21,15 @@ def parse_shard(text: str) -> tuple[int, int]:
     return i, n
 
 
+def _dataset_spec(folder: Path) -> str:
+    """The device spec a dataset folder's GEMM parts were drawn with (its problem list's budgets)."""
+    from .shards import read_dataset
+
+    _, headers = read_dataset(folder, "gemm")
+    h = headers[0]
+    return (h.get("sweep") or {}).get("problem_spec") or h["device_spec"]
+
+
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     gen = sub.add_parser("gen", help="benchmark on the GPU and write dataset shards")
     gsub = gen.add_subparsers(dest="gen_kind", required=True)
@@ -34,6 +43,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
             g.add_argument("--seed", type=int, default=0)
             g.add_argument("--max-problems", type=int, default=None, help="stop after this many new problems")
         g.add_argument("--device-spec", default=None, help="datasheet spec name (default: matched from the GPU)")
+        if name != "cublas":
+            g.add_argument("--problems-spec", default=None,
+                           help="draw the problem list (and config samples) with this device spec's budgets, to time "
+                                "another device's problems (default: --device-spec's; with --problems-from, that "
+                                "dataset's)")
         g.add_argument("--budget-ms", type=float, default=0.8, help="GPU ms of timed runs per config")
         # The spin must outlast the host's enqueue of one timed call: one kernel in the GEMM sweep, a
         # torch.mm (cuBLAS picks its kernel on the host) in the quiet re-time, pad+mm+slice in the pad sweep.
@@ -135,11 +149,14 @@ def run(args: argparse.Namespace) -> int:
             only = frozenset(unit for unit, _ in dataset_problems(args.problems_from))
             if not only:
                 raise ValueError(f"--problems-from: {args.problems_from} has no gemm rows")
+            if args.problems_spec is None:
+                args.problems_spec = _dataset_spec(args.problems_from)
         settings = GemmSweepSettings(n_random=args.n_random, only_units=only, configs_per_group=args.configs, seed=args.seed,
                                      compile_workers=args.workers, max_problems=args.max_problems, timing=timing,
                                      configs_unaligned=args.configs_unaligned, max_per_group=args.max_per_group,
                                      configs_large=args.configs_large,
-                                     modes=tuple(args.modes.split(',')) if args.modes else None, time_limit_s=args.time_limit)
+                                     modes=tuple(args.modes.split(',')) if args.modes else None, time_limit_s=args.time_limit,
+                                     problem_spec=args.problems_spec)
         stats = run_gemm(args.out, args.device_spec, settings, args.shard, progress=not args.no_progress)
     elif args.gen_kind == "cublas":
         from .cublas_sweep import run as run_cublas
@@ -149,7 +166,8 @@ def run(args: argparse.Namespace) -> int:
         from .pad_sweep import run as run_pad
 
         stats = run_pad(args.out, args.n, args.seed, args.device_spec, args.shard, timing,
-                        progress=not args.no_progress, max_problems=args.max_problems, n_large=args.n_large)
+                        progress=not args.no_progress, max_problems=args.max_problems, n_large=args.n_large,
+                        problem_spec=args.problems_spec)
     print(json.dumps(stats, indent=2))
     if args.stats:
         args.stats.write_text(json.dumps(stats, indent=2))

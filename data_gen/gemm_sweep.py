@@ -114,14 +114,18 @@ def run(out_dir: Path, spec_name: str | None = None, settings: GemmSweepSettings
 
     device = torch.device("cuda", torch.cuda.current_device())
     spec, live = resolve_spec(spec_name)
+    from perfmodel.devices import get_spec
+
+    draw = get_spec(settings.problem_spec) if settings.problem_spec else spec  # problems and config samples
     header = device_header(live, spec) | {"schema_version": SCHEMA_VERSION, "kernel_hash": kernel.kernel_source_hash(),
                                           "kernel_mode": kernel.kernel_mode(),
                                           "sweep": {"seed": settings.seed, "n_random": settings.n_random,
                                                     "configs_large": settings.configs_large, "large_ms": settings.large_ms,
                                                     "configs_per_group": settings.configs_per_group,
                                                     "timing": vars(settings.timing),
-                                                    "only_units": units_digest(settings.only_units)}}
-    problems = gemm_problems(settings.n_random, spec, settings.seed, settings.budget)
+                                                    "only_units": units_digest(settings.only_units),
+                                                    "problem_spec": draw.name}}
+    problems = gemm_problems(settings.n_random, draw, settings.seed, settings.budget)
     if settings.only_units is not None:
         missing = settings.only_units - {problem_id(p) for p in problems}
         if missing:
@@ -167,7 +171,7 @@ def run(out_dir: Path, spec_name: str | None = None, settings: GemmSweepSettings
                                   initializer=os.nice, initargs=(10,))
     t_compile0 = time.perf_counter()
     # One compile per kernel key (kernel_key): a group submits only the kernels no earlier group did.
-    plan = compile_plan(order, groups, spec, settings)
+    plan = compile_plan(order, groups, draw, settings)
     futures: dict[tuple, cf.Future] = {}
     for key in order:  # in timing order, four configs a task
         p0 = groups[key][0]
@@ -199,7 +203,7 @@ def run(out_dir: Path, spec_name: str | None = None, settings: GemmSweepSettings
                     stats["stopped_at_time_limit"] = True
                     break
                 cfgs = list(compile_errors.items())
-                if estimated_ms(p, spec) > settings.large_ms:
+                if estimated_ms(p, draw) > settings.large_ms:
                     cfgs = [(c, e) for c, e in cfgs if c in keep_large]
                 t0 = time.perf_counter()
                 rows = measure_problem(p, cfgs, bench, spec, clock)

@@ -68,7 +68,7 @@ def measure(p: PadProblem, bench: Bench, spec, clock) -> dict[str, Any]:
 
 def run(out_dir: Path, n: int = 3200, seed: int = 0, spec_name: str | None = None, shard: tuple[int, int] = (0, 1),
         timing: TimingSettings = TimingSettings(), progress: bool = True, max_problems: int | None = None,
-        n_large: int = 400) -> dict[str, Any]:
+        n_large: int = 400, problem_spec: str | None = None) -> dict[str, Any]:
     from tqdm import tqdm
 
     from perfmodel.devices import ClockReader
@@ -76,11 +76,17 @@ def run(out_dir: Path, n: int = 3200, seed: int = 0, spec_name: str | None = Non
     from .kernel import kernel_mode, kernel_source_hash
     from .shards import ShardWriter
 
+    from perfmodel.devices import get_spec
+
     spec, live = resolve_spec(spec_name)
+    # The problem list's size budgets use a device's bandwidth and peak: problem_spec (by name) draws
+    # another device's list, so a second GPU times the same problems.
+    draw = get_spec(problem_spec) if problem_spec else spec
     header = device_header(live, spec) | {"schema_version": SCHEMA_VERSION, "kernel_hash": kernel_source_hash(),
                                           "kernel_mode": kernel_mode(),
-                                          "sweep": {"seed": seed, "n": n, "n_large": n_large, "timing": vars(timing)}}
-    problems = [p for j, p in enumerate(pad_problems(n, spec, seed, n_large=n_large)) if j % shard[1] == shard[0]]
+                                          "sweep": {"seed": seed, "n": n, "n_large": n_large, "timing": vars(timing),
+                                                    "problem_spec": draw.name}}
+    problems = [p for j, p in enumerate(pad_problems(n, draw, seed, n_large=n_large)) if j % shard[1] == shard[0]]
     units = [problems[j:j + UNIT_SIZE] for j in range(0, len(problems), UNIT_SIZE)]
     writer = ShardWriter(out_dir, KIND, header, shard=f"{shard[0]:02d}of{shard[1]:02d}")
     device = torch.device("cuda", torch.cuda.current_device())

@@ -26,5 +26,9 @@ class GemmSweepSettings:
     max_problems: int | None = None
     # Only these problems (unit ids), e.g. those of an earlier dataset, to re-time it (--problems-from).
     only_units: frozenset[str] | None = None
+    # The device spec the problem list and config samples are drawn with (their size budgets use its
+    # bandwidth and peak), by name; None: the timing device's. A second device re-times the first's
+    # problems and configs with the first's spec (--problems-from sets it from that dataset's header).
+    problem_spec: str | None = None
     budget: Budget = field(default_factory=Budget)
     timing: TimingSettings = field(default_factory=TimingSettings)
