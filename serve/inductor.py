@@ -184,17 +184,29 @@ def _configs_in_play() -> list[GemmConfig] | None:
     return list(inductor_default_configs())
 
 
+# How much faster than padded cuBLAS the model's best unpadded Triton config must be predicted before the
+# hook leaves an mm unpadded. The two paths cannot both be benchmarked (padding rewrites the graph before
+# autotuning), and they are not symmetric: a padded mm still autotunes Triton on the padded shape beside
+# cuBLAS, an unpadded one leaves cuBLAS on a misaligned shape -- so the unpadded path has to win clearly.
+# On the H100 and H200, GPT-2's lm head in NN layout (N = 50257, a row stride the sweep never timed at
+# that width) was predicted 0.256 ms unpadded Triton vs 0.273 ms padded and ran 0.38 ms vs stock's
+# padded cuBLAS 0.17-0.20 ms.
+PAD_TRITON_MARGIN = 0.1
+
+
 def unpadded_triton_instead(predictor: Predictor, pp: PadProblem, decision: PadDecision,
-                            configs: Sequence[GemmConfig] | None = None) -> PadDecision:
+                            configs: Sequence[GemmConfig] | None = None,
+                            margin: float = PAD_TRITON_MARGIN) -> PadDecision:
     """The pad decision when Triton templates compete with cuBLAS: padding helps cuBLAS, which wants
     aligned operands, but the Triton template runs the unaligned shape as it is (masked loads). When the
-    model's best Triton config on the unpadded problem beats padded cuBLAS (copies included), padding
-    would only slow the winner down: do not pad, and let autotuning pick Triton on the original shape.
+    model's best Triton config on the unpadded problem beats padded cuBLAS (copies included) by more than
+    `margin` (a fraction), padding would only slow the winner down: do not pad, and let autotuning pick
+    Triton on the original shape.
     configs: the Triton configs autotuning will offer (None: the whole space). Comparing with configs
     that are not offered kept GPT-2's 50257-wide lm head unpadded under the DEFAULT space on the H100,
     where Inductor's best offered Triton config ran 0.385 ms and stock's padded cuBLAS 0.197 ms."""
     best = predictor.rank(pp.gemm(padded=False), configs, top_k=1)
-    if best and best[0][1] < decision.padded_ms:
+    if best and best[0][1] * (1.0 + margin) < decision.padded_ms:
         return replace(decision, should_pad=False)
     return decision
 
