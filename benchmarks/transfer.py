@@ -137,6 +137,31 @@ def run(base: Path, new: Path, fractions: list[float], quick: bool, seed: int, s
     return res
 
 
+def average(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """One result from several seeds' (same fractions, same models): every number the mean over the seeds,
+    everything else the first seed's; `seeds` lists them and `spread` holds, per learning-curve point, the
+    range (max - min) of the new device's all-dtype top-1 over the seeds."""
+    def mean(vals: list[Any]) -> Any:
+        v0 = vals[0]
+        if isinstance(v0, dict):
+            return {k: mean([v[k] for v in vals]) for k in v0 if all(k in v for v in vals)}
+        if isinstance(v0, list) and all(isinstance(v, list) and len(v) == len(v0) for v in vals):
+            return [mean(list(col)) for col in zip(*vals)]
+        if isinstance(v0, (int, float)) and not isinstance(v0, bool):
+            return sum(vals) / len(vals)
+        return v0
+
+    out = mean(results)
+    out["seeds"] = [r["seed"] for r in results]
+    out["seconds"] = sum(r["seconds"] for r in results)
+    out["spread"] = [max(r["learning_curve"][i]["new"]["all/top1_eff"] for r in results)
+                     - min(r["learning_curve"][i]["new"]["all/top1_eff"] for r in results)
+                     for i in range(len(results[0]["learning_curve"]))]
+    out["per_seed"] = [{"seed": r["seed"], "new_all_top1": [c["new"]["all/top1_eff"] for c in r["learning_curve"]],
+                        "base_all_top1": [c["base"]["all/top1_eff"] for c in r["learning_curve"]]} for r in results]
+    return out
+
+
 def _rel(p: Path) -> str:
     r = Path(p).resolve()
     return str(r.relative_to(REPO)) if r.is_relative_to(REPO) else Path(p).name
@@ -152,8 +177,10 @@ def markdown(res: dict[str, Any], command: str) -> str:
     head = "| fp16 top-1 | bf16 top-1 | fp32 top-1 | fp16 top-5 | bf16 top-5 | fp32 top-5 | pad vs oracle |"
     lines = [f"# Transfer: {b} -> {n}{' (QUICK: a few batches per fit, numbers mean little)' if res['quick'] else ''}",
              "", f"Held-out problems: {res['held_out'][n]} of {n} (`{res['new']['folder']}`), {res['held_out'][b]} of "
-             f"{b} (`{res['base']['folder']}`); one split (seed {res['seed']}): a shape measured on both devices is held "
-             "out on both. Every model below but the shipped one trains with the same config "
+             f"{b} (`{res['base']['folder']}`); "
+             + (f"the mean over {len(res['seeds'])} seeds ({', '.join(map(str, res['seeds']))}), each its own split and "
+                "training" if "seeds" in res else f"one split (seed {res['seed']})")
+             + ": a shape measured on both devices is held out on both. Every model below but the shipped one trains with the same config "
              f"(`{'quick' if res['quick'] else 'full'}` of benchmarks/transfer.py: gemm {res['config']['hidden']}, "
              f"epochs {res['config']['epochs']}).", "",
              f"## {n} held-out problems", "", f"| model | trained on | {head[2:]}", "|---|---|" + "---:|" * 7]
@@ -164,8 +191,12 @@ def markdown(res: dict[str, Any], command: str) -> str:
     lines.append(f"| {b}-only, as served (zero-shot) | {b} | {_cells(only['new_as_served'], keys)} |")
     lines.append(f"| {b}-only, with the {n} spec's device features | {b} | {_cells(only['new_with_new_spec'], keys)} |")
     for c in res["learning_curve"]:
-        lines.append(f"| joint, {c['fraction']:.0%} of {n} training problems ({c['new_train_problems']}) | {b} + {n} | "
+        lines.append(f"| joint, {c['fraction']:.0%} of {n} training problems ({c['new_train_problems']:.0f}) | {b} + {n} | "
                      f"{_cells(c['new'], keys)} |")
+    if "spread" in res:
+        lines += ["", f"Seed to seed, the {n} all-dtype top-1 of the joint model spans "
+                  + ", ".join(f"{s:.3f} at {c['fraction']:.0%}" for s, c in zip(res["spread"], res["learning_curve"]))
+                  + " (max - min over the seeds; per seed in the JSON): differences smaller than that are noise."]
     lines += ["", f"## {b} held-out problems: joint against {b}-only", "",
               "| model | fp16 top-1 | bf16 top-1 | fp32 top-1 | all top-1 | all top-5 | pad vs oracle |",
               "|---|" + "---:|" * 6]
@@ -188,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fractions", default="0,0.1,0.3,1", help="fractions of the new device's training problems")
     ap.add_argument("--quick", action="store_true", help="a few batches per fit (tests, smoke runs)")
     ap.add_argument("--seed", type=int, default=0, help="split and training seed (the shipped models': 0)")
+    ap.add_argument("--seeds", default=None, help="several seeds, comma-separated: the tables give their mean")
     ap.add_argument("--epochs", type=int, default=None)
     ap.add_argument("--hidden", default=None, help="gemm head widths, e.g. 128,128,128")
     ap.add_argument("--out", type=Path, default=None, help="JSON result (default benchmarks/results/transfer_<new device>.json)")
@@ -200,12 +232,15 @@ def main(argv: list[str] | None = None) -> int:
         overrides["epochs"] = args.epochs
     if args.hidden:
         overrides["hidden"] = tuple(int(h) for h in args.hidden.split(","))
-    res = run(args.base, args.new, fractions, args.quick, args.seed, args.shipped, overrides)
+    seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else [args.seed]
+    runs = [run(args.base, args.new, fractions, args.quick, sd, args.shipped, overrides) for sd in seeds]
+    res = runs[0] if len(runs) == 1 else average(runs)
     command = "python benchmarks/transfer.py " + " ".join(
         [f"--base {res['base']['folder']}", f"--new {res['new']['folder']}"]
         + ([f"--shipped {res['models']['shipped']['folder']}"] if "shipped" in res["models"] else [])
         + ([f"--fractions {args.fractions}"] if args.fractions != "0,0.1,0.3,1" else [])
-        + (["--quick"] if args.quick else []) + ([f"--seed {args.seed}"] if args.seed else [])
+        + (["--quick"] if args.quick else [])
+        + ([f"--seeds {args.seeds}"] if args.seeds else [f"--seed {args.seed}"] if args.seed else [])
         + ([f"--epochs {args.epochs}"] if args.epochs is not None else []) + ([f"--hidden {args.hidden}"] if args.hidden else []))
     res["command"] = command
     from _runner import save_results

@@ -47,3 +47,26 @@ def test_transfer_quick(tmp_path, isolated):  # noqa: F811
     md = out.with_suffix(".md").read_text()
     assert "QUICK" in md and "| joint, 30% of h200 training problems" in md and "| h100-sxm-only |" in md
     assert "--quick" in res["command"] and str(tmp_path) not in res["command"]
+
+
+def test_average_over_seeds():
+    # made-up results of two seeds (synthetic numbers, only the averaging is tested)
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import transfer
+    finally:
+        sys.path.pop(0)
+
+    def result(seed: int, top1: float, n_train: int) -> dict:
+        point = {"fraction": 1.0, "new_train_problems": n_train, "new": {"all/top1_eff": top1},
+                 "base": {"all/top1_eff": top1 - 0.01}}
+        return {"seed": seed, "quick": False, "seconds": 10.0, "models": {"base_only": {"base": {"all/top1_eff": top1}}},
+                "learning_curve": [point], "notes": ["a note"]}
+
+    avg = transfer.average([result(0, 0.90, 700), result(1, 0.96, 710)])
+    assert avg["seeds"] == [0, 1] and avg["seconds"] == 20.0 and avg["notes"] == ["a note"]
+    assert avg["learning_curve"][0]["new"]["all/top1_eff"] == pytest.approx(0.93)
+    assert avg["learning_curve"][0]["new_train_problems"] == pytest.approx(705)
+    assert avg["models"]["base_only"]["base"]["all/top1_eff"] == pytest.approx(0.93)
+    assert avg["spread"] == [pytest.approx(0.06)] and avg["quick"] is False
+    assert avg["per_seed"][1]["new_all_top1"] == [0.96]
