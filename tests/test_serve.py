@@ -667,3 +667,24 @@ def test_onnx_runner_gives_onnxruntime_no_empty_batch(monkeypatch: pytest.Monkey
         out = runner(name, torch.randn(5, width))
         assert out.shape[0] == 5 and np.isfinite(out).all()
     assert fed and min(fed) > 0  # every batch onnxruntime saw had rows
+
+
+def test_onnx_staged_graphs_and_non_finite_rank(ox: Predictor, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ranking and predict graphs run in a config stage (once per config set, kept on its part) and
+    a problem stage: the problem stage has no config input left, and rank of one problem (its own path
+    past _best) still refuses a non-finite prediction."""
+    run = ox._run
+    for staged in (run.rank_session, run.predict_session):
+        assert staged.computed and staged.config_session is not None
+        assert not {"rank_configs", "rank_config_part"} & {i.name for i in staged.sessions.small.get_inputs()}
+    cfgs = ox.default_configs("float16")
+    assert [c for c, _ in ox.rank(PROB, top_k=5)] == [c for c, _ in ox.rank_many([PROB], cfgs, top_k=5)[0]]
+    real = run.rank
+
+    def nan_rank(problems: np.ndarray, part) -> tuple[np.ndarray, np.ndarray]:
+        kept, log_ms = real(problems, part)
+        return kept, np.where(np.arange(log_ms.shape[1]) == 3, np.nan, log_ms).astype(np.float32)
+
+    monkeypatch.setattr(run, "rank", nan_rank)
+    with pytest.raises(RuntimeError, match="non-finite"):
+        ox.rank(PROB, top_k=1)
