@@ -152,6 +152,7 @@ def average(results: list[dict[str, Any]]) -> dict[str, Any]:
         return v0
 
     out = mean(results)
+    out["config"] = {k: v for k, v in results[0].get("config", {}).items() if k != "seed"}  # one config for every seed
     out["seeds"] = [r["seed"] for r in results]
     out["seconds"] = sum(r["seconds"] for r in results)
     out["spread"] = [max(r["learning_curve"][i]["new"]["all/top1_eff"] for r in results)
@@ -176,7 +177,7 @@ def markdown(res: dict[str, Any], command: str) -> str:
     keys = RANK_KEYS + (PAD_KEY,)
     head = "| fp16 top-1 | bf16 top-1 | fp32 top-1 | fp16 top-5 | bf16 top-5 | fp32 top-5 | pad vs oracle |"
     lines = [f"# Transfer: {b} -> {n}{' (QUICK: a few batches per fit, numbers mean little)' if res['quick'] else ''}",
-             "", f"Held-out problems: {res['held_out'][n]} of {n} (`{res['new']['folder']}`), {res['held_out'][b]} of "
+             "", f"Held-out problems: {res['held_out'][n]:.0f} of {n} (`{res['new']['folder']}`), {res['held_out'][b]:.0f} of "
              f"{b} (`{res['base']['folder']}`); "
              + (f"the mean over {len(res['seeds'])} seeds ({', '.join(map(str, res['seeds']))}), each its own split and "
                 "training" if "seeds" in res else f"one split (seed {res['seed']})")

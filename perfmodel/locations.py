@@ -33,16 +33,24 @@ def checkout_root() -> Path | None:
     return None
 
 
-def default_model_dir() -> Path:
-    """The shipped default model folder (the default device's, models/h100 in the repo).
+def default_model_dir(device: str | None = None) -> Path:
+    """The shipped model folder for a device spec name: models/<its folder> when one is shipped for it,
+    else the default device's (models/h100 in the repo). device=None: the default device's.
 
-    Inside an installed wheel it is package data, perfmodel/_models/h100; in a plain checkout and an
-    editable install (where perfmodel/ is the checkout's folder) it is the checkout's models/h100. Every
+    Inside an installed wheel it is package data, perfmodel/_models/<folder>; in a plain checkout and an
+    editable install (where perfmodel/ is the checkout's folder) it is the checkout's models/<folder>. Every
     default model path (Predictor.load(), `perfmodel eval`, the training output, the benchmarks) comes
-    from here. The folder may not exist (a wheel built without it): loaders say so by name."""
+    from here. The default folder may not exist (a wheel built without it): loaders say so by name."""
     from .devices import DEFAULT_DEVICE, DEVICE_FOLDER
 
-    folder = DEVICE_FOLDER[DEFAULT_DEVICE]
+    if device is not None and device != DEFAULT_DEVICE and device in DEVICE_FOLDER:
+        own = _shipped(DEVICE_FOLDER[device])
+        if (own / "metadata.json").is_file():
+            return own
+    return _shipped(DEVICE_FOLDER[DEFAULT_DEVICE])
+
+
+def _shipped(folder: str) -> Path:
     packaged = PACKAGE_DIR / "_models" / folder
     root = checkout_root()
     if packaged.is_dir() or root is None:

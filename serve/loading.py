@@ -101,7 +101,8 @@ def load_model(path_or_uri: str | os.PathLike | None, backend: str | None,
     if backend is not None and (not isinstance(backend, str) or backend not in BACKENDS):
         raise ValueError(f"backend: expected one of {', '.join(BACKENDS)} or None, got {backend!r}")
     if path_or_uri is None:
-        folder = default_model_dir()
+        # The shipped model for the named device, else the visible GPU's, else the default device's.
+        folder = default_model_dir(device if device is not None else live_device_spec())
         if not (folder / "metadata.json").is_file():
             raise FileNotFoundError(f"path_or_uri: the shipped default model {folder} is not there yet "
                                     "(no metadata.json); pass a model folder or an MLflow URI")

@@ -14,10 +14,16 @@ from perfmodel.serve import loading
 
 
 def test_named_device():
+    from perfmodel.locations import default_model_dir
+
     p = Predictor.load(device="h100-sxm")
-    assert p.device == "h100-sxm" == p.spec.name
+    assert p.device == "h100-sxm" == p.spec.name and p.source == str(default_model_dir())
+    # the H200's shipped model is its own folder (models/h200, trained on both devices)
+    p = Predictor.load(device="h200")
+    assert p.device == "h200" == p.spec.name and p.source == str(default_model_dir("h200"))
+    assert default_model_dir("h200").name == "h200" and default_model_dir("a100-sxm") == default_model_dir()
     with pytest.raises(ValueError, match="^device: .*h100-sxm.*'h200'"):
-        Predictor.load(device="h200")  # the shipped model knows one device
+        Predictor.load(default_model_dir(), device="h200")  # the H100's model knows one device
     with pytest.raises(TypeError, match="^device"):
         Predictor.load(device=3)
 
@@ -45,7 +51,19 @@ def test_live_device_the_model_knows(monkeypatch):
     assert p.rank(GemmProblem(m=256, n=256, k=256), top_k=1)
 
 
-@pytest.mark.parametrize("name,sms", [("NVIDIA H200", 132), ("NVIDIA A100-SXM4-80GB", 108), ("Some GPU", 20)])
+def test_live_h200_loads_its_shipped_model(monkeypatch):
+    from perfmodel.locations import default_model_dir
+
+    _mock_gpu(monkeypatch, "NVIDIA H200", 132)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        p = Predictor.load()
+    assert p.device == "h200" and p.source == str(default_model_dir("h200"))
+    with pytest.warns(RuntimeWarning, match="not a device this model was trained for; predicting for h100-sxm"):
+        assert Predictor.load(default_model_dir()).device == "h100-sxm"  # the H100's model, named
+
+
+@pytest.mark.parametrize("name,sms", [("NVIDIA A100-SXM4-80GB", 108), ("Some GPU", 20)])
 def test_live_device_the_model_does_not_know_warns_once(monkeypatch, name, sms):
     _mock_gpu(monkeypatch, name, sms)
     with pytest.warns(RuntimeWarning, match="not a device this model was trained for; predicting for h100-sxm") as rec:

@@ -147,7 +147,7 @@ def test_default_model() -> None:
 def test_default_model_missing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     import perfmodel.serve.loading as loading
 
-    monkeypatch.setattr(loading, "default_model_dir", lambda: tmp_path / "_models" / "h100")
+    monkeypatch.setattr(loading, "default_model_dir", lambda device=None: tmp_path / "_models" / "h100")
     with pytest.raises(FileNotFoundError, match="_models/h100"):
         Predictor.load()
 

@@ -47,3 +47,39 @@ def test_shipped_onnx_agrees_with_torch() -> None:
         a, b = pt.predict(prob), ox.predict(prob)
         assert a.shape == b.shape and np.all(np.isfinite(a))
         np.testing.assert_allclose(np.log(b), np.log(a), atol=1e-3, err_msg=str(prob))
+
+
+H200_MODEL = REPO / "models" / "h200"
+
+
+@pytest.mark.slow
+def test_shipped_h200_model_held_out_quality() -> None:
+    # models/h200 (trained on data/h100 + data/h200) on both devices' held-out problems, against floors a
+    # little below `perfmodel eval --model models/h200 --data data/h100 --data data/h200` when written:
+    # H200 top-1 fp16 0.9895, bf16 0.9890, fp32 0.9820, top-5 >= 0.9969, pad 1.0129; H100 top-1 0.9800 /
+    # 0.9881 / 0.9740 (the H100 model: 0.9825 / 0.9756 / 0.9731)
+    if not all((REPO / "data" / d).is_dir() for d in ("h100", "h200")):
+        pytest.skip("no datasets (data/h100, data/h200) in this checkout")
+    r = subprocess.run([sys.executable, "-m", "perfmodel.cli", "eval", "--model", str(H200_MODEL), "--data", "data/h100",
+                        "--data", "data/h200", "--json"], cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr
+    h100, h200 = json.loads(r.stdout)
+    assert (h100["device"]["predicted_for"], h200["device"]["predicted_for"]) == ("h100-sxm", "h200")
+    assert not h200["device"]["zero_shot"]
+    m = h200["results"]["perfmodel"]
+    for mode in ("float16", "bfloat16", "fp32_all"):
+        assert m[f"{mode}/top1_eff"] >= 0.975, mode
+        assert m[f"{mode}/top5_eff"] >= 0.995, mode
+    assert h200["pad"]["pad/total_vs_oracle"] <= 1.015
+    # on the H100 no worse than the H100-only model (above) by more than 0.005 top-1
+    m = h100["results"]["perfmodel"]
+    for mode, h100_only in (("float16", 0.9825), ("bfloat16", 0.9756), ("fp32_all", 0.9731)):
+        assert m[f"{mode}/top1_eff"] >= h100_only - 0.005, mode
+
+
+def test_shipped_h200_onnx_agrees_with_torch() -> None:
+    for device in ("h200", "h100-sxm"):
+        pt = Predictor.load(H200_MODEL, backend="torch", device=device)
+        ox = Predictor.load(H200_MODEL, backend="onnx", device=device)
+        prob = GemmProblem(m=1000, n=3000, k=77, dtype="bfloat16", transpose_left=True)
+        np.testing.assert_allclose(np.log(ox.predict(prob)), np.log(pt.predict(prob)), atol=1e-3, err_msg=device)
