@@ -71,12 +71,10 @@ def run(out_dir: Path, n: int = 3200, seed: int = 0, spec_name: str | None = Non
         n_large: int = 400, problem_spec: str | None = None) -> dict[str, Any]:
     from tqdm import tqdm
 
-    from perfmodel.devices import ClockReader
+    from perfmodel.devices import ClockReader, get_spec
 
     from .kernel import kernel_mode, kernel_source_hash
     from .shards import ShardWriter
-
-    from perfmodel.devices import get_spec
 
     spec, live = resolve_spec(spec_name)
     # The problem list's size budgets use a device's bandwidth and peak: problem_spec (by name) draws

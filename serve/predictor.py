@@ -313,20 +313,9 @@ class Predictor:
         top_k = _check_top_k(top_k)
         prob = _check_problem(prob)
         cfgs, ct, part, fits = self._configs(configs, prob.dtype)
-        if prob.dtype_bytes not in fits.all_runnable:
-            ok = self._runnable(fits, [prob])
-            if ok is not None:
-                return self._rank_runnable(prob, cfgs, ok[0], top_k)
-        n_cfg = len(cfgs)
-        k = min(top_k, n_cfg)
-        keep = max(self.screen_keep, k)
-        if self._run.rank_keep == keep and screens(self.has_screen, n_cfg, keep):
-            # _best's onnx path for one problem, its checks on a 24-value list (numpy's reductions and
-            # the (1, 8) problem array's join cost more than the list on a ~0.3 ms call)
-            cand, log_ms = self._run.rank(np.frombuffer(prob.packed, np.float64).reshape(1, -1), part)
-            if not all(map(math.isfinite, log_ms[0].tolist())):
-                self._checked(log_ms, "problems")  # raises
-            return list(zip(map(cfgs.__getitem__, cand[0, :k].tolist()), np.exp(log_ms[0, :k]).tolist()))
+        ok = self._runnable(fits, [prob])
+        if ok is not None:
+            return self._rank_runnable(prob, cfgs, ok[0], top_k)
         idx, ms = self._best([prob], ct, part, top_k)
         return [(cfgs[i], float(t)) for i, t in zip(idx[0].tolist(), ms[0].tolist())]
 

@@ -671,8 +671,8 @@ def test_onnx_runner_gives_onnxruntime_no_empty_batch(monkeypatch: pytest.Monkey
 
 def test_onnx_staged_graphs_and_non_finite_rank(ox: Predictor, monkeypatch: pytest.MonkeyPatch) -> None:
     """The ranking and predict graphs run in a config stage (once per config set, kept on its part) and
-    a problem stage: the problem stage has no config input left, and rank of one problem (its own path
-    past _best) still refuses a non-finite prediction."""
+    a problem stage: the problem stage has no config input left, and rank of one problem still refuses a
+    non-finite prediction."""
     run = ox._run
     for staged in (run.rank_session, run.predict_session):
         assert staged.computed and staged.config_session is not None
