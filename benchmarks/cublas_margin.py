@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-MARGINS = (0.0, 0.05, 0.1, 0.2, 0.5, None)  # None: never drop Triton
+MARGINS = (-0.1, -0.05, 0.0, 0.05, 0.1, 0.2, 0.5, None)  # None: never drop Triton
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,18 +5,19 @@ after torch._dynamo.reset() inside a fresh Inductor cache (torch._inductor.utils
 
   stock             Inductor's default max-autotune choices
   perfmodel         perfmodel.serve.inductor installed: the model's top-k Triton mm configs (aten etc. kept)
-  perfmodel-cublas  as perfmodel, and no Triton at all where cuBLAS is predicted >= 10% faster
+  perfmodel-cublas  as perfmodel, and no Triton at all where cuBLAS is predicted faster (--cublas-margin, default 0)
   perfmodel-pad     as perfmodel-cublas, and Inductor's pad_mm pass decided by the model (pad=True)
 
 Reported per shape: compile time of the first call (lowering + compiling and benchmarking the
-choices), the compiled function's GPU time and torch.mm's, side by side (perfmodel.data_gen.measure.Bench: L2
+choices), the part of it spent tuning GEMMs (_TuningClock: Inductor's timers around precompiling and
+benchmarking template choices, plus pad_mm's padding decision), the compiled function's GPU time and torch.mm's, side by side (perfmodel.data_gen.measure.Bench: L2
 flushed, a 500 us GPU spin before each run so that the compiled wrapper's Python is not timed, median
 of >= 10 runs), which kernel won (aten mm or a
 Triton template config, read from the generated code), and how many mm choices the hook kept. A
 process-wide warm-up compile runs first so that the first shape does not pay for starting Inductor's
 compile workers. Each shape runs in try/except and records its error.
 
-    python benchmarks/inductor_bench.py [--model PATH | --synthetic] [--top-k 5]
+    python benchmarks/inductor_bench.py [--model PATH | --synthetic] [--top-k 5] [--cublas-margin 0]
                                         [--out benchmarks/results/inductor_bench.json]
 """
 from __future__ import annotations
@@ -94,6 +95,50 @@ def _winner(codes: list[str]) -> str:
     return "other"
 
 
+class _TuningClock:
+    """The part of a compile that max-autotune spends on GEMM choices: Inductor's own timers around
+    precompiling and benchmarking template choices (torch._dynamo.utils.compilation_time_metrics, the
+    `*_template_precompiling` / `*_template_autotuning` events), and the time inside pad_mm's padding
+    decision (stock benchmarks padded vs unpadded mm there; the hook asks the model). The rest of a
+    compile (tracing, lowering, codegen, compiling the chosen kernels and, under max-autotune,
+    coordinate-descent tuning of pointwise and reduction kernels) is neither's to save."""
+
+    KEYS = ("template_precompiling", "template_autotuning")
+
+    def __init__(self) -> None:
+        from torch._dynamo.utils import compilation_time_metrics
+
+        self.metrics = compilation_time_metrics
+        self.pad_s = 0.0
+        self._before: dict[str, float] = {}
+
+    def wrap_pad_decision(self) -> None:
+        from torch._inductor.fx_passes import pad_mm
+
+        inner = pad_mm._should_pad
+
+        def timed(*a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return inner(*a, **kw)
+            finally:
+                self.pad_s += time.perf_counter() - t0
+
+        pad_mm._should_pad = timed
+
+    def _sums(self) -> dict[str, float]:
+        return {k: float(sum(v)) for k, v in self.metrics.items()}
+
+    def start(self) -> None:
+        self._before, self.pad_s = self._sums(), 0.0
+
+    def stop(self) -> dict[str, Any]:
+        delta = {k: v - self._before.get(k, 0.0) for k, v in self._sums().items()}
+        autotune = sum(v for k, v in delta.items() if any(s in k for s in self.KEYS))
+        return {"autotune_s": autotune, "pad_decision_s": self.pad_s, "gemm_tuning_s": autotune + self.pad_s,
+                "timers": {k: round(v, 3) for k, v in sorted(delta.items(), key=lambda kv: -kv[1]) if v >= 0.01}}
+
+
 def _worker(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     from torch._inductor.utils import fresh_inductor_cache, run_and_get_code
@@ -115,17 +160,20 @@ def _worker(args: argparse.Namespace) -> dict[str, Any]:
         return res
 
     si.filter_template_choices = counting_filter  # count what the hook keeps (it looks the name up per call)
+    tuning = _TuningClock()
     bench = Bench(torch.device("cuda"), torch.cuda.get_device_properties(0).L2_cache_size,
                   TimingSettings(budget_ms=5.0, min_reps=10, max_reps=100, pre_sleep_us=500.0))
     if variant != "stock":
         t0 = time.perf_counter()
         pred = Predictor.load(args.model, backend=args.backend)
         out["load_s"] = time.perf_counter() - t0
+        out["cublas_margin"] = args.cublas_margin if variant in ("perfmodel-cublas", "perfmodel-pad") else None
         ok = si.install(top_k=args.top_k, predictor=pred, pad=variant == "perfmodel-pad",
-                        cublas_margin=0.1 if variant in ("perfmodel-cublas", "perfmodel-pad") else None)
+                        cublas_margin=out["cublas_margin"])
         if not ok:
             out["error"] = "perfmodel.serve.inductor.install() returned False (Inductor API check failed); see warnings"
             return out
+    tuning.wrap_pad_decision()  # stock's pad_mm benchmark, or the hook's decision
 
     def mm(a, b):
         return torch.mm(a, b)
@@ -151,10 +199,12 @@ def _worker(args: argparse.Namespace) -> dict[str, Any]:
                 torch._dynamo.reset()
                 compiled = torch.compile(mm, mode="max-autotune-no-cudagraphs")
                 torch.cuda.synchronize()
+                tuning.start()
                 t0 = time.perf_counter()
                 res, codes = run_and_get_code(compiled, a, b)
                 torch.cuda.synchronize()
                 row["compile_s"] = time.perf_counter() - t0
+                row.update(tuning.stop())
                 torch.testing.assert_close(res.float(), (a.float() @ b.float()), rtol=2e-2, atol=2e-2 * k ** 0.5)
                 row["winner"] = _winner(codes)
                 if args.keep_code:
@@ -179,6 +229,7 @@ def _worker(args: argparse.Namespace) -> dict[str, Any]:
 def _run_variant(variant: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     res_file = tmp / f"{variant}.json"
     cmd = [sys.executable, __file__, "--worker", variant, "--model", str(args.model), "--top-k", str(args.top_k),
+           "--cublas-margin", str(args.cublas_margin),
            "--worker-out", str(res_file), "--shapes", args.shapes, "--search-space", args.search_space] + sum((["--only", s] for s in args.only or []), []) + (
                ["--keep-code"] if args.keep_code else []) + (["--backend", args.backend] if args.backend else [])
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp / f"inductor-{variant}"),
@@ -189,8 +240,8 @@ def _run_variant(variant: str, args: argparse.Namespace, tmp: Path) -> dict[str,
 def markdown(results: dict[str, Any]) -> str:
     lines = [f"torch.mm under torch.compile(mode='max-autotune-no-cudagraphs'), stock vs perfmodel.serve.inductor top-"
              f"{results['top_k']} (model {results['model']}; {results.get('search_space', 'DEFAULT')} search space)", "",
-             "| shape | MxKxN dtype | variant | compile s | vs stock | kernel ms | vs stock | torch.mm ms | winner "
-             "| mm choices kept (Triton) |", "|---|---|---|---:|---:|---:|---:|---:|---|---|"]
+             "| shape | MxKxN dtype | variant | compile s | vs stock | GEMM tuning s | kernel ms | vs stock | torch.mm ms "
+             "| winner | mm choices kept (Triton) |", "|---|---|---|---:|---:|---:|---:|---:|---:|---|---|"]
     by_v = {v["variant"]: v for v in results["variants"]}
     stock = {r["name"]: r for r in by_v.get("stock", {}).get("shapes", [])}
     ran = {r["name"] for v in by_v.values() for r in v.get("shapes", [])}
@@ -214,7 +265,8 @@ def markdown(results: dict[str, Any]) -> str:
             ks = r["kernel_ms"] / s["kernel_ms"] if "kernel_ms" in s else float("nan")
             ck = r.get("choices_kept")
             kept = "{} -> {}".format(*ck[:2]) + (f" ({ck[2]})" if len(ck) > 2 else "") if ck else "-"
-            lines.append(head + f" {r['compile_s']:.1f} | {cs:.2f} | {r['kernel_ms']:.4f} | {ks:.3f} | "
+            lines.append(head + f" {r['compile_s']:.1f} | {cs:.2f} | {r.get('gemm_tuning_s', float('nan')):.2f} | "
+                                f"{r['kernel_ms']:.4f} | {ks:.3f} | "
                                 f"{r['aten_ms']:.4f} | {r['winner']}{' (padded)' if r.get('padded') else ''} | {kept} |")
     lines.append("")
     for variant in VARIANTS:
@@ -222,7 +274,10 @@ def markdown(results: dict[str, Any]) -> str:
         if v is None:
             continue
         total = sum(r.get("compile_s", 0.0) for r in v.get("shapes", []))
-        lines.append(f"- {variant}: compile total {total:.1f} s (warm-up {v.get('warmup_s', float('nan')):.1f} s, "
+        tuned = sum(r.get("gemm_tuning_s", float("nan")) for r in v.get("shapes", []))
+        margin = f", cublas_margin {v['cublas_margin']:g}" if v.get("cublas_margin") is not None else ""
+        lines.append(f"- {variant}{margin}: compile total {total:.1f} s, of which GEMM tuning {tuned:.1f} s "
+                     f"(warm-up {v.get('warmup_s', float('nan')):.1f} s, "
                      f"process {v.get('process_s', float('nan')):.0f} s){' ERROR: ' + v['error'][:200] if 'error' in v else ''}")
     return "\n".join(lines)
 
@@ -232,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", type=Path, default=default_model_dir())
     ap.add_argument("--synthetic", action="store_true", help="random-weight model (exercises the script only)")
     ap.add_argument("--top-k", type=int, default=5)
+    ap.add_argument("--cublas-margin", type=float, default=0.0,
+                    help="the hook's cublas_margin in the perfmodel-cublas and perfmodel-pad variants")
     ap.add_argument("--backend", choices=("torch", "onnx"), default=None, help="the Predictor's (default: its own choice)")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of " + ",".join(VARIANTS))
     ap.add_argument("--only", action="append", help="run only this shape name (repeatable)")

@@ -42,7 +42,7 @@ CONFIGS = {
     "quick": dict(epochs=1, hidden=(16, 16), small_head_epochs=1, cublas_hidden=(8,), pad_hidden=(8,),
                   fast_dev_run=True),
 }
-COMMON = dict(screen_hidden=(), gemm_members=1, pad_members=1, baselines=False, progress=False, register_name="")
+COMMON = dict(screen_hidden=(), gemm_members=1, pad_members=1, cublas_members=1, baselines=False, progress=False, register_name="")
 # The figures of the tables (train/evaluate.py keys).
 RANK_KEYS = ("float16/top1_eff", "bfloat16/top1_eff", "fp32_all/top1_eff", "float16/top5_eff", "bfloat16/top5_eff",
              "fp32_all/top5_eff")

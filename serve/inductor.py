@@ -293,12 +293,16 @@ def install(top_k: int = 5, predictor: Predictor | None = None, *, model: Any = 
             cublas_margin: float | None = None, pad: bool = False) -> bool:
     """Install the hook in this thread. predictor: a loaded Predictor (default: Predictor.load(model,
     backend=backend), loaded now so that a missing model fails here, not inside a compile).
-    cublas_margin: drop the Triton mm choices when cuBLAS is predicted faster by this fraction.
+    cublas_margin: drop the Triton mm choices when cuBLAS's predicted time x (1 + cublas_margin) is below
+    the best ranked config's: 0 follows the model's call, a positive margin keeps Triton unless cuBLAS is
+    predicted that much faster, a negative one (> -1) drops it unless Triton is predicted that much faster.
+    None (the default) always keeps the top_k Triton configs. docs/benchmarks.md measures the trade.
     pad: also decide Inductor's pad_mm padding with the model (process-wide; needs a pad head).
     Returns False (after one warning) when this torch lacks the private API the hook needs."""
     top_k = _check_top_k(top_k)
-    if cublas_margin is not None and not (isinstance(cublas_margin, (int, float)) and cublas_margin >= 0):
-        raise ValueError(f"cublas_margin: expected None or a number >= 0, got {cublas_margin!r}")
+    if cublas_margin is not None and not (isinstance(cublas_margin, (int, float)) and not isinstance(cublas_margin, bool)
+                                          and -1.0 < cublas_margin < float("inf")):
+        raise ValueError(f"cublas_margin: expected None or a number > -1, got {cublas_margin!r}")
     problem = check_torch_api()
     if problem is not None:
         _warn_once("api", f"{problem}; Inductor's default autotuning is left in place")

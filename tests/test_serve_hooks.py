@@ -270,6 +270,20 @@ def test_filter_cublas_margin_drops_triton(pt: Predictor) -> None:
     assert out == [aten]  # margin ~ -1: cuBLAS always "faster"
     out = si.filter_template_choices(choices, _Inputs(512, 512, 512), "mm", pt, top_k=2, cublas_margin=1e9)
     assert len(out) == 3
+    # margin 0 follows the model's own call: Triton stays exactly when its best config is predicted faster
+    prob = GemmProblem(m=512, n=512, k=512, dtype="float16")
+    tri = [c for c in choices if c is not aten]
+    gemm = [si.kwargs_to_gemm(c.params.to_kwargs()) for c in tri]
+    triton_faster = pt.rank(prob, gemm, top_k=1)[0][1] <= pt.predict_cublas(prob)
+    out = si.filter_template_choices(choices, _Inputs(512, 512, 512), "mm", pt, top_k=2, cublas_margin=0.0)
+    assert (len(out) == 3) == triton_faster and aten in out
+
+
+@pytest.mark.parametrize("margin", [-1.0, -2, float("nan"), float("inf"), True, "0.1"])
+def test_install_refuses_a_bad_cublas_margin(pt: Predictor, margin) -> None:
+    with pytest.raises(ValueError, match="cublas_margin"):
+        si.install(top_k=2, predictor=pt, cublas_margin=margin)
+    assert not si.is_installed()
 
 
 def test_install_uninstall_and_context(pt: Predictor) -> None:

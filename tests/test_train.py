@@ -310,7 +310,9 @@ def test_training_writes_a_loadable_model_folder(trained):
     pad = bundle.heads["pad"].cfg
     assert (pad.members, pad.average) == (s.pad_members, "before_floor")
     assert pad.hidden == tuple(w * s.pad_members for w in s.pad_hidden)  # the members side by side
-    assert bundle.heads["cublas"].cfg.hidden == s.cublas_hidden
+    cublas = bundle.heads["cublas"].cfg  # likewise: cublas_members seeds side by side
+    assert (cublas.members, cublas.average) == (s.cublas_members, "before_floor")
+    assert cublas.hidden == tuple(w * s.cublas_members for w in s.cublas_hidden)
     assert bundle.metadata["dataset"]["gemm_problems"] == 32
     assert sum(bundle.metadata["split"].values()) == 32
     card = (out / "MODEL_CARD.md").read_text()
