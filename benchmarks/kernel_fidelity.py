@@ -227,6 +227,20 @@ def time_ours(shape, captured: dict[str, Any], bench) -> dict[str, Any]:
     }
 
 
+def inductor_repeat(row: dict[str, Any], again: dict[str, Any]) -> dict[str, Any]:
+    """A second capture of the same shape against the first: how well Inductor's own benchmark agrees with
+    itself, config by config -- the ceiling of any kernel's Spearman against one capture."""
+    second = {tuple(ch["config"]): ch["ms"] for ch in again["choices"] if ch["kind"] == "triton"}
+    good = [r for r in row["configs"] if "v4_ms" in r and np.isfinite(second.get(tuple(r["config"]), np.nan))]
+    first = [r["inductor_ms"] for r in good]
+    repeat = [second[tuple(r["config"])] for r in good]
+    v4 = [r["v4_ms"] for r in good]
+    return {"n": len(good), "spearman_inductor_self": spearman(repeat, first),
+            "spearman_v4_vs_repeat": spearman(v4, repeat),
+            "spearman_v4_vs_mean": spearman(v4, [(x + y) / 2 for x, y in zip(first, repeat)]),
+            "median_repeat_over_first": statistics.median(y / x for x, y in zip(first, repeat)) if good else None}
+
+
 def markdown(res: dict[str, Any]) -> str:
     lines = [f"Dataset kernel v4 and v3 against Inductor's mm template ({res['device']}, torch {res['torch']}, "
              f"triton {res['triton']}); per config: kernel time / Inductor's benchmarked time", "",
@@ -242,6 +256,16 @@ def markdown(res: dict[str, Any]) -> str:
         lines.append(f"| {s['name']} | {s['M']}x{s['K']}x{s['N']} | {lay} | {s['n']} | "
                      f"{f(s['median_v4_over_inductor'])} | {f(s['spearman_v4'], 2)} | {f(s['median_v3_over_inductor'])} "
                      f"| {f(s['spearman_v3'], 2)} | {f(s['v4_pick_regret'])} | {s['tf32_used']} |")
+    rep = [s for s in res["shapes"] if s.get("inductor_repeat")]
+    if rep:
+        lines += ["", "Inductor captured twice (`--repeat-inductor`): its own benchmark against itself, config by config.", "",
+                  "| shape | configs | Spearman Inductor vs itself | Spearman v4 vs 1st | v4 vs 2nd | v4 vs mean of both "
+                  "| Inductor 2nd / 1st (median) |", "|---|---:|---:|---:|---:|---:|---:|"]
+        for s in rep:
+            r = s["inductor_repeat"]
+            lines.append(f"| {s['name']} | {r['n']} | {r['spearman_inductor_self']:.2f} | {s['spearman_v4']:.2f} | "
+                         f"{r['spearman_v4_vs_repeat']:.2f} | {r['spearman_v4_vs_mean']:.2f} | "
+                         f"{r['median_repeat_over_first']:.3f} |")
     ok = [s for s in res["shapes"] if s.get("n")]
     if ok:
         allr = [r["v4_ms"] / r["inductor_ms"] for s in ok for r in s["configs"] if "v4_ms" in r]
@@ -265,6 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1))
     ap.add_argument("--merge", type=Path, nargs="+", default=None,
                     help="only combine earlier --out JSON files into one table (a later file's shape wins)")
+    ap.add_argument("--repeat-inductor", action="store_true",
+                    help="capture each shape from Inductor a second time: its benchmark's agreement with itself")
     ap.add_argument("--capture-budget", type=float, default=None,
                     help="seconds: capture no further shapes from Inductor after this long")
     args = ap.parse_args(argv)
@@ -323,6 +349,10 @@ def main(argv: list[str] | None = None) -> int:
                 res["kernels"] += len(jobs)
                 row = time_ours(s, captured, bench)
                 row["compile_errors"] = errors[:5]
+                if args.repeat_inductor:
+                    t1 = time.perf_counter()
+                    row["inductor_repeat"] = inductor_repeat(row, capture_inductor(s))
+                    res["capture_s"] += time.perf_counter() - t1
                 res["shapes"].append(row)
                 print(f"{s[0]}: median v4/Inductor {row['median_v4_over_inductor']:.3f}, Spearman "
                       f"{row['spearman_v4']:.2f}", flush=True)
