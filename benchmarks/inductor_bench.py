@@ -5,7 +5,7 @@ after torch._dynamo.reset() inside a fresh Inductor cache (torch._inductor.utils
 
   stock             Inductor's default max-autotune choices
   perfmodel         perfmodel.serve.inductor installed: the model's top-k Triton mm configs (aten etc. kept)
-  perfmodel-cublas  as perfmodel, and no Triton at all where cuBLAS is predicted faster (--cublas-margin, default 0)
+  perfmodel-cublas  as perfmodel, and no Triton at all where cuBLAS is predicted faster (--cublas-margin: install()'s default)
   perfmodel-pad     as perfmodel-cublas, and Inductor's pad_mm pass decided by the model (pad=True)
 
 Reported per shape: compile time of the first call (lowering + compiling and benchmarking the
@@ -17,7 +17,7 @@ Triton template config, read from the generated code), and how many mm choices t
 process-wide warm-up compile runs first so that the first shape does not pay for starting Inductor's
 compile workers. Each shape runs in try/except and records its error.
 
-    python benchmarks/inductor_bench.py [--model PATH | --synthetic] [--top-k 5] [--cublas-margin 0]
+    python benchmarks/inductor_bench.py [--model PATH | --synthetic] [--top-k 5] [--cublas-margin M]
                                         [--out benchmarks/results/inductor_bench.json]
 """
 from __future__ import annotations
@@ -41,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/_runner.p
 from _runner import resolve_model, run_worker, save_results  # noqa: E402
 
 from perfmodel.locations import default_model_dir  # noqa: E402
+from perfmodel.serve.inductor import CUBLAS_MARGIN  # noqa: E402
 
 # (name, M, K, N, dtype): C[M, N] = A[M, K] @ B[K, N]
 SHAPES = [
@@ -287,8 +288,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", type=Path, default=default_model_dir())
     ap.add_argument("--synthetic", action="store_true", help="random-weight model (exercises the script only)")
     ap.add_argument("--top-k", type=int, default=5)
-    ap.add_argument("--cublas-margin", type=float, default=0.0,
-                    help="the hook's cublas_margin in the perfmodel-cublas and perfmodel-pad variants")
+    ap.add_argument("--cublas-margin", type=float, default=CUBLAS_MARGIN,
+                    help="the hook's cublas_margin in the perfmodel-cublas and perfmodel-pad variants "
+                         "(default: install()'s, %(default)s)")
     ap.add_argument("--backend", choices=("torch", "onnx"), default=None, help="the Predictor's (default: its own choice)")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of " + ",".join(VARIANTS))
     ap.add_argument("--only", action="append", help="run only this shape name (repeatable)")
