@@ -126,6 +126,29 @@ def capture_inductor(shape) -> dict[str, Any]:
     return {"name": name, "compile_s": time.perf_counter() - t0, "choices": got}
 
 
+def static_args(M: int, N: int, K: int, strides: tuple[int, ...], cfg: Any, dtype: Any, tf32: bool
+                ) -> tuple[list[int], dict[str, Any]]:
+    """The dataset kernel's arguments for a static-shape compile, as Inductor compiles its template: every
+    size and stride passed as 1 times a constexpr DIV_ equal to it (data_gen/kernel.py multiplies them
+    back), so the compiler sees them as constants (the "v4 static" probe: the v4 source, one compile per
+    shape)."""
+    from perfmodel.data_gen import kernel
+
+    ints, meta = kernel._args(M, N, K, strides, cfg, dtype, tf32)
+    meta.update(zip(kernel._DIV_NAMES, (M, N, K, *strides)))
+    return [1] * len(ints), meta
+
+
+def launch_static(a: Any, b: Any, c: Any, cfg: Any, tf32: bool) -> None:
+    from perfmodel.data_gen import kernel
+
+    M, K = a.shape
+    N = b.shape[1]
+    strides = (a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
+    ints, meta = static_args(M, N, K, strides, cfg, a.dtype, tf32)
+    kernel.matmul_kernel[(kernel.grid_size(M, N, cfg.block_m, cfg.block_n),)](a, b, c, *ints, **meta)
+
+
 def _compile(which: str, mode: str, M: int, N: int, K: int, strides: tuple[int, ...], cfg: list[int],
              tf32: bool) -> str:
     """Worker: compile one (kernel, config) for the shape's specialisation; "" or the error."""
@@ -138,6 +161,9 @@ def _compile(which: str, mode: str, M: int, N: int, K: int, strides: tuple[int, 
     try:
         if which == "v4":
             kernel.warmup(dt, M, N, K, strides, c, tf32)
+        elif which == "v4s":
+            ints, meta = static_args(M, N, K, strides, c, dt, tf32)
+            kernel.matmul_kernel.warmup(dt, dt, dt, *ints, **meta, grid=(1,))
         else:
             kernel.matmul_kernel_v3.warmup(
                 dt, dt, dt, M, N, K, *strides, BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
@@ -157,7 +183,7 @@ def spearman(x: list[float], y: list[float]) -> float:
     return float(np.corrcoef(rx, ry)[0, 1])
 
 
-def time_ours(shape, captured: dict[str, Any], bench) -> dict[str, Any]:
+def time_ours(shape, captured: dict[str, Any], bench, static: bool = False) -> dict[str, Any]:
     import torch
 
     from perfmodel.data_gen import kernel
@@ -180,7 +206,8 @@ def time_ours(shape, captured: dict[str, Any], bench) -> dict[str, Any]:
         tol = TOLERANCE[("float32" if mode in ("tf32", "float32") else mode, mode == "tf32")]
         row = {"config": ch["config"], "inductor_ms": ch["ms"], "tf32": tf32}
         ok = True
-        for which, launch in (("v4", kernel.launch), ("v3", kernel.launch_v3)):
+        variants = [("v4", kernel.launch), ("v3", kernel.launch_v3)] + ([("v4s", launch_static)] if static else [])
+        for which, launch in variants:
             c.fill_(float("nan"))
             try:
                 launch(a, b, c, cfg, tf32)
@@ -198,6 +225,8 @@ def time_ours(shape, captured: dict[str, Any], bench) -> dict[str, Any]:
             continue
         fns.append(lambda cfg=cfg, tf32=tf32: kernel.launch(a, b, c, cfg, tf32))
         fns.append(lambda cfg=cfg, tf32=tf32: kernel.launch_v3(a, b, c, cfg, tf32))
+        if static:
+            fns.append(lambda cfg=cfg, tf32=tf32: launch_static(a, b, c, cfg, tf32))
         rows.append(row)
     torch.backends.cuda.matmul.allow_tf32 = mode == "tf32"
     timed = bench.time_many(fns + [lambda: torch.mm(a, b)])
@@ -207,13 +236,22 @@ def time_ours(shape, captured: dict[str, Any], bench) -> dict[str, Any]:
             continue
         row["v4_ms"] = next(it)[0]
         row["v3_ms"] = next(it)[0]
+        if static:
+            row["v4s_ms"] = next(it)[0]
     good = [r for r in rows if "v4_ms" in r]
     ind = [r["inductor_ms"] for r in good]
     v4 = [r["v4_ms"] for r in good]
     v3 = [r["v3_ms"] for r in good]
     best_ind = min(range(len(good)), key=lambda i: ind[i]) if good else None
     best_v4 = min(range(len(good)), key=lambda i: v4[i]) if good else None
+    out_static = {}
+    if static and good:
+        v4s = [r["v4s_ms"] for r in good]
+        out_static = {"median_v4s_over_inductor": statistics.median(x / y for x, y in zip(v4s, ind)),
+                      "spearman_v4s": spearman(v4s, ind), "spearman_v4s_vs_v4": spearman(v4s, v4),
+                      "median_v4s_over_v4": statistics.median(x / y for x, y in zip(v4s, v4))}
     return {
+        **out_static,
         "name": name, "M": M, "K": K, "N": N, "mode": mode, "transpose_left": tl_, "transpose_right": tr,
         "flops": 2.0 * M * N * K, "inductor_compile_s": captured["compile_s"], "configs": rows,
         "n": len(good), "torch_mm_ms": timed[-1][0],
@@ -256,6 +294,15 @@ def markdown(res: dict[str, Any]) -> str:
         lines.append(f"| {s['name']} | {s['M']}x{s['K']}x{s['N']} | {lay} | {s['n']} | "
                      f"{f(s['median_v4_over_inductor'])} | {f(s['spearman_v4'], 2)} | {f(s['median_v3_over_inductor'])} "
                      f"| {f(s['spearman_v3'], 2)} | {f(s['v4_pick_regret'])} | {s['tf32_used']} |")
+    st = [s for s in res["shapes"] if "spearman_v4s" in s]
+    if st:
+        lines += ["", "The v4 source compiled with every size and stride a constant (`--static`, as Inductor's template is "
+                      "compiled), beside v4 as the dataset compiles it.", "",
+                  "| shape | configs | v4 static/Inductor (median) | Spearman v4 static | Spearman v4 | v4 static/v4 (median) "
+                  "| Spearman v4 static vs v4 |", "|---|---:|---:|---:|---:|---:|---:|"]
+        for s in st:
+            lines.append(f"| {s['name']} | {s['n']} | {s['median_v4s_over_inductor']:.3f} | {s['spearman_v4s']:.2f} | "
+                         f"{s['spearman_v4']:.2f} | {s['median_v4s_over_v4']:.3f} | {s['spearman_v4s_vs_v4']:.2f} |")
     rep = [s for s in res["shapes"] if s.get("inductor_repeat")]
     if rep:
         lines += ["", "Inductor captured twice (`--repeat-inductor`): its own benchmark against itself, config by config.", "",
@@ -289,6 +336,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1))
     ap.add_argument("--merge", type=Path, nargs="+", default=None,
                     help="only combine earlier --out JSON files into one table (a later file's shape wins)")
+    ap.add_argument("--static", action="store_true",
+                    help="also time the v4 source compiled with every size and stride a constant (as Inductor's "
+                         "static-shape template is), one compile per shape")
     ap.add_argument("--repeat-inductor", action="store_true",
                     help="capture each shape from Inductor a second time: its benchmark's agreement with itself")
     ap.add_argument("--capture-budget", type=float, default=None,
@@ -343,11 +393,11 @@ def main(argv: list[str] | None = None) -> int:
                 jobs = [pool.submit(_compile, which, mode, M, N, K, strides, ch["config"],
                                     ch["allow_tf32"] and mode == "tf32")
                         for ch in captured["choices"] if ch["kind"] == "triton" and ch["config"][5] in (1, 2, 4, 8)
-                        for which in ("v4", "v3")]
+                        for which in ("v4", "v3") + (("v4s",) if args.static else ())]
                 errors = sorted({e for e in (j.result() for j in jobs) if e})
                 res["compile_s"] += time.perf_counter() - t1
                 res["kernels"] += len(jobs)
-                row = time_ours(s, captured, bench)
+                row = time_ours(s, captured, bench, static=args.static)
                 row["compile_errors"] = errors[:5]
                 if args.repeat_inductor:
                     t1 = time.perf_counter()
