@@ -267,16 +267,20 @@ class _OnnxHeads(torch.nn.Module):
         out = out + (pred.reshape(n_prob, n_cfg),)
         if not self.rank:
             return out
-        screen = score_all(self.screen).reshape(n_prob, n_cfg)                          # (P, C)
-        cpart2, ppart2 = cpart.reshape(n_cfg, -1), ppart.reshape(n_prob, -1)
-        cross2 = cross.reshape(n_prob * n_cfg, -1)
+        # The ranking graph always has problems and more than 2 * keep configs (Predictor runs it only
+        # then): a -1 in its shapes is safe, and saves the Shape/Gather/Concat nodes of explicit sizes.
+        screen = score_all(self.screen).reshape(-1, n_cfg)                              # (P, C)
+        cpart2, width = cpart.reshape(n_cfg, -1), cmap.shape[1]
+        cross2 = cross.reshape(-1, cmap.shape[0])                                       # (P * C, 8)
 
         def gemm(rows: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
             if rows is None:
                 xr = x
-            else:  # only the kept rows' features
-                prob = torch.div(rows, n_cfg, rounding_mode="floor")
-                xr = cross2[rows] @ cmap + cpart2[rows - prob * n_cfg] + ppart2[prob]
+            else:  # only the kept rows' features: rows (P * keep,) problem-major, each >= 0
+                # the config of a row by its remainder, its problem part added by broadcasting over the
+                # problem's keep rows (the same sums as gathering the problem part per row)
+                xr = cross2[rows] @ cmap + cpart2[torch.remainder(rows, n_cfg)]
+                xr = (xr.reshape(-1, self.keep, width) + ppart).reshape(-1, width)
             score = self.gemm.score(xr)
             return score, self.gemm.floor(score, xr)
 

@@ -58,3 +58,19 @@ def test_torch_onnx_and_evaluation_rank_alike(shipped) -> None:
         idx, log_ms = rank_rows(z, g, s, bundle.screen_keep, 5)
         assert [configs[i] for i in idx] == want, prob
         np.testing.assert_allclose(np.exp(log_ms), [t for _, t in pt.rank(prob, top_k=5)], rtol=1e-4)
+
+
+def test_onnx_ranking_graph_problem_stage_is_lean(shipped) -> None:
+    """The per-call (problem) stage of the shipped ranking graph: onnxruntime spends ~1-2 us per node on
+    the small tensors of one problem, so the traced rule keeps its sizes constant where it can -- no
+    sign-corrected floor division (Where), no expanded overhead (Expand), TopKs of the constant keep,
+    -1 reshapes instead of Shape/Gather/Concat size arithmetic (229 nodes before, 184 now)."""
+    import collections
+
+    import onnx
+
+    _, po = shipped
+    graph = onnx.load_from_string(po._run.rank_session.problem_graph).graph
+    ops = collections.Counter(n.op_type for n in graph.node)
+    assert ops["Where"] == 0 and ops["Expand"] == 0 and ops["Shape"] <= 2, ops
+    assert len(graph.node) <= 190, len(graph.node)
