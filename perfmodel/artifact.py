@@ -241,15 +241,23 @@ class _OnnxHeads(torch.nn.Module):
         cmap = self.encoder.cross_map
         x = (cross @ cmap + cpart + ppart).reshape(n_prob * n_cfg, cmap.shape[1])    # (P * C, F)
 
-        def score_all(head: PerfMLP) -> torch.Tensor:
+        def score_all(head: PerfMLP, fused: bool = False) -> torch.Tensor:
             """head.score on every (problem, config) row, (P * C,). A plain Linear/ReLU head's first Linear
             is taken through the sum: the 8 cross columns by (cross_map W^T), the config part once per
             config, the problem part once per problem -- no (P * C, F) features or product (the same
-            result, to float rounding)."""
+            result, to float rounding). fused (the ranking graph's screen, which has problems and configs;
+            returned (P * C, 1), for the caller's one reshape):
+            the config and problem parts summed first, then one Gemm of the cross columns onto that sum,
+            which onnxruntime fuses with the ReLU after it (one node for the 3-D MatMul, two Adds, Reshape
+            and Relu; ~5 % of a one-problem rank)."""
             first = _first_linear(head)
             if first is None:
                 return head.score(x)
             w = first.weight.t()
+            if fused:
+                parts = (cpart @ w + (ppart @ w + first.bias)).reshape(-1, w.shape[1])        # (P * C, H)
+                h = torch.addmm(parts, cross.reshape(-1, cmap.shape[0]), cmap @ w)
+                return head.net[1:](h)                                                  # (P * C, 1)
             h = cross @ (cmap @ w) + cpart @ w + (ppart @ w + first.bias)
             return head.net[1:](h.reshape(n_prob * n_cfg, w.shape[1])).reshape(n_prob * n_cfg)
 
@@ -269,22 +277,23 @@ class _OnnxHeads(torch.nn.Module):
             return out
         # The ranking graph always has problems and more than 2 * keep configs (Predictor runs it only
         # then): a -1 in its shapes is safe, and saves the Shape/Gather/Concat nodes of explicit sizes.
-        screen = score_all(self.screen).reshape(-1, n_cfg)                              # (P, C)
+        screen = score_all(self.screen, fused=True).reshape(-1, n_cfg)                  # (P, C)
         cpart2, width = cpart.reshape(n_cfg, -1), cmap.shape[1]
-        cross2 = cross.reshape(-1, cmap.shape[0])                                       # (P * C, 8)
 
-        def gemm(rows: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-            if rows is None:
+        def gemm(cand: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+            if cand is None:
                 xr = x
-            else:  # only the kept rows' features: rows (P * keep,) problem-major, each >= 0
-                # the config of a row by its remainder, its problem part added by broadcasting over the
-                # problem's keep rows (the same sums as gathering the problem part per row)
-                xr = cross2[rows] @ cmap + cpart2[torch.remainder(rows, n_cfg)]
-                xr = (xr.reshape(-1, self.keep, width) + ppart).reshape(-1, width)
+            else:  # only the kept rows' features: cand (P, keep), each problem's kept configs
+                # each problem's cross rows gathered in place (GatherElements; the index broadcast to
+                # the 8 cross columns by adding zeros), the config parts by index, the problem part by
+                # broadcasting: the same sums as the (P * C, F) features' rows
+                idx = cand.unsqueeze(-1) + torch.zeros(1, 1, cmap.shape[0], dtype=cand.dtype)
+                xr = torch.gather(cross, 1, idx) @ cmap + cpart2[cand] + ppart         # (P, keep, F)
+                xr = xr.reshape(-1, width)
             score = self.gemm.score(xr)
             return score, self.gemm.floor(score, xr)
 
-        return out + screened_rank(gemm, n_prob, n_cfg, screen, self.keep, self.keep)
+        return out + screened_rank(gemm, n_prob, n_cfg, screen, self.keep, self.keep, by_config=True)
 
 
 def _first_linear(head: PerfMLP) -> torch.nn.Linear | None:

@@ -49,7 +49,7 @@ def _sorted_values(x: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def screened_rank(gemm: GemmFn, n_problems: int, n_configs: int, screen: torch.Tensor | None,
-                  keep: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+                  keep: int, k: int, by_config: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """The k configs predicted fastest per problem: (config indices, log ms), each (P, min(k, kept)),
     fastest first, ties in config order.
 
@@ -57,6 +57,8 @@ def screened_rank(gemm: GemmFn, n_problems: int, n_configs: int, screen: torch.T
         (score, log ms), each (rows,); score orders rows as log ms does (before the floors).
     screen: (P, C) screen scores (lower = faster) when screens(...) holds, else None: the gemm head
         scores every config.
+    by_config: gemm gets the kept configs' indices (P, keep) in place of flat rows (the ONNX graph, which
+        gathers each problem's rows itself: no flat row arithmetic in it).
     """
     if screen is None:
         score, log_ms = gemm(None)
@@ -65,8 +67,11 @@ def screened_rank(gemm: GemmFn, n_problems: int, n_configs: int, screen: torch.T
     else:
         # the screen's best `keep`, back in config order (so that ties below sort by it)
         cand = _sorted_values(_stable_smallest(screen, keep), keep)                      # (P, keep)
-        rows = cand + torch.arange(screen.shape[0]).unsqueeze(1) * n_configs
-        score, log_ms = gemm(rows.reshape(-1))
+        if by_config:
+            score, log_ms = gemm(cand)
+        else:
+            rows = cand + torch.arange(screen.shape[0]).unsqueeze(1) * n_configs
+            score, log_ms = gemm(rows.reshape(-1))
         score, log_ms = score.reshape(-1, keep), log_ms.reshape(-1, keep)
         # k <= keep columns: in the ONNX graph one TopK of the constant k (no Shape/Slice nodes)
         order = _stable_smallest(score, k)
