@@ -237,19 +237,27 @@ class _OnnxHeads(torch.nn.Module):
         n_prob, n_cfg = problems.shape[0], configs.shape[0]
         # The encoding's three parts: cross (P, C, 8), config part (1, C, F), problem part (P, 1, F); the
         # features of a row are cross @ cross_map + config part + problem part.
-        cross, cpart, ppart = self.encoder.cross_parts(problems, configs, (cfg_part, cfg_smem))
+        cross, cpart, ppart = _cross_parts_by_tile(self.encoder, problems, configs, cfg_part, cfg_smem)
         cmap = self.encoder.cross_map
         x = (cross @ cmap + cpart + ppart).reshape(n_prob * n_cfg, cmap.shape[1])    # (P * C, F)
 
-        def score_all(head: PerfMLP) -> torch.Tensor:
+        def score_all(head: PerfMLP, fused: bool = False) -> torch.Tensor:
             """head.score on every (problem, config) row, (P * C,). A plain Linear/ReLU head's first Linear
             is taken through the sum: the 8 cross columns by (cross_map W^T), the config part once per
             config, the problem part once per problem -- no (P * C, F) features or product (the same
-            result, to float rounding)."""
+            result, to float rounding). fused (the ranking graph's screen, which has problems and configs;
+            returned (P * C, 1), for the caller's one reshape):
+            the config and problem parts summed first, then one Gemm of the cross columns onto that sum,
+            which onnxruntime fuses with the ReLU after it (one node for the 3-D MatMul, two Adds, Reshape
+            and Relu; ~5 % of a one-problem rank)."""
             first = _first_linear(head)
             if first is None:
                 return head.score(x)
             w = first.weight.t()
+            if fused:
+                parts = (cpart @ w + (ppart @ w + first.bias)).reshape(-1, w.shape[1])        # (P * C, H)
+                h = torch.addmm(parts, cross.reshape(-1, cmap.shape[0]), cmap @ w)
+                return head.net[1:](h)                                                  # (P * C, 1)
             h = cross @ (cmap @ w) + cpart @ w + (ppart @ w + first.bias)
             return head.net[1:](h.reshape(n_prob * n_cfg, w.shape[1])).reshape(n_prob * n_cfg)
 
@@ -267,20 +275,65 @@ class _OnnxHeads(torch.nn.Module):
         out = out + (pred.reshape(n_prob, n_cfg),)
         if not self.rank:
             return out
-        screen = score_all(self.screen).reshape(n_prob, n_cfg)                          # (P, C)
-        cpart2, ppart2 = cpart.reshape(n_cfg, -1), ppart.reshape(n_prob, -1)
-        cross2 = cross.reshape(n_prob * n_cfg, -1)
+        # The ranking graph always has problems and more than 2 * keep configs (Predictor runs it only
+        # then): a -1 in its shapes is safe, and saves the Shape/Gather/Concat nodes of explicit sizes.
+        screen = score_all(self.screen, fused=True).reshape(-1, n_cfg)                  # (P, C)
+        cpart2, width = cpart.reshape(n_cfg, -1), cmap.shape[1]
 
-        def gemm(rows: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-            if rows is None:
+        def gemm(cand: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+            if cand is None:
                 xr = x
-            else:  # only the kept rows' features
-                prob = torch.div(rows, n_cfg, rounding_mode="floor")
-                xr = cross2[rows] @ cmap + cpart2[rows - prob * n_cfg] + ppart2[prob]
+            else:  # only the kept rows' features: cand (P, keep), each problem's kept configs
+                # each problem's cross rows gathered in place (GatherElements; the index broadcast to
+                # the 8 cross columns by adding zeros), the config parts by index, the problem part by
+                # broadcasting: the same sums as the (P * C, F) features' rows
+                idx = cand.unsqueeze(-1) + torch.zeros(1, 1, cmap.shape[0], dtype=cand.dtype)
+                xr = torch.gather(cross, 1, idx) @ cmap + cpart2[cand] + ppart         # (P, keep, F)
+                xr = xr.reshape(-1, width)
             score = self.gemm.score(xr)
             return score, self.gemm.floor(score, xr)
 
-        return out + screened_rank(gemm, n_prob, n_cfg, screen, self.keep, self.keep)
+        return out + screened_rank(gemm, n_prob, n_cfg, screen, self.keep, self.keep, by_config=True)
+
+
+# Tile sizes and group_m below this make an exact float64 key of the four (BLOCK_M/N/K, GROUP_M): 9000**4 < 2**53.
+_TILE_KEY_BASE = 9000.0
+
+
+def _distinct_tiles(configs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(first, inverse) of a config set (C, 6) over its distinct (block_m, block_n, block_k, group_m): the
+    index of one config of each distinct four (U,), and each config's position among them (C,), so that
+    configs[first][inverse] has the configs' four columns. Every config its own group when the four are
+    not small non-negative integers (no exact key). Reads only the configs: the graph's config stage."""
+    four = configs[:, 0:4]
+    base = four.max() + 1
+    key = ((four[:, 0] * base + four[:, 1]) * base + four[:, 2]) * base + four[:, 3]
+    n = configs.shape[0]
+    exact = (base < _TILE_KEY_BASE) & (four >= 0).all() & (four == four.floor()).all()
+    key = torch.where(exact, key, torch.arange(n, dtype=key.dtype))
+    if torch.onnx.is_in_onnx_export():  # equal keys end up adjacent in any sort
+        order = torch.topk(key, n, largest=False, sorted=True)[1]
+    else:
+        order = torch.sort(key, stable=True)[1]
+    skey = key[order]
+    new = torch.cat([torch.ones(1, dtype=torch.bool), skey[1:] != skey[:-1]])
+    group = torch.cumsum(new.to(torch.int64), 0) - 1                                   # per sorted config
+    inverse = torch.zeros_like(order).scatter(0, order, group)
+    return order[new.nonzero().squeeze(1)], inverse
+
+
+def _cross_parts_by_tile(encoder: FeatureEncoder, problems: torch.Tensor, configs: torch.Tensor,
+                         cfg_part: torch.Tensor, cfg_smem: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """encoder.cross_parts(problems, configs, (cfg_part, cfg_smem)), bit for bit, for the ONNX graph: the
+    cross columns that depend on a config only through its (block_m, block_n, block_k, group_m) -- tile
+    counts, loads, waves, their logs -- computed once per distinct four (120 of 368 in serve_latency's
+    sample) and gathered to the configs; the last, shared memory x dtype bytes, per config. The same
+    elementwise float64 operations on the same values, then the same float32 cast."""
+    first, inverse = _distinct_tiles(configs)
+    cross, _, ppart = encoder.cross_parts(problems, configs[first], (cfg_part[first], cfg_smem[first]))
+    db = problems[:, None, 3:4].to(torch.float64)                                       # (P, 1, 1)
+    smem = (cfg_smem.unsqueeze(0) * db).to(torch.float32)                               # (P, C, 1)
+    return torch.cat([cross[..., :-1].index_select(1, inverse), smem], -1), cfg_part.unsqueeze(0), ppart
 
 
 def _first_linear(head: PerfMLP) -> torch.nn.Linear | None:

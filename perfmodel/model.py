@@ -129,10 +129,12 @@ class PerfMLP(nn.Module):
     def overhead_floor(self, z: torch.Tensor) -> torch.Tensor:
         """The output layer: (N, n_raw_outputs) network outputs -> logsumexp(z, log overhead) (then the
         members' mean, for an after-floor ensemble), squeezed to (N,) when n_outputs is 1."""
-        oh = self.log_overhead.expand_as(z)
+        oh = self.log_overhead  # (n_raw_outputs,), broadcast over the rows (no expanded copy in the ONNX graph)
         # logaddexp(z, oh), written out so that the ONNX exporter takes it (aten::logaddexp has no symbolic)
         out = torch.maximum(z, oh) + torch.log1p(torch.exp(-torch.abs(z - oh)))
         if out.shape[-1] != self.cfg.n_outputs:  # after_floor: (N, members * n_outputs), member-major
+            if self.cfg.n_outputs == 1:  # the members' mean: one ReduceMean in the ONNX graph
+                return out.mean(-1)
             out = out.reshape(out.shape[0], self.cfg.members, self.cfg.n_outputs).mean(1)  # sizes explicit: 0 rows
         return out.squeeze(-1) if self.cfg.n_outputs == 1 else out
 

@@ -41,8 +41,15 @@ def _stable_smallest(x: torch.Tensor, n: int) -> torch.Tensor:
     return torch.sort(x, dim=1, stable=True)[1][:, :n]
 
 
+def _sorted_values(x: torch.Tensor, n: int) -> torch.Tensor:
+    """torch.sort(x, dim=1)[0] of x with n columns: in the ONNX graph one TopK of the constant n."""
+    if torch.onnx.is_in_onnx_export():
+        return torch.topk(x, n, dim=1, largest=False, sorted=True)[0]
+    return torch.sort(x, dim=1)[0]
+
+
 def screened_rank(gemm: GemmFn, n_problems: int, n_configs: int, screen: torch.Tensor | None,
-                  keep: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+                  keep: int, k: int, by_config: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """The k configs predicted fastest per problem: (config indices, log ms), each (P, min(k, kept)),
     fastest first, ties in config order.
 
@@ -50,6 +57,8 @@ def screened_rank(gemm: GemmFn, n_problems: int, n_configs: int, screen: torch.T
         (score, log ms), each (rows,); score orders rows as log ms does (before the floors).
     screen: (P, C) screen scores (lower = faster) when screens(...) holds, else None: the gemm head
         scores every config.
+    by_config: gemm gets the kept configs' indices (P, keep) in place of flat rows (the ONNX graph, which
+        gathers each problem's rows itself: no flat row arithmetic in it).
     """
     if screen is None:
         score, log_ms = gemm(None)
@@ -57,10 +66,16 @@ def screened_rank(gemm: GemmFn, n_problems: int, n_configs: int, screen: torch.T
         cand = None
     else:
         # the screen's best `keep`, back in config order (so that ties below sort by it)
-        cand = torch.sort(_stable_smallest(screen, keep), dim=1)[0]                     # (P, keep)
-        rows = cand + torch.arange(screen.shape[0]).unsqueeze(1) * n_configs
-        score, log_ms = gemm(rows.reshape(-1))
+        cand = _sorted_values(_stable_smallest(screen, keep), keep)                      # (P, keep)
+        if by_config:
+            score, log_ms = gemm(cand)
+        else:
+            rows = cand + torch.arange(screen.shape[0]).unsqueeze(1) * n_configs
+            score, log_ms = gemm(rows.reshape(-1))
         score, log_ms = score.reshape(-1, keep), log_ms.reshape(-1, keep)
-    order = _stable_argsort(score)[:, :k]
+        # k <= keep columns: in the ONNX graph one TopK of the constant k (no Shape/Slice nodes)
+        order = _stable_smallest(score, k)
+    if cand is None:
+        order = _stable_argsort(score)[:, :k]
     idx = order if cand is None else cand.gather(1, order)
     return idx, log_ms.gather(1, order)

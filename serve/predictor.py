@@ -271,7 +271,7 @@ class Predictor:
         """The k configs predicted fastest for each problem: (indices, ms), each (P, k), fastest first,
         ties in the given order, by perfmodel.ranking.screened_rank (the screen on every config and the
         gemm head on its best max(screen_keep, k), when there are more than twice as many configs)."""
-        n_cfg, n_prob = ct.shape[0], len(problems)  # (a tensor's len() costs a few us)
+        n_cfg, n_prob = part.n_configs, len(problems)  # (a tensor's shape or len() costs a few us)
         k = min(k, n_cfg)
         keep = max(self.screen_keep, k)
         screened = screens(self.has_screen, n_cfg, keep)

@@ -28,6 +28,10 @@ def test_screened_rank_rule() -> None:
     idx, lm = screened_rank(gemm, 1, 6, screen, 3, 3)
     assert calls[0].tolist() == [1, 2, 3]          # the screen's best 3, in config order
     assert idx.tolist() == [[2, 1, 3]] and lm.tolist() == [[10.5, 12.0, 13.0]]
+    # by_config (the ONNX graph): gemm gets the kept configs per problem, (P, keep); the same result
+    calls.clear()
+    assert screened_rank(gemm, 1, 6, screen, 3, 3, by_config=True)[0].tolist() == idx.tolist()
+    assert [c.tolist() for c in calls] == [[[1, 2, 3]]]
     idx, _ = screened_rank(gemm, 1, 6, None, 3, 4)
     assert idx.tolist() == [[4, 5, 0, 2]]          # every config; 0 before 2 (a tie)
     assert screens(True, 7, 3) and not screens(True, 6, 3) and not screens(False, 100, 3)
@@ -58,3 +62,53 @@ def test_torch_onnx_and_evaluation_rank_alike(shipped) -> None:
         idx, log_ms = rank_rows(z, g, s, bundle.screen_keep, 5)
         assert [configs[i] for i in idx] == want, prob
         np.testing.assert_allclose(np.exp(log_ms), [t for _, t in pt.rank(prob, top_k=5)], rtol=1e-4)
+
+
+def test_onnx_ranking_graph_problem_stage_is_lean(shipped) -> None:
+    """The per-call (problem) stage of the shipped ranking graph: onnxruntime spends ~1-2 us per node on
+    the small tensors of one problem, so the traced rule keeps its sizes constant where it can -- no
+    sign-corrected floor division (Where), no expanded overhead (Expand), TopKs of the constant keep,
+    -1 reshapes instead of Shape/Gather/Concat size arithmetic, each problem's kept rows gathered in
+    place (no flat row indices), the screen's first layer one Gemm (229 nodes before, 175 now, of which
+    ~20 gather the cross columns computed per distinct tile four: test_cross_parts_by_tile)."""
+    import collections
+
+    import onnx
+
+    _, po = shipped
+    graph = onnx.load_from_string(po._run.rank_session.problem_graph).graph
+    ops = collections.Counter(n.op_type for n in graph.node)
+    assert ops["Where"] == 0 and ops["Expand"] == 0 and ops["Shape"] == 0 and ops["Range"] == 0, ops
+    assert len(graph.node) <= 180, len(graph.node)
+
+
+def test_cross_parts_by_tile() -> None:
+    """The ONNX graph's cross columns, computed once per distinct (block_m, block_n, block_k, group_m) and
+    gathered to the configs, are the encoder's bit for bit; every config its own group when the four are
+    no small non-negative integers (no exact key)."""
+    from perfmodel import artifact
+    from perfmodel.configs import pruned_space, stratified_sample
+    from perfmodel.devices import get_spec
+
+    spec = get_spec("h100-sxm")
+    enc = artifact.FeatureEncoder(spec, "gemm")
+    rng = np.random.default_rng(0)
+    dims = np.exp(rng.uniform(0, np.log(20000), size=(20, 3))).astype(int) + 1
+    for dtype in ("float16", "float32"):
+        probs = problems_tensor([GemmProblem(m=int(a), n=int(b), k=int(c), dtype=dtype) for a, b, c in dims])
+        space = pruned_space(dtype, spec)
+        odd = configs_tensor(space[:40]).clone()
+        odd[::3, 0] += 0.5                                  # not integers: no dedup
+        big = configs_tensor(space[:40]).clone()
+        big[::5, 1] = 16384.0                               # past the exact key: no dedup
+        for ct in (configs_tensor(space), configs_tensor(stratified_sample(space, 368, 0)), odd, big):
+            part = enc.config_part(ct)
+            want = enc.cross_parts(probs, ct, part)
+            got = artifact._cross_parts_by_tile(enc, probs, ct, *part)
+            assert all(torch.equal(w, g) for w, g in zip(want, got))
+            first, inverse = artifact._distinct_tiles(ct)
+            assert torch.equal(ct[first][inverse][:, :4], ct[:, :4])
+            if ct is odd or ct is big:
+                assert len(first) == len(ct)
+            else:
+                assert len(first) < len(ct) / 2
