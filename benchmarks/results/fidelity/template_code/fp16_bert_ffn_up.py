@@ -36,7 +36,7 @@ async_compile = AsyncCompile()
 empty_strided_p2p = torch._C._distributed_c10d._SymmetricMemory.empty_strided_p2p
 
 
-# kernel path: /tmp/tmpi9mssz37/cj/ccjcduqvaea4mwdgsfqwgq7gytrbge5cefnupol7klimndfbgppi.py
+# kernel path: <inductor cache>/ccjcduqvaea4mwdgsfqwgq7gytrbge5cefnupol7klimndfbgppi.py
 # Topologically Sorted Source Nodes: [mm], Original ATen: [aten.mm]
 # Source node to ATen node mapping:
 #   mm => mm

@@ -36,7 +36,7 @@ async_compile = AsyncCompile()
 empty_strided_p2p = torch._C._distributed_c10d._SymmetricMemory.empty_strided_p2p
 
 
-# kernel path: /tmp/tmpkhmes6m0/h2/ch2o4aultxqfeffir4itw5dkt6lmeogfl4y7i5pwxqwl7t2m7idq.py
+# kernel path: <inductor cache>/ch2o4aultxqfeffir4itw5dkt6lmeogfl4y7i5pwxqwl7t2m7idq.py
 # Topologically Sorted Source Nodes: [mm], Original ATen: [aten.mm]
 # Source node to ATen node mapping:
 #   mm => mm

@@ -36,7 +36,7 @@ async_compile = AsyncCompile()
 empty_strided_p2p = torch._C._distributed_c10d._SymmetricMemory.empty_strided_p2p
 
 
-# kernel path: /tmp/tmpu2r5pn67/wc/cwc6dtf6ojcilv5oru46hle6h2n5rxkxfxy7cerswexakxniw3ys.py
+# kernel path: <inductor cache>/cwc6dtf6ojcilv5oru46hle6h2n5rxkxfxy7cerswexakxniw3ys.py
 # Topologically Sorted Source Nodes: [mm], Original ATen: [aten.mm]
 # Source node to ATen node mapping:
 #   mm => mm

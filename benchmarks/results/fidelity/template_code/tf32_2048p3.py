@@ -36,7 +36,7 @@ async_compile = AsyncCompile()
 empty_strided_p2p = torch._C._distributed_c10d._SymmetricMemory.empty_strided_p2p
 
 
-# kernel path: /tmp/tmpilfy2oxh/xz/cxzfek5uucbdymntxtgwzoteogu7fo6ldayewhvlmu6ysccyfx4b.py
+# kernel path: <inductor cache>/cxzfek5uucbdymntxtgwzoteogu7fo6ldayewhvlmu6ysccyfx4b.py
 # Topologically Sorted Source Nodes: [mm], Original ATen: [aten.mm]
 # Source node to ATen node mapping:
 #   mm => mm
