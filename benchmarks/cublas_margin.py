@@ -28,6 +28,7 @@ MARGINS = (-0.1, -0.05, 0.0, 0.05, 0.1, 0.2, 0.5, None)  # None: never drop Trit
 def main(argv: list[str] | None = None) -> int:
     from perfmodel import artifact
     from perfmodel.locations import default_data_dir, default_model_dir
+    from perfmodel.serve.inductor import triton_dropped
     from perfmodel.train.data import load_device_dataset, split_problems
     from perfmodel.train.evaluate import head_outputs
 
@@ -55,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
             r = rows[i]
             order = r[np.argsort(pred[r], kind="stable")]
             oracle = min(test.cublas_ms[i], test.ms[r].min())
-            drop = m is not None and np.exp(cub[i]) * (1 + m) < np.exp(pred[order[0]])
+            drop = triton_dropped(np.exp(cub[i]), np.exp(pred[order[0]]), m)
             chosen = test.cublas_ms[i] if drop else min(test.cublas_ms[i], test.ms[order[:args.top_k]].min())
             kept += not drop
             ratio.append(chosen / oracle)
