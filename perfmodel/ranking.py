@@ -63,7 +63,8 @@ def screened_rank(gemm: GemmFn, n_problems: int, n_configs: int, screen: torch.T
     if screen is None:
         score, log_ms = gemm(None)
         score, log_ms = score.reshape(n_problems, n_configs), log_ms.reshape(n_problems, n_configs)
-        cand = None
+        order = _stable_argsort(score)[:, :k]
+        return order, log_ms.gather(1, order)
     else:
         # the screen's best `keep`, back in config order (so that ties below sort by it)
         cand = _sorted_values(_stable_smallest(screen, keep), keep)                      # (P, keep)
@@ -75,7 +76,4 @@ def screened_rank(gemm: GemmFn, n_problems: int, n_configs: int, screen: torch.T
         score, log_ms = score.reshape(-1, keep), log_ms.reshape(-1, keep)
         # k <= keep columns: in the ONNX graph one TopK of the constant k (no Shape/Slice nodes)
         order = _stable_smallest(score, k)
-    if cand is None:
-        order = _stable_argsort(score)[:, :k]
-    idx = order if cand is None else cand.gather(1, order)
-    return idx, log_ms.gather(1, order)
+        return cand.gather(1, order), log_ms.gather(1, order)
