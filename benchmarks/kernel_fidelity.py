@@ -195,7 +195,8 @@ def time_ours(shape, captured: dict[str, Any], bench, static: bool = False) -> d
     ref = (a.double() @ b.double()).float()
     ref_norm = ref.norm()
     c = torch.empty(M, N, device="cuda", dtype=a.dtype)
-    rows, fns = [], []
+    rows, timed_rows, fns = [], [], []
+    variants = [("v4", kernel.launch), ("v3", kernel.launch_v3)] + ([("v4s", launch_static)] if static else [])
     for ch in captured["choices"]:
         if ch["kind"] != "triton" or not np.isfinite(ch["ms"]):
             continue
@@ -206,7 +207,6 @@ def time_ours(shape, captured: dict[str, Any], bench, static: bool = False) -> d
         tol = TOLERANCE[("float32" if mode in ("tf32", "float32") else mode, mode == "tf32")]
         row = {"config": ch["config"], "inductor_ms": ch["ms"], "tf32": tf32}
         ok = True
-        variants = [("v4", kernel.launch), ("v3", kernel.launch_v3)] + ([("v4s", launch_static)] if static else [])
         for which, launch in variants:
             c.fill_(float("nan"))
             try:
@@ -223,21 +223,15 @@ def time_ours(shape, captured: dict[str, Any], bench, static: bool = False) -> d
         if not ok:
             rows.append(row)
             continue
-        fns.append(lambda cfg=cfg, tf32=tf32: kernel.launch(a, b, c, cfg, tf32))
-        fns.append(lambda cfg=cfg, tf32=tf32: kernel.launch_v3(a, b, c, cfg, tf32))
-        if static:
-            fns.append(lambda cfg=cfg, tf32=tf32: launch_static(a, b, c, cfg, tf32))
+        fns += [lambda cfg=cfg, tf32=tf32, launch=launch: launch(a, b, c, cfg, tf32) for _, launch in variants]
         rows.append(row)
+        timed_rows.append(row)
     torch.backends.cuda.matmul.allow_tf32 = mode == "tf32"
     timed = bench.time_many(fns + [lambda: torch.mm(a, b)])
     it = iter(timed[:-1])
-    for row in rows:
-        if "v4_error" in row or "v3_error" in row:
-            continue
-        row["v4_ms"] = next(it)[0]
-        row["v3_ms"] = next(it)[0]
-        if static:
-            row["v4s_ms"] = next(it)[0]
+    for row in timed_rows:  # every variant of a row ran right, else none of them was timed
+        for which, _ in variants:
+            row[f"{which}_ms"] = next(it)[0]
     good = [r for r in rows if "v4_ms" in r]
     ind = [r["inductor_ms"] for r in good]
     v4 = [r["v4_ms"] for r in good]
