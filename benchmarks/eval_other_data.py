@@ -41,13 +41,15 @@ def main(argv: list[str] | None = None) -> int:
         cublas = b.heads["cublas"](b.encoders["cublas"].encode(torch.from_numpy(g.problems))).double().numpy()
     score, pred = ev.head_outputs(b.heads["gemm"], x)  # one pass: the score and the floored log ms
     screen, _ = ev.head_outputs(b.heads["screen"], x)
+    lead = ev.lead_outputs(b.heads["gemm"], x) if b.lead_keep else None
     big = np.array([2.0 * p[0] * p[1] * p[2] > 1e12 for p in g.problems])
     res: dict = {"model": str(args.model or "shipped default"), "data": args.data.name}
     for name, sel in (("all problems", np.ones(len(g.problems), bool)), ("above 1e12 FLOP", big)):
         if sel.any():
             rows = sel[g.problem_idx]
             res[name] = {"problems": int(sel.sum()), **ev.rank_path(g.subset(sel), pred[rows], screen[rows], b.screen_keep,
-                                                                   score[rows])}
+                                                                   score[rows], None if lead is None else lead[rows],
+                                                                   b.lead_keep)}
     best_pred = np.full(len(g.problems), np.inf)
     np.minimum.at(best_pred, g.problem_idx, pred)
     res["cublas"] = ev.cublas_metrics(g, cublas, best_pred)

@@ -18,7 +18,7 @@ from ._version import __version__
 from .devices import DeviceSpec
 from .features import ENCODER_VERSION, SUPPORTED_ENCODER_VERSIONS, FeatureEncoder
 from .model import MLPConfig, PerfMLP, floor_features
-from .ranking import screened_rank
+from .ranking import refines, screened_rank
 from .schema import SCHEMA_VERSION
 
 FORMAT = "perfmodel-artifact"
@@ -52,6 +52,13 @@ class ModelBundle:
     def screen_keep(self) -> int:
         """How many configs per problem the gemm head scores after the screen head."""
         return int(self.metadata.get("screen_keep", DEFAULT_SCREEN_KEEP))
+
+    @property
+    def lead_keep(self) -> int:
+        """How many of the screen's screen_keep configs the gemm ensemble's lead member passes on to the
+        whole ensemble (metadata "lead_keep"; 0, or a folder written before the field: none, the
+        ensemble scores all screen_keep). perfmodel.ranking.screened_rank."""
+        return int(self.metadata.get("lead_keep", 0))
 
     @property
     def devices(self) -> tuple[str, ...]:
@@ -182,7 +189,27 @@ def load(folder: Path) -> ModelBundle:
         heads[name], encoders[name] = head.eval(), enc
     if "gemm" not in heads:
         raise ArtifactError(f"{folder}: no gemm head")
-    return ModelBundle(spec, heads, encoders, meta)
+    bundle = ModelBundle(spec, heads, encoders, meta)
+    try:
+        check_lead_keep(bundle, meta.get("lead_keep", 0), meta.get("screen_keep", DEFAULT_SCREEN_KEEP))
+    except (TypeError, ValueError) as exc:
+        raise ArtifactError(f"{meta_path}: {exc}") from None
+    return bundle
+
+
+def check_lead_keep(bundle: ModelBundle, lead_keep: Any, screen_keep: Any) -> None:
+    """ValueError/TypeError naming lead_keep unless it is 0, or 1 <= lead_keep < screen_keep on a model whose
+    gemm head has a lead (PerfMLP.has_lead) and that has a screen head."""
+    for name, v in (("lead_keep", lead_keep), ("screen_keep", screen_keep)):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"{name}: expected an int, got {type(v).__name__} ({v!r})")
+    if lead_keep == 0:
+        return
+    if not 1 <= lead_keep < screen_keep:
+        raise ValueError(f"lead_keep: must be 0 (none) or from 1 to screen_keep - 1 ({screen_keep - 1}), got {lead_keep}")
+    if "screen" not in bundle.heads or not bundle.heads["gemm"].has_lead:
+        raise ValueError("lead_keep: needs a screen head and a gemm ensemble averaged after the floor "
+                         f"(this model's gemm head has {bundle.heads['gemm'].cfg.members} member(s)); use 0")
 
 
 def _check_version(folder: Path, meta: dict[str, Any], key: str, supported: tuple[int, ...]) -> None:
@@ -218,11 +245,11 @@ class _OnnxHeads(torch.nn.Module):
     (PREDICT_OUTPUTS): the log ms of every config by the student head (else the gemm head). One
     onnxruntime call each, where the torch backend dispatches ~100 small ops."""
 
-    def __init__(self, heads: dict[str, PerfMLP], encoder: FeatureEncoder, keep: int = 0) -> None:
+    def __init__(self, heads: dict[str, PerfMLP], encoder: FeatureEncoder, keep: int = 0, lead_keep: int = 0) -> None:
         super().__init__()
         self.names = list(heads)
         self.heads = torch.nn.ModuleList(heads[n].for_onnx() for n in self.names)
-        self.encoder, self.keep = encoder, keep
+        self.encoder, self.keep, self.lead_keep = encoder, keep, lead_keep
         self.gemm = self.heads[self.names.index("gemm")]
         self.rank = "screen" in self.names
         if self.rank:
@@ -280,20 +307,38 @@ class _OnnxHeads(torch.nn.Module):
         screen = score_all(self.screen, fused=True).reshape(-1, n_cfg)                  # (P, C)
         cpart2, width = cpart.reshape(n_cfg, -1), cmap.shape[1]
 
-        def gemm(cand: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        def rows(cand: torch.Tensor | None) -> torch.Tensor:
             if cand is None:
-                xr = x
-            else:  # only the kept rows' features: cand (P, keep), each problem's kept configs
-                # each problem's cross rows gathered in place (GatherElements; the index broadcast to
-                # the 8 cross columns by adding zeros), the config parts by index, the problem part by
-                # broadcasting: the same sums as the (P * C, F) features' rows
-                idx = cand.unsqueeze(-1) + torch.zeros(1, 1, cmap.shape[0], dtype=cand.dtype)
-                xr = torch.gather(cross, 1, idx) @ cmap + cpart2[cand] + ppart         # (P, keep, F)
-                xr = xr.reshape(-1, width)
-            score = self.gemm.score(xr)
+                return x
+            # only the kept rows' features: cand (P, n), each problem's kept configs. Each problem's cross
+            # rows gathered in place (GatherElements; the index broadcast to the 8 cross columns by adding
+            # zeros), the config parts by index, the problem part by broadcasting: the same sums as the
+            # (P * C, F) features' rows
+            idx = cand.unsqueeze(-1) + torch.zeros(1, 1, cmap.shape[0], dtype=cand.dtype)
+            return torch.gather(cross, 1, idx) @ cmap + cpart2[cand] + ppart                # (P, n, F)
+
+        scored: list[torch.Tensor] = []  # the features the lead scored, (P, keep, F)
+
+        def lead(cand: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            scored.append(rows(cand))
+            return self.gemm.lead_score(scored[-1].reshape(-1, width))
+
+        def gemm(cand: torch.Tensor | None, lead: tuple[torch.Tensor, torch.Tensor] | None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+            if lead is None:
+                xr = rows(cand).reshape(-1, width) if cand is not None else x
+                score = self.gemm.score(xr)
+            else:  # the picked rows' features gathered from those the lead scored, not computed again
+                out, pick = lead
+                idx = pick.unsqueeze(-1) + torch.zeros(1, 1, width, dtype=pick.dtype)
+                xr = torch.gather(scored[-1], 1, idx).reshape(-1, width)
+                score = self.gemm.score_with_lead(xr, out.reshape(-1))
             return score, self.gemm.floor(score, xr)
 
-        return out + screened_rank(gemm, n_prob, n_cfg, screen, self.keep, self.keep, by_config=True)
+        # traced with k = the longest ranking the rule gives in one pass: lead_keep when the lead refines
+        k = self.lead_keep if refines(self.lead_keep, self.keep, self.lead_keep) else self.keep
+        return out + screened_rank(gemm, n_prob, n_cfg, screen, self.keep, k, by_config=True,
+                                   lead=lead, lead_keep=self.lead_keep)
 
 
 # Tile sizes and group_m below this make an exact float64 key of the four (BLOCK_M/N/K, GROUP_M): 9000**4 < 2**53.
@@ -353,7 +398,8 @@ def predict_head(names) -> str:
 
 RANK_INPUTS = ("rank_problems", "rank_configs", "rank_config_part", "rank_config_smem")
 # Per problem, the screen's best `keep` configs (indices) and their log ms by the gemm head, fastest
-# first, ties in config order (perfmodel.ranking.screened_rank).
+# first, ties in config order (perfmodel.ranking.screened_rank); with a lead (lead_keep), the lead's
+# best lead_keep of them.
 RANK_OUTPUTS = ("rank_kept", "rank_log_ms")
 # (P, C) log ms of every problem with every config by predict_head(); from RANK_INPUTS. A model.onnx
 # written before it has none (the predictor then encodes in torch and runs the head's own graph).
@@ -372,7 +418,7 @@ def export_onnx(bundle: ModelBundle, path: Path) -> Path:
     into the graph's encoder: export_onnx_all writes one file per device)."""
     keep = bundle.screen_keep
     enc = bundle.encoders["gemm"]
-    mod = _OnnxHeads(bundle.heads, enc, keep).eval()
+    mod = _OnnxHeads(bundle.heads, enc, keep, bundle.lead_keep).eval()
     xs = tuple(torch.randn(4, len(bundle.encoders[n])) for n in mod.names)
     names_in = [f"{n}_x" for n in mod.names]
     names_out = [f"{n}_log_ms" for n in mod.names] + [f"{n}_score" for n in mod.names]

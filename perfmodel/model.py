@@ -97,11 +97,40 @@ class PerfMLP(nn.Module):
         """(N, n_inputs) raw features -> the output before the floors, (N,) or (N, n_outputs): it orders
         a problem's rows as their log ms do (perfmodel/ranking.py). An after-floor ensemble has no output
         before its overhead floor that does: its score is the members' floored mean."""
-        # a folded copy carries its standardisation in its first Linear: no (x - 0) / 1 on every row
-        z = self.net(x if getattr(self, "_norm_folded", False) else (x - self.x_mean) / self.x_std)
+        z = self.net(self._standardised(x))
         if self.floors_each_member:
             return self.overhead_floor(z)
         return z.squeeze(-1) if self.cfg.n_outputs == 1 else z
+
+    def _standardised(self, x: torch.Tensor) -> torch.Tensor:
+        # a folded copy carries its standardisation in its first Linear: no (x - 0) / 1 on every row
+        return x if getattr(self, "_norm_folded", False) else (x - self.x_mean) / self.x_std
+
+    @property
+    def has_lead(self) -> bool:
+        """An ensemble of one output whose members are floored before their mean: its first member
+        orders rows on its own (the lead of perfmodel.ranking.screened_rank), and score_with_lead
+        completes the ensemble's score from that member's outputs."""
+        return self.floors_each_member and self.cfg.n_outputs == 1
+
+    def _members_floored(self, x: torch.Tensor, members: slice) -> torch.Tensor:
+        """(N, n) the overhead-floored outputs of members[members] (has_lead heads)."""
+        if not self.has_lead:
+            raise ValueError("lead: needs an ensemble head averaged after the floor, of one output")
+        x = self._standardised(x)
+        net = self.net
+        z = net.member_outputs(x, members) if hasattr(net, "member_outputs") else net(x)[:, members]
+        return _logaddexp(z, self.log_overhead[members])
+
+    def lead_score(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(score, outputs) of the lead member on x, each (N,): its floored log ms (before the physical
+        floor) orders the rows, and is what score_with_lead takes."""
+        out = self._members_floored(x, slice(0, 1)).reshape(-1)
+        return out, out
+
+    def score_with_lead(self, x: torch.Tensor, lead: torch.Tensor) -> torch.Tensor:
+        """score(x), with the lead member's outputs on x given (lead_score's): the other members run."""
+        return (lead + self._members_floored(x, slice(1, None)).sum(-1)) / self.cfg.members
 
     def floor(self, score: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """score(x) -> log ms: the floors of the output layer (the overhead, then the physical floor)."""
@@ -129,9 +158,7 @@ class PerfMLP(nn.Module):
     def overhead_floor(self, z: torch.Tensor) -> torch.Tensor:
         """The output layer: (N, n_raw_outputs) network outputs -> logsumexp(z, log overhead) (then the
         members' mean, for an after-floor ensemble), squeezed to (N,) when n_outputs is 1."""
-        oh = self.log_overhead  # (n_raw_outputs,), broadcast over the rows (no expanded copy in the ONNX graph)
-        # logaddexp(z, oh), written out so that the ONNX exporter takes it (aten::logaddexp has no symbolic)
-        out = torch.maximum(z, oh) + torch.log1p(torch.exp(-torch.abs(z - oh)))
+        out = _logaddexp(z, self.log_overhead)
         if out.shape[-1] != self.cfg.n_outputs:  # after_floor: (N, members * n_outputs), member-major
             if self.cfg.n_outputs == 1:  # the members' mean: one ReduceMean in the ONNX graph
                 return out.mean(-1)
@@ -245,6 +272,14 @@ class PerfMLP(nn.Module):
         return self.log_overhead.detach().exp()
 
 
+def _logaddexp(z: torch.Tensor, oh: torch.Tensor) -> torch.Tensor:
+    """log(exp(z) + exp(oh)), oh (n_raw_outputs,) broadcast over the rows (no expanded copy in the ONNX
+    graph): oh + softplus(z - oh), which the ONNX exporter writes as one Softplus node (aten::logaddexp
+    has no symbolic). onnxruntime's Softplus is stable for large inputs; torch's returns its input
+    above 20 (softplus(20) - 20 = 2e-9)."""
+    return oh + nn.functional.softplus(z - oh)
+
+
 class GroupedNet(nn.Module):
     """The network of a folded ensemble head (PerfMLP.ensemble, cfg.members = G > 1) run as its G members
     side by side: batched matmuls over (G, rows, width) in place of the block-diagonal hidden Linears,
@@ -289,6 +324,20 @@ class GroupedNet(nn.Module):
             z = torch.baddbmm(self.b_last, h, self.w_last)                               # (G, N, n_out)
             return z.transpose(0, 1).reshape(z.shape[1], self.members * self.w_last.shape[2])
         return torch.bmm(h, self.w_last).sum(0) + self.b_last
+
+    def member_outputs(self, x: torch.Tensor, members: slice) -> torch.Tensor:
+        """(N, n) the raw outputs of members[members] alone (an after-floor ensemble of one output):
+        forward's columns for those members, computing no other member."""
+        idx = range(self.members)[members]
+        if not self.after_floor or self.w_last.shape[2] != 1 or idx.step != 1 or not len(idx):
+            raise ValueError("members: needs a non-empty slice of an after-floor ensemble of one output")
+        a, b, width = idx.start, idx.stop, self.w_first.shape[1] // self.members
+        h = torch.relu(x @ self.w_first[:, a * width:b * width] + self.b_first[a * width:b * width])
+        h = h.reshape(h.shape[0], b - a, width).transpose(0, 1)                                   # (n, N, H)
+        for w, bias in zip(self.hidden_w, self.hidden_b):
+            h = torch.relu(torch.baddbmm(bias[a:b], h, w[a:b]))
+        z = torch.baddbmm(self.b_last[a:b], h, self.w_last[a:b])                                 # (n, N, 1)
+        return z.transpose(0, 1).reshape(z.shape[1], b - a)
 
 
 def _member_blocks(weight: torch.Tensor, g: int, what: str) -> torch.Tensor:
@@ -342,3 +391,16 @@ class MemberNet(nn.Module):
         for o in outs[1:]:
             out = out + o
         return out + self.bl
+
+    def member_outputs(self, x: torch.Tensor, members: slice) -> torch.Tensor:
+        """As GroupedNet.member_outputs: (N, n), only those members' chains run."""
+        idx = range(self.members)[members]
+        if not self.after_floor or not len(idx):
+            raise ValueError("members: needs a non-empty slice of an after-floor ensemble")
+        outs = []
+        for i in idx:
+            h = x
+            for j in range(self.depth):
+                h = torch.relu(torch.addmm(getattr(self, f"b{j}_{i}"), h, getattr(self, f"w{j}_{i}")))
+            outs.append(torch.addmm(getattr(self, f"bl_{i}"), h, getattr(self, f"wl_{i}")))
+        return outs[0] if len(outs) == 1 else torch.cat(outs, 1)

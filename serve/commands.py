@@ -77,6 +77,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                      help="also set the folder's screen_keep (configs per problem that the gemm head scores after "
                           "the screen; metadata.json) before exporting the ranking graphs traced with it (every "
                           "trained device's file in the folder)")
+    exp.add_argument("--lead-keep", type=int, default=None,
+                     help="also set the folder's lead_keep (of the screen's screen_keep, how many the gemm ensemble's "
+                          "first member passes on to the whole ensemble; 0: none; metadata.json), as --screen-keep")
     _one_line_errors(exp, "export-onnx")
 
 
@@ -159,8 +162,8 @@ def _export_onnx(args: argparse.Namespace) -> int:
         raise ValueError("--model: export-onnx needs a model folder (download the MLflow artifacts first)")
     folder = Path(args.model) if args.model is not None else default_model_dir()
     bundle = load(folder)
-    if args.screen_keep is not None:
-        return _export_screen_keep(args, folder, bundle)
+    if args.screen_keep is not None or args.lead_keep is not None:
+        return _export_keeps(args, folder, bundle)
     if args.device is not None:  # one device's file
         bundle = bundle.for_device(args.device)
         outs = [export_onnx(bundle, args.out or folder / onnx_file(bundle))]
@@ -173,29 +176,39 @@ def _export_onnx(args: argparse.Namespace) -> int:
     return 0
 
 
-def _export_screen_keep(args: argparse.Namespace, folder: Path, bundle: Any) -> int:
-    """export-onnx --screen-keep: screen_keep is the folder's (metadata.json, one for all its devices), so
-    every trained device's ONNX file in the folder is re-traced with it -- none left with the old keep, which
-    the loader would refuse as stale -- and only those files: no --out elsewhere, no single --device of a
-    model of several. The graphs are written first (beside, then renamed), the metadata last: a failed
-    export leaves the folder as it was."""
+def _export_keeps(args: argparse.Namespace, folder: Path, bundle: Any) -> int:
+    """export-onnx --screen-keep / --lead-keep: they are the folder's (metadata.json, one for all its
+    devices), so every trained device's ONNX file in the folder is re-traced with them -- none left with the
+    old ones, which the loader would refuse as stale -- and only those files: no --out elsewhere, no single
+    --device of a model of several. The graphs are written first (beside, then renamed), the metadata
+    last: a failed export leaves the folder as it was."""
     import os
 
-    from perfmodel.artifact import METADATA, export_onnx, onnx_file
+    from perfmodel.artifact import METADATA, check_lead_keep, export_onnx, onnx_file
 
-    if args.screen_keep < 1:
+    flag = "--screen-keep" if args.screen_keep is not None else "--lead-keep"
+    if args.screen_keep is not None and args.screen_keep < 1:
         raise ValueError(f"--screen-keep: must be >= 1, got {args.screen_keep}")
+    keep = bundle.screen_keep if args.screen_keep is None else args.screen_keep
+    lead_keep = bundle.lead_keep if args.lead_keep is None else args.lead_keep
+    if args.lead_keep is None and lead_keep >= keep:  # a smaller screen_keep drops a lead it no longer fits
+        lead_keep = 0
+    try:
+        check_lead_keep(bundle, lead_keep, keep)
+    except ValueError as exc:
+        raise ValueError(f"--{exc}".replace("--lead_keep", "--lead-keep", 1)) from None
     own = [folder / onnx_file(bundle, d) for d in bundle.devices]
     if args.out is not None and (len(own) > 1 or args.out.resolve() != own[0].resolve()):
-        raise ValueError("--screen-keep: rewrites the folder's own metadata, so it exports only to the folder's "
+        raise ValueError(f"{flag}: rewrites the folder's own metadata, so it exports only to the folder's "
                          f"own ONNX files ({', '.join(p.name for p in own)}), not --out")
     if args.device is not None:
-        bundle.for_device(args.device)  # an unknown device is refused as without --screen-keep
+        bundle.for_device(args.device)  # an unknown device is refused as without the flag
         if len(own) > 1:
-            raise ValueError("--screen-keep: the folder's screen_keep holds for all its devices, so every device's "
-                             "ONNX file is re-exported: leave out --device")
+            raise ValueError(f"{flag}: the folder's screen_keep and lead_keep hold for all its devices, so every "
+                             "device's ONNX file is re-exported: leave out --device")
     meta = json.loads((folder / METADATA).read_text())
-    meta["screen_keep"] = bundle.metadata["screen_keep"] = args.screen_keep
+    meta["screen_keep"] = bundle.metadata["screen_keep"] = keep
+    meta["lead_keep"] = bundle.metadata["lead_keep"] = lead_keep
     tmps = []
     try:
         for d, out in zip(bundle.devices, own):
@@ -208,7 +221,7 @@ def _export_screen_keep(args: argparse.Namespace, folder: Path, bundle: Any) -> 
         for tmp in tmps:
             tmp.unlink(missing_ok=True)
     (folder / METADATA).write_text(json.dumps(meta, indent=2, sort_keys=True))
-    print(f"wrote {', '.join(str(p) for p in own)} and {folder / METADATA} (screen_keep {args.screen_keep})")
+    print(f"wrote {', '.join(str(p) for p in own)} and {folder / METADATA} (screen_keep {keep}, lead_keep {lead_keep})")
     return 0
 
 

@@ -116,6 +116,9 @@ class Predictor:
         # head on the screen's best screen_keep configs per problem -- only when there are more than
         # twice as many configs, else the gemm head scores them all.
         self.screen_keep = bundle.screen_keep
+        # ... and with a lead (an ensemble gemm head), that head's first member scores the screen's best,
+        # and the whole ensemble only its best lead_keep (perfmodel.ranking.screened_rank)
+        self.lead_keep = bundle.lead_keep
         # What predict / predict_many serve: the "student" head (one MLP distilled from the gemm head,
         # perfmodel distill) when the folder has one, else the gemm head itself.
         self.predict_head = predict_head(bundle.heads)
@@ -267,18 +270,25 @@ class Predictor:
                              "differ; pass configs explicitly")
         return problems[0].dtype
 
-    def _best(self, problems: list[GemmProblem], ct: torch.Tensor, part: Any, k: int) -> tuple[np.ndarray, np.ndarray]:
+    def _best(self, problems: list[GemmProblem], ct: torch.Tensor, part: Any, k: int) -> tuple[list, list]:
         """The k configs predicted fastest for each problem: (indices, ms), each (P, k), fastest first,
         ties in the given order, by perfmodel.ranking.screened_rank (the screen on every config and the
-        gemm head on its best max(screen_keep, k), when there are more than twice as many configs)."""
+        gemm head on its best max(screen_keep, k), when there are more than twice as many configs -- or,
+        for k <= lead_keep, the gemm ensemble's lead member on those and the whole ensemble on the lead's
+        best lead_keep). Lists (P lists of k): every caller wants Python values, and on one problem's
+        few values each numpy call costs more than the list conversion."""
         n_cfg, n_prob = part.n_configs, len(problems)  # (a tensor's shape or len() costs a few us)
         k = min(k, n_cfg)
         keep = max(self.screen_keep, k)
         screened = screens(self.has_screen, n_cfg, keep)
-        if screened and self._run.rank_keep == keep:  # onnx: the traced rule, in one call
+        if screened and self._run.rank_keep == keep and k <= self._run.rank_width:  # onnx: the traced rule, in one call
             cand, log_ms = self._run.rank(problems_array(problems), part)
-            # finite log ms at or above the floor: their exp is positive
-            return cand[:, :k], np.exp(self._checked(log_ms, "problems")[:, :k])
+            idx, log_ms = cand[:, :k].tolist(), log_ms.tolist()
+            # every ranked config's log ms finite (a NaN or an inf makes the sum non-finite), and at or above
+            # the floor: their exp is positive
+            if not math.isfinite(sum(map(sum, log_ms))):
+                self._checked(np.asarray(log_ms), "problems")
+            return idx, [[math.exp(v) for v in row[:k]] for row in log_ms]
         with torch.inference_mode():
             x = self._encoder.encode_cross(problems_tensor(problems), ct, part)  # (P * C, F)
         screen = None
@@ -286,15 +296,18 @@ class Predictor:
             screen = self._run.score("screen", x).reshape(n_prob, n_cfg)
             self._checked(screen.numpy(), "problems (screen)")
 
-        def gemm(rows: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-            z, log_ms = self._run.score_log_ms("gemm", x if rows is None else x[rows])
+        def gemm(rows: torch.Tensor | None, lead: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+            z, log_ms = self._run.score_log_ms("gemm", x if rows is None else x[rows], lead)
             self._checked(z.numpy(), "problems")
             return z, log_ms
 
+        def lead(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return self._run.lead("gemm", x[rows])
+
         with torch.inference_mode():
-            idx, log_ms = screened_rank(gemm, n_prob, n_cfg, screen, keep, k)
+            idx, log_ms = screened_rank(gemm, n_prob, n_cfg, screen, keep, k, lead=lead, lead_keep=self.lead_keep)
         ms = self._checked(np.exp(log_ms.numpy().astype(np.float64)), "problems", positive=True)
-        return idx.numpy(), ms
+        return idx.tolist(), ms.tolist()
 
     @staticmethod
     def _checked(values: np.ndarray, what: str, positive: bool = False) -> np.ndarray:
@@ -317,7 +330,7 @@ class Predictor:
         if ok is not None:
             return self._rank_runnable(prob, cfgs, ok[0], top_k)
         idx, ms = self._best([prob], ct, part, top_k)
-        return [(cfgs[i], float(t)) for i, t in zip(idx[0].tolist(), ms[0].tolist())]
+        return [(cfgs[i], t) for i, t in zip(idx[0], ms[0])]
 
     def _rank_runnable(self, prob: GemmProblem, cfgs: Sequence[GemmConfig], ok: np.ndarray,
                        top_k: int) -> list[tuple[GemmConfig, float]]:
@@ -337,7 +350,7 @@ class Predictor:
         if ok is not None:
             return [self._rank_runnable(p, cfgs, o, top_k) for p, o in zip(problems, ok)]
         idx, ms = self._best(problems, ct, part, top_k)
-        return [[(cfgs[i], float(t)) for i, t in zip(ri, rm)] for ri, rm in zip(idx.tolist(), ms.tolist())]
+        return [[(cfgs[i], t) for i, t in zip(ri, rm)] for ri, rm in zip(idx, ms)]
 
     def predict_cublas(self, prob: GemmProblem) -> float:
         """Predicted ms of torch.mm (cuBLAS) on prob. RuntimeError if the model has no cuBLAS head."""

@@ -21,6 +21,7 @@ from perfmodel.artifact import PREDICT_OUTPUTS, RANK_INPUTS, RANK_OUTPUTS, Artif
 from perfmodel.configs import pruned_space
 from perfmodel.features import configs_tensor
 from perfmodel.model import GroupedNet
+from perfmodel.ranking import refines
 
 # Intra-op threads for the torch backend: the network is small (a few hundred rows x 256 wide), so
 # more threads than this mostly add synchronisation.
@@ -39,6 +40,7 @@ class _TorchRunner:
     runs as its module."""
 
     rank_keep = None  # no ranking graph: Predictor ranks with perfmodel.ranking.screened_rank
+    rank_width = 0
 
     def __init__(self, bundle: ModelBundle) -> None:
         self.heads = {name: head.for_serving().eval() for name, head in bundle.heads.items()}
@@ -64,11 +66,20 @@ class _TorchRunner:
                 return h.overhead_floor(z)
             return z.squeeze(-1) if h.cfg.n_outputs == 1 else z
 
-    def score_log_ms(self, head: str, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(score, log ms) of the head on x."""
-        z = self.score(head, x)
+    def score_log_ms(self, head: str, x: torch.Tensor, lead: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(score, log ms) of the head on x; lead: its lead member's outputs on x (lead()), or None."""
+        h = self.heads[head]
+        z = self.score(head, x) if lead is None else None
         with torch.inference_mode():
-            return z, self.heads[head].floor(z, x)
+            if z is None:
+                z = h.score_with_lead(x, lead)
+            return z, h.floor(z, x)
+
+    def lead(self, head: str, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """PerfMLP.lead_score of the head on x: (score, outputs) of its ensemble's lead member alone."""
+        with torch.inference_mode():
+            return self.heads[head].lead_score(x)
 
     def __call__(self, head: str, x: torch.Tensor) -> np.ndarray:
         """log ms (float64), the head's full output."""
@@ -118,7 +129,7 @@ class _OnnxRunner:
             opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
             return ort.InferenceSession(graph, sess_options=opts, providers=["CPUExecutionProvider"])
 
-        self.rank_session, self.rank_keep, self.predict_session = None, None, None
+        self.rank_session, self.rank_keep, self.rank_width, self.predict_session = None, None, 0, None
         try:
             head_graphs, rank_graph, predict_graph = _split_graphs(path.read_bytes())
             wide = min(_SERVING_THREADS, os.cpu_count() or 1)
@@ -139,6 +150,9 @@ class _OnnxRunner:
                 # its own sessions: onnxruntime runs every node of a graph whatever outputs are asked for
                 self.rank_session = staged(rank_graph)
                 self.rank_keep = bundle.screen_keep  # traced with it (perfmodel.artifact.export_onnx)
+                # the columns it ranks: lead_keep with a lead, else screen_keep (checked on load)
+                lead_keep = bundle.lead_keep
+                self.rank_width = lead_keep if refines(lead_keep, self.rank_keep, lead_keep) else self.rank_keep
             if predict_graph is not None:
                 self.predict_session = staged(predict_graph)
         except Exception as exc:  # onnxruntime raises its own (non-public) exception types for bad graphs
@@ -164,7 +178,10 @@ class _OnnxRunner:
     def score(self, head: str, x: torch.Tensor) -> torch.Tensor:
         return torch.from_numpy(self._run([f"{head}_score"], head, x)[0])
 
-    def score_log_ms(self, head: str, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def score_log_ms(self, head: str, x: torch.Tensor, lead: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        if lead is not None:  # the ranking graph runs the lead (Predictor uses it whenever the lead refines)
+            raise RuntimeError("the onnx backend's head sessions have no lead member")
         z, log_ms = self._run([f"{head}_score", f"{head}_log_ms"], head, x)
         return torch.from_numpy(z), torch.from_numpy(log_ms)
 
@@ -174,14 +191,15 @@ class _OnnxRunner:
 
     def predict(self, problems: np.ndarray, part: "_ConfigPart") -> np.ndarray:
         """(P, C) float32 log ms of problems (P, 8) float64 with a config set, by predict_head()."""
-        return self.predict_session.run(PREDICT_OUTPUTS, problems, part)[0]
+        return self.predict_session.run(_PREDICT_OUTPUTS, problems, part)[0]
 
     def rank(self, problems: np.ndarray, part: "_ConfigPart") -> tuple[np.ndarray, np.ndarray]:
         """The graph's screened ranking of problems (P, 8) float64 against a config set: (kept config
         indices, their log ms), each (P, rank_keep), fastest first, ties in config order."""
-        return self.rank_session.run(RANK_OUTPUTS, problems, part)
+        return self.rank_session.run(_RANK_OUTPUTS, problems, part)
 
 
+_RANK_OUTPUTS, _PREDICT_OUTPUTS = list(RANK_OUTPUTS), list(PREDICT_OUTPUTS)  # lists, as the binding takes them
 # (problems x configs) rows from which the ranking and predict graphs run on the multi-threaded session
 _WIDE_ROWS = 4096
 
@@ -243,9 +261,21 @@ class _Staged:
             part.staged[self] = got
         return got
 
-    def run(self, outputs: tuple[str, ...], problems: np.ndarray, part: _ConfigPart) -> list[np.ndarray]:
+    def run(self, outputs: list[str], problems: np.ndarray, part: _ConfigPart) -> list[np.ndarray]:
         rows = problems.shape[0] * part.n_configs
-        return self.sessions.get(rows).run(outputs, {"rank_problems": problems, **self.feeds(part)})
+        feeds = self.feeds(part).copy()
+        feeds["rank_problems"] = problems
+        return _run_session(self.sessions.get(rows), outputs, feeds)
+
+
+def _run_session(session: Any, outputs: list[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """session.run(outputs, feeds), without InferenceSession.run's Python-side check of the feed names
+    (~6 us a call: the staged graphs' feeds are built here, their names fixed) where onnxruntime has
+    its binding (`_sess`)."""
+    sess = getattr(session, "_sess", None)
+    if sess is None:
+        return session.run(outputs, feeds)
+    return sess.run(outputs, feeds, None)
 
 
 def _split_graphs(model_bytes: bytes) -> tuple[dict[str, bytes], _Staged | None, _Staged | None]:
@@ -362,11 +392,17 @@ def _check_onnx_matches(bundle: ModelBundle, runner: _OnnxRunner, path: Path) ->
             if got.shape != want.shape or not np.allclose(got, want, rtol=_ONNX_CHECK_RTOL, atol=1e-4):
                 raise ArtifactError(f"{path}: the ONNX predict graph disagrees with the folder's weights "
                                     "(stale export?); re-run `perfmodel export-onnx`")
+        if bundle.lead_keep and runner.rank_session is None:
+            raise ArtifactError(f"{path}: the folder has a lead_keep but its ONNX graph no ranking graph; re-run "
+                                "`perfmodel export-onnx`")
         if runner.rank_session is not None:
             if "screen" not in bundle.heads or runner.rank_keep != bundle.screen_keep:
                 raise ArtifactError(f"{path}: the ONNX ranking graph does not match the folder's screen head or "
                                     "screen_keep; re-run `perfmodel export-onnx`")
             kept, log_ms = runner.rank(problems.numpy(), _ConfigPart.of(enc, configs))
+            if kept.shape[1] != runner.rank_width:
+                raise ArtifactError(f"{path}: the ONNX ranking graph ranks {kept.shape[1]} configs per problem, the "
+                                    f"folder's lead_keep / screen_keep {runner.rank_width}; re-run `perfmodel export-onnx`")
             want = bundle.heads["gemm"](x[torch.from_numpy(kept[0])]).numpy()
             screen = bundle.heads["screen"](x).numpy()
             if not np.allclose(log_ms[0], want, rtol=_ONNX_CHECK_RTOL, atol=1e-4) or \

@@ -21,7 +21,8 @@ def test_screened_rank_rule() -> None:
     log_ms = score + 10
     calls = []
 
-    def gemm(rows):
+    def gemm(rows, lead):
+        assert lead is None
         calls.append(rows)
         return (score, log_ms) if rows is None else (score[rows], log_ms[rows])
 
@@ -43,8 +44,7 @@ def shipped() -> tuple[Predictor, Predictor]:
 
 
 def test_torch_onnx_and_evaluation_rank_alike(shipped) -> None:
-    from perfmodel.train.evaluate import head_outputs
-    from perfmodel.train.evaluate import rank_rows
+    from perfmodel.train.evaluate import head_outputs, lead_outputs, rank_rows
 
     pt, po = shipped
     bundle = pt.bundle
@@ -59,7 +59,8 @@ def test_torch_onnx_and_evaluation_rank_alike(shipped) -> None:
         x = bundle.encoders["gemm"].encode_cross(problems_tensor([prob]), configs_tensor(configs))
         z, g = head_outputs(bundle.heads["gemm"], x)
         s = head_outputs(bundle.heads["screen"], x)[0]
-        idx, log_ms = rank_rows(z, g, s, bundle.screen_keep, 5)
+        lead = lead_outputs(bundle.heads["gemm"], x) if bundle.lead_keep else None
+        idx, log_ms = rank_rows(z, g, s, bundle.screen_keep, 5, lead, bundle.lead_keep)
         assert [configs[i] for i in idx] == want, prob
         np.testing.assert_allclose(np.exp(log_ms), [t for _, t in pt.rank(prob, top_k=5)], rtol=1e-4)
 

@@ -9,7 +9,7 @@ import torch
 
 from perfmodel.configs import inductor_default_configs
 from perfmodel import artifact
-from perfmodel.ranking import screened_rank, screens
+from perfmodel.ranking import refines, screened_rank, screens
 
 from .data import GemmTable, PadTable
 
@@ -51,28 +51,40 @@ def per_problem(table: GemmTable, score: np.ndarray) -> dict[str, np.ndarray]:
 
 
 def screened(table: GemmTable, gemm_score: np.ndarray, gemm_log_ms: np.ndarray, screen_score: np.ndarray | None,
-             keep: int) -> np.ndarray:
+             keep: int, lead: np.ndarray | None = None, lead_keep: int = 0) -> np.ndarray:
     """Per row, its place in the serving rank path's order (perfmodel.ranking.screened_rank, as the
     Predictor and the ONNX graph rank): 0 for the pick, 1 for the next, ...; rows the screen drops
-    (problems with more than 2 * keep rows) rank last (inf)."""
+    (problems with more than 2 * keep rows) rank last (inf). With a lead (lead: the lead member's score
+    per row, lead_outputs), a screened problem's ranking is the rule's for top_k = lead_keep: its first
+    lead_keep places (what rank(top_k <= lead_keep) returns), the other rows inf."""
     out = np.full(len(gemm_score), np.inf)
     for rows in table.problem_rows():
         if len(rows) == 0:
             continue
+        k = len(rows)
+        if lead is not None and screen_score is not None and screens(True, k, keep) and refines(lead_keep, keep, lead_keep):
+            k = lead_keep
         idx, _ = rank_rows(gemm_score[rows], gemm_log_ms[rows], None if screen_score is None else screen_score[rows],
-                           keep, len(rows))
+                           keep, k, None if lead is None else lead[rows], lead_keep)
         out[rows[idx]] = np.arange(len(idx))
     return out
 
 
 def rank_rows(gemm_score: np.ndarray, gemm_log_ms: np.ndarray, screen_score: np.ndarray | None, keep: int,
-              k: int) -> tuple[np.ndarray, np.ndarray]:
-    """screened_rank of one problem's rows, from the heads' outputs on every row: (row indices, log ms)."""
+              k: int, lead: np.ndarray | None = None, lead_keep: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """screened_rank of one problem's rows, from the heads' outputs on every row: (row indices, log ms).
+    lead: the gemm ensemble's lead member's score per row (lead_outputs), or None (no lead)."""
     n = len(gemm_score)
     z, lm = torch.from_numpy(np.asarray(gemm_score)), torch.from_numpy(np.asarray(gemm_log_ms))
     screen = torch.from_numpy(np.asarray(screen_score)).reshape(1, n) \
         if screen_score is not None and screens(True, n, keep) else None
-    idx, log_ms = screened_rank(lambda r: (z, lm) if r is None else (z[r], lm[r]), 1, n, screen, keep, k)
+    lead_fn = None
+    if lead is not None:
+        ld = torch.from_numpy(np.asarray(lead))
+        lead_fn = lambda r: (ld[r], ld[r])  # noqa: E731
+    # the ensemble's outputs on every row are computed already: the lead's outputs are not needed again
+    idx, log_ms = screened_rank(lambda r, _lead: (z, lm) if r is None else (z[r], lm[r]), 1, n, screen, keep, k,
+                                lead=lead_fn, lead_keep=lead_keep)
     return idx[0].numpy(), log_ms[0].numpy()
 
 
@@ -104,14 +116,16 @@ def summarize(table: GemmTable, pred_log_ms: np.ndarray, score: np.ndarray | Non
 
 
 def rank_path(table: GemmTable, pred_log_ms: np.ndarray, screen_score: np.ndarray | None, keep: int,
-              gemm_score: np.ndarray | None = None) -> dict[str, float]:
+              gemm_score: np.ndarray | None = None, lead: np.ndarray | None = None,
+              lead_keep: int = 0) -> dict[str, float]:
     """summarize() of the gemm head, with the top-k efficiencies (and worst problems) of the serving
-    rank path -- the screen head, then the gemm head on its best `keep` -- when there is a screen.
+    rank path -- the screen head, then the gemm head on its best `keep` (through the lead's best
+    lead_keep, with a lead) -- when there is a screen.
     gemm_score: the gemm head's score (PerfMLP.score; default its log ms)."""
     gemm_score = pred_log_ms if gemm_score is None else gemm_score
     out = summarize(table, pred_log_ms, gemm_score)
     if screen_score is not None:
-        path = summarize(table, pred_log_ms, screened(table, gemm_score, pred_log_ms, screen_score, keep))
+        path = summarize(table, pred_log_ms, screened(table, gemm_score, pred_log_ms, screen_score, keep, lead, lead_keep))
         out.update({k: v for k, v in path.items() if "/top1" in k or "/top5" in k or "/worst" in k})
     return out
 
@@ -244,8 +258,9 @@ def evaluate_bundle(bundle, data, *, seed: int | None = None,
         x = bundle.encoders["gemm"].encode(P, C)
         score, pred = head_outputs(bundle.heads["gemm"], x)
         screen = head_outputs(bundle.heads["screen"], x)[0] if "screen" in bundle.heads else None
-        keep = bundle.screen_keep
-        results = {"perfmodel": rank_path(test, pred, screen, keep, score)}
+        keep, lead_keep = bundle.screen_keep, bundle.lead_keep
+        lead = lead_outputs(bundle.heads["gemm"], x) if lead_keep else None
+        results = {"perfmodel": rank_path(test, pred, screen, keep, score, lead, lead_keep)}
         full_space = full_space_agreement(bundle, test, keep) if screen is not None and full_space else {}
         if screen is not None:
             results["perfmodel, gemm head on every config"] = summarize(test, pred, score)
@@ -275,7 +290,7 @@ def evaluate_bundle(bundle, data, *, seed: int | None = None,
     if plots is not None:
         from .plots import model_plots
 
-        rank_score = screened(test, score, pred, screen, keep) if screen is not None else None
+        rank_score = screened(test, score, pred, screen, keep, lead, lead_keep) if screen is not None else None
         model_plots(test, pred, plots, rank_score, results)
     return {"results": results, "cublas": cmet, "pad": pmet, "test_problems": int(len(test.problems))}
 
@@ -289,6 +304,7 @@ def full_space_agreement(bundle: artifact.ModelBundle, test, keep: int) -> dict[
     from perfmodel.features import configs_tensor
 
     enc, gemm, screen = bundle.encoders["gemm"], bundle.heads["gemm"], bundle.heads["screen"]
+    lead_keep = bundle.lead_keep
     ratios = []
     spaces = {}
     for prob, mode in zip(test.problems, test.modes):
@@ -299,11 +315,18 @@ def full_space_agreement(bundle: artifact.ModelBundle, test, keep: int) -> dict[
         x = enc.encode_cross(torch.from_numpy(prob[None, :]), ct)
         (z, g), s = head_outputs(gemm, x), head_outputs(screen, x)[0]
         best = rank_rows(z, g, None, keep, 1)[1][0]           # the gemm head on every config
-        pick = rank_rows(z, g, s, keep, 1)[1][0]              # the rank path
+        lead = lead_outputs(gemm, x) if lead_keep else None
+        pick = rank_rows(z, g, s, keep, 1, lead, lead_keep)[1][0]   # the rank path
         ratios.append(np.exp(best - pick))
     r = np.asarray(ratios)
     return {"screen/full_space_top1_vs_gemm_head": float(np.exp(np.log(r).mean())),
             "screen/full_space_worst": float(r.min()), "screen/full_space_same_pick": float((r == 1.0).mean())}
+
+
+def lead_outputs(head, x: torch.Tensor) -> np.ndarray:
+    """The lead member's score per row of an ensemble head (PerfMLP.lead_score), float64."""
+    with torch.inference_mode():
+        return head.lead_score(x)[0].double().numpy()
 
 
 def head_outputs(head, x: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:

@@ -75,6 +75,8 @@ class TrainSettings:
     # their raw outputs below the overhead are not fitted
     screen_keep: int = _setting(artifact.DEFAULT_SCREEN_KEEP,
                                 "configs per problem that the gemm head scores after the screen")
+    lead_keep: int = _setting(12, "of those, how many the gemm ensemble's first member passes on to the whole "
+                                  "ensemble (0: none; used with --gemm-members 2 or more)")
     # ---- the student head that predict serves (train/distill.py), distilled from the gemm head
     student_hidden: tuple[int, ...] = _setting(
         (128, 128, 128), "hidden widths of the student head ('' for none: predict runs the gemm head)")
@@ -393,7 +395,17 @@ def fit_heads(settings: TrainSettings, d: TrainData, logger) -> artifact.ModelBu
         heads["screen"], encoders["screen"] = screen_head, enc
     # What the evaluation reads from the metadata before the folder's own is written.
     return artifact.ModelBundle(d.spec, heads, encoders, {"screen_keep": settings.screen_keep, "pad_threshold": 1.0,
+                                                          "lead_keep": effective_lead_keep(settings, heads),
                                                           **device_metadata(d)})
+
+
+def effective_lead_keep(settings: Any, heads: dict[str, Any]) -> int:
+    """settings.lead_keep where the model can use it (a screen head, an ensemble gemm head, a lead_keep below
+    screen_keep), else 0; a negative value is refused."""
+    if settings.lead_keep < 0:
+        raise ValueError(f"lead_keep: must be >= 0, got {settings.lead_keep}")
+    usable = "screen" in heads and heads["gemm"].has_lead and settings.lead_keep < settings.screen_keep
+    return settings.lead_keep if usable else 0
 
 
 def device_metadata(d: TrainData) -> dict[str, Any]:
@@ -439,7 +451,7 @@ def model_metadata(settings: TrainSettings, d: TrainData, bundle: artifact.Model
         "split": split_counts(d.problem_device == d.spec.name),
         "metrics": results["perfmodel"], "baselines": {k: v for k, v in results.items() if k != "perfmodel"},
         "cublas_metrics": evaluation["cublas"], "pad_metrics": evaluation["pad"], "pad_threshold": 1.0,
-        "screen_keep": settings.screen_keep,
+        "screen_keep": settings.screen_keep, "lead_keep": bundle.lead_keep,
         "settings": {k: v for k, v in params.items()}, "training_command": settings.command,
         "train_seconds": train_seconds,
         "learned_overhead_ms": float(bundle.heads["gemm"].log_overhead.detach().mean().exp()),
