@@ -227,3 +227,103 @@ def test_time_many_check_can_be_turned_off(monkeypatch):
     fn, calls = _kernel([0.1, 1.0, 1.0], stall_calls={1, 2})
     assert bench.time_many([fn]) == [(1.0, 3)]  # the stalled runs are kept, and counted
     assert bench.last_stalls == [2] and len(calls) == 3
+
+
+# ---- time_many: a first run handed in, and slow configs kept at their single run (synthetic events) ----
+
+def test_time_many_uses_a_handed_in_first_run(monkeypatch):
+    bench = _fake_bench(monkeypatch, budget_ms=0.0, min_reps=3)
+    fn, calls = _kernel([0.3, 0.1, 0.2, 9.0])
+    other, other_calls = _kernel([0.5, 0.5, 0.5, 9.0])
+    first = bench.timed_run(fn)  # e.g. the sweep's correctness launch
+    assert len(calls) == 1
+    out = bench.time_many([fn, other], first_runs=[first, None])
+    # fn: the handed-in run is its first pass (no run of its own there), then min_reps - 1 more
+    assert len(calls) == 3 and out[0] == (0.2, 3)
+    assert len(other_calls) == 3 and out[1] == (0.5, 3)  # no first run given: its own first pass
+
+
+def test_time_many_first_run_sizes_the_repetitions(monkeypatch):
+    # budget 0.8 ms, flush 0.01 + spin 0.1: a 0.09 ms first run gets int(0.8 / 0.2) = 4 more runs
+    bench = _fake_bench(monkeypatch, budget_ms=0.8, min_reps=3)
+    fn, calls = _kernel([0.09] * 10)
+    bench.time_many([fn], first_runs=[bench.timed_run(fn)])
+    assert len(calls) == 5
+
+
+def test_slow_config_keeps_its_single_run(monkeypatch):
+    bench = _fake_bench(monkeypatch, budget_ms=0.0, min_reps=3, slow_factor=2.0, slow_min_ms=0.5)
+    fast, fast_calls = _kernel([0.4, 0.4, 0.4])
+    at_factor, at_calls = _kernel([0.8, 0.8, 0.8])   # exactly 2x the fastest: not above it
+    slow, slow_calls = _kernel([1.0, 7.0, 7.0])      # 2.5x and above 0.5 ms: one run
+    firsts = [bench.timed_run(f) for f in (fast, at_factor, slow)]
+    out = bench.time_many([fast, at_factor, slow], first_runs=firsts, peers=[True, True, True])
+    assert out == [(0.4, 3), (0.8, 3), (1.0, 1)]
+    assert (len(fast_calls), len(at_calls), len(slow_calls)) == (3, 3, 1)
+    assert bench.last_single_run == [False, False, True]
+
+
+def test_slow_rule_floor(monkeypatch):
+    # 4x the fastest but not above slow_min_ms: a short kernel keeps its repetitions
+    bench = _fake_bench(monkeypatch, budget_ms=0.0, min_reps=3, slow_factor=2.0, slow_min_ms=0.5)
+    fast, _ = _kernel([0.1] * 3)
+    short, short_calls = _kernel([0.4] * 3)
+    assert bench.time_many([fast, short], peers=[True, True]) == [(0.1, 3), (0.4, 3)]
+    assert len(short_calls) == 3 and bench.last_single_run == [False, False]
+
+
+def test_slow_config_whose_single_run_stalled_is_rerun(monkeypatch):
+    bench = _fake_bench(monkeypatch, budget_ms=0.0, min_reps=3, slow_factor=2.0, slow_min_ms=0.5)
+    fast, _ = _kernel([0.4] * 3)
+    slow, slow_calls = _kernel([3.0, 1.1, 9.0], stall_calls={0})  # its first run timed an idle GPU too
+    out = bench.time_many([fast, slow], first_runs=[None, bench.timed_run(slow)], peers=[True, True])
+    assert len(slow_calls) == 2  # one clean run, not min_reps
+    assert out[1] == (1.1, 1) and bench.last_stalls == [0, 1] and bench.last_single_run == [False, True]
+
+
+def test_slow_config_stalled_run_kept_without_stall_check(monkeypatch):
+    bench = _fake_bench(monkeypatch, budget_ms=0.0, min_reps=3, slow_factor=2.0, slow_min_ms=0.5,
+                        stall_check=False)
+    fast, _ = _kernel([0.4] * 3)
+    slow, slow_calls = _kernel([3.0, 1.1], stall_calls={0})
+    assert bench.time_many([fast, slow], peers=[True, True])[1] == (3.0, 1)
+    assert len(slow_calls) == 1 and bench.last_stalls == [0, 1]
+
+
+def test_non_peers_never_kept_at_one_run_nor_the_reference(monkeypatch):
+    bench = _fake_bench(monkeypatch, budget_ms=0.0, min_reps=3, slow_factor=2.0, slow_min_ms=0.5)
+    # cuBLAS 12x slower than the Triton configs: still its repetitions
+    cublas, cublas_calls = _kernel([5.0] * 3)
+    t1, _ = _kernel([0.4] * 3)
+    t2, _ = _kernel([0.45] * 3)
+    assert bench.time_many([cublas, t1, t2], peers=[False, True, True]) == [(5.0, 3), (0.4, 3), (0.45, 3)]
+    assert len(cublas_calls) == 3 and bench.last_single_run == [False, False, False]
+    # a fast cuBLAS does not set the reference: 0.9 and 1.5 ms are within 2x of the fastest peer (0.9),
+    # though both are above 2x cuBLAS's 0.3 ms
+    cublas, _ = _kernel([0.3] * 3)
+    t1, t1_calls = _kernel([0.9] * 3)
+    t2, t2_calls = _kernel([1.5] * 3)
+    assert bench.time_many([cublas, t1, t2], peers=[False, True, True]) == [(0.3, 3), (0.9, 3), (1.5, 3)]
+    assert len(t1_calls) == len(t2_calls) == 3
+    # without peers (the cuBLAS and pad sweeps, the benchmarks) no callable is kept at one run
+    fast, _ = _kernel([0.4] * 3)
+    slow, slow_calls = _kernel([2.0] * 3)
+    assert bench.time_many([fast, slow]) == [(0.4, 3), (2.0, 3)] and len(slow_calls) == 3
+
+
+@pytest.mark.parametrize("factor", [None, 0.0])
+def test_slow_factor_off_gives_every_config_its_repetitions(monkeypatch, factor):
+    bench = _fake_bench(monkeypatch, budget_ms=0.0, min_reps=3, slow_factor=factor, slow_min_ms=0.5)
+    fast, _ = _kernel([0.4] * 3)
+    slow, slow_calls = _kernel([4.0] * 3)
+    assert bench.time_many([fast, slow], peers=[True, True]) == [(0.4, 3), (4.0, 3)]
+    assert len(slow_calls) == 3 and bench.last_single_run == [False, False]
+
+
+def test_timing_settings_in_the_shard_header():
+    # The sweep's header records vars(settings.timing): the slow-config rule is in it
+    from perfmodel.data_gen.settings import GemmSweepSettings
+
+    timing = vars(GemmSweepSettings().timing)
+    assert timing["slow_factor"] == 2.0 and timing["slow_min_ms"] == 0.5
+
