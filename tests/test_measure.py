@@ -1,7 +1,12 @@
 """The physical-limit validator (data_gen/measure.py) and the device specs' peak rates."""
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
@@ -327,3 +332,123 @@ def test_timing_settings_in_the_shard_header():
     timing = vars(GemmSweepSettings().timing)
     assert timing["slow_factor"] == 2.0 and timing["slow_min_ms"] == 0.5
 
+
+# ---- gemm_sweep.measure_problem on the CPU: the real kernel under TRITON_INTERPRET=1, synthetic events ----
+
+MEASURE_CHILD = textwrap.dedent("""
+    import collections, json
+    import torch
+    from triton.runtime.errors import OutOfResources
+    from perfmodel import GemmConfig, GemmProblem
+    from perfmodel.data_gen import gemm_sweep, kernel
+    from perfmodel.data_gen.measure import Bench, TimingSettings
+    from perfmodel.devices import get_spec
+
+    class Event:  # elapsed time: what the launch that ran between the pair set; never stalled
+        current, created = 0.0, 0
+        def __init__(self, enable_timing=True):
+            Event.created += 1
+        def record(self):
+            self.ms = Event.current
+        def elapsed_time(self, end):
+            return end.ms
+        def query(self):
+            return False
+
+    torch.cuda.Event = Event
+    torch.cuda._sleep = lambda cycles: None
+    torch.cuda.synchronize = lambda: None
+
+    FAST, SLOW, NEAR, WRONG = GemmConfig(16, 16, 16, 8, 1, 2), GemmConfig(32, 16, 32, 4, 2, 4), \\
+        GemmConfig(16, 32, 16, 2, 3, 8), GemmConfig(32, 32, 16, 8, 1, 4)
+    # Out of shared memory on the device (the interpreter has no limit: its prepare raises as Triton's would)
+    BIG = GemmConfig(256, 256, 128, 8, 5, 8)
+    MS = {FAST: 0.6, SLOW: 2.0, NEAR: 0.9, WRONG: 0.7}
+    launches = collections.Counter()
+    real_launch, real_prepare, real_mm = kernel.launch, kernel.prepare, torch.mm
+    prepared = []
+
+    def launch(a, b, c, cfg, allow_tf32=False):
+        launches[cfg] += 1
+        Event.current = MS[cfg]
+        if cfg != WRONG:  # WRONG writes nothing: its output stays poisoned
+            real_launch(a, b, c, cfg, allow_tf32)
+
+    def prepare(a, b, c, cfg, allow_tf32=False):
+        prepared.append(Event.created)
+        real_prepare(a, b, c, cfg, allow_tf32)
+        if cfg == BIG:
+            raise OutOfResources(294912, 232448, "shared memory")
+
+    def mm(a, b):  # cuBLAS, the slowest callable (the fp64 reference is not timed)
+        if a.dtype != torch.float64:
+            launches["cublas"] += 1
+            Event.current = 5.0
+        return real_mm(a, b)
+
+    kernel.launch, kernel.prepare, torch.mm = launch, prepare, mm
+    bench = Bench.__new__(Bench)
+    bench.device, bench.flush_ms, bench._sleep_cycles = torch.device("cpu"), 0.01, 0
+    bench.settings = TimingSettings(budget_ms=0.0, min_reps=3, slow_factor=2.0, slow_min_ms=0.5)
+    bench.flush = lambda: None
+    clock = type("Clock", (), {"sm_clock_mhz": lambda self: 1980.0})()
+    p = GemmProblem(m=40, n=24, k=56, dtype="float32")
+    cfgs = [(FAST, ""), (BIG, ""), (SLOW, ""), (NEAR, ""), (GemmConfig(64, 64, 64), "compile:Error:x"), (WRONG, "")]
+    rows = gemm_sweep.measure_problem(p, cfgs, bench, get_spec("h100-sxm"), clock)
+    print("RESULTS" + json.dumps({
+        "rows": [{k: r.get(k) for k in ("kind", "block_m", "block_n", "block_k", "status", "ms", "reps", "rel_err")}
+                 for r in rows],
+        "launches": {str(k): v for k, v in launches.items()},
+        "events": Event.created, "prepared": prepared, "single": bench.last_single_run}))
+""")
+
+
+@pytest.fixture(scope="module")
+def measured(repo_root):
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(repo_root)}
+    proc = subprocess.run([sys.executable, "-c", MEASURE_CHILD], env=env, cwd=repo_root, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULTS"))
+    return json.loads(line[len("RESULTS"):])
+
+
+def _row(measured, block):
+    (r,) = [r for r in measured["rows"] if r["kind"] == "triton" and (r["block_m"], r["block_n"], r["block_k"]) == block]
+    return r
+
+
+def test_measure_problem_times_the_correctness_launch(measured):
+    launches = measured["launches"]
+    # every Triton launch is a timed run: min_reps for the configs timed in full (no extra correctness
+    # launch), one for the slow config; cuBLAS: its own warm-up/correctness call and min_reps runs
+    assert launches["cublas"] == 4
+    assert sorted(v for k, v in launches.items() if k != "cublas") == [1, 3, 3, 3]
+    # two events per timed run, none for the config that failed to load
+    assert measured["events"] == 2 * (sum(launches.values()) - 1)
+    assert _row(measured, (16, 16, 16))["reps"] == 3 and _row(measured, (16, 16, 16))["ms"] == 0.6
+    assert _row(measured, (16, 32, 16))["reps"] == 3   # 1.5x the fastest: repetitions
+    assert measured["single"] == [False, False, True, False, False]  # cuBLAS, FAST, SLOW, NEAR, WRONG
+
+
+def test_measure_problem_slow_config_single_run(measured):
+    slow = _row(measured, (32, 16, 32))
+    assert (slow["status"], slow["ms"], slow["reps"]) == ("ok", 2.0, 1)
+    (cublas,) = [r for r in measured["rows"] if r["kind"] == "cublas"]
+    assert (cublas["ms"], cublas["reps"]) == (5.0, 3)  # slowest of all, never kept at one run
+    assert cublas["rel_err"] < 1e-5
+
+
+def test_measure_problem_out_of_resources_is_a_launch_failure(measured):
+    big = _row(measured, (256, 256, 128))
+    assert big["status"] == "fail:launch:OutOfResources" and big["ms"] is None
+    # events created when each config's module was loaded: none before FAST's, FAST's first run (2)
+    # before BIG's, and none from BIG, whose load failed before any event was recorded
+    assert measured["prepared"][:3] == [0, 2, 2]
+    assert _row(measured, (64, 64, 64))["status"].startswith("fail:compile:")
+
+
+def test_measure_problem_catches_a_wrong_result(measured):
+    assert _row(measured, (32, 32, 16))["status"] == "fail:wrong_result"
+    for block in ((16, 16, 16), (32, 16, 32), (16, 32, 16)):  # the real kernel, checked on its timed first run
+        assert _row(measured, block)["status"] == "ok" and _row(measured, block)["rel_err"] < 1e-5
