@@ -158,7 +158,11 @@ def run(out_dir: Path, spec_name: str | None = None, settings: GemmSweepSettings
 
     stats = {"problems": 0, "rows": 0, "ok_rows": 0, "failed_rows": 0, "rejected_rows": 0,
              "kernels_compiled": 0, "compile_s": 0.0, "timing_s": 0.0, "timed_configs": 0,
-             "resumed_existing_rows": writer.n_existing_rows, "host_stalls": 0}
+             "resumed_existing_rows": writer.n_existing_rows, "host_stalls": 0,
+             # Seconds the timing loop waited for compiles (about 0 where timing sets the pace)
+             "compile_wait_s": 0.0,
+             # Configs kept at their first run, far slower than their problem's fastest (TimingSettings.slow_factor)
+             "slow_single_run": 0}
     if not todo:
         writer.close()
         return stats
@@ -173,12 +177,14 @@ def run(out_dir: Path, spec_name: str | None = None, settings: GemmSweepSettings
     # One compile per kernel key (kernel_key): a group submits only the kernels no earlier group did.
     plan = compile_plan(order, groups, draw, settings)
     futures: dict[tuple, cf.Future] = {}
+    done_at: dict[cf.Future, float] = {}  # when each compile task finished (its done callback)
     for key in order:  # in timing order, four configs a task
         p0 = groups[key][0]
         new = [c for c in plan[key] if kernel_key(p0, c) not in futures]
         for j in range(0, len(new), 4):
             fut = pool.submit(_compile_chunk, p0.dtype, p0.allow_tf32, p0.m, p0.n, p0.k, strides(p0),
                               [c.as_dict() for c in new[j:j + 4]])
+            fut.add_done_callback(lambda f: done_at.__setitem__(f, time.perf_counter()))
             for c in new[j:j + 4]:
                 futures[kernel_key(p0, c)] = fut
     stats["kernels_to_compile"] = len(futures)
@@ -193,7 +199,9 @@ def run(out_dir: Path, spec_name: str | None = None, settings: GemmSweepSettings
             for cfg in plan[key]:
                 fut = futures[kernel_key(p0, cfg)]
                 if fut not in results:
+                    t_wait = time.perf_counter()
                     results[fut] = {GemmConfig(**c): err for c, err in fut.result()}
+                    stats["compile_wait_s"] += time.perf_counter() - t_wait
                     stats["kernels_compiled"] += len(results[fut])
                 compile_errors[cfg] = results[fut][cfg]
             stats["compile_s"] = time.perf_counter() - t_compile0  # until the last group needed is ready
@@ -212,6 +220,7 @@ def run(out_dir: Path, spec_name: str | None = None, settings: GemmSweepSettings
                 stats["problems"] += 1
                 stats["rows"] += len(rows)
                 stats["host_stalls"] += sum(r.get("host_stalls", 0) for r in rows)
+                stats["slow_single_run"] += sum(bench.last_single_run)
                 for r in rows:
                     if r["kind"] != "triton":
                         continue
@@ -221,13 +230,22 @@ def run(out_dir: Path, spec_name: str | None = None, settings: GemmSweepSettings
                     stats["rejected_rows"] += r["status"] == "rejected_peak"
                 bar.update(1)
                 bar.set_postfix(rows_s=f"{stats['timed_configs'] / max(stats['timing_s'], 1e-9):.0f}",
-                                rows=stats["rows"])
+                                rows=stats["rows"], single=stats["slow_single_run"])
     finally:
         bar.close()
         writer.close()
         pool.shutdown(cancel_futures=True)
     stats["timed_configs_per_s"] = stats["timed_configs"] / max(stats["timing_s"], 1e-9)
     stats["wall_s"] = time.perf_counter() - t_compile0
+    # Throughput over the whole run, compiles included (timed_configs_per_s counts timing time only).
+    stats["timed_configs_per_wall_s"] = stats["timed_configs"] / max(stats["wall_s"], 1e-9)
+    stats["kernels_per_wall_s"] = stats["kernels_compiled"] / max(stats["wall_s"], 1e-9)
+    # The compiles' own throughput. compile_s ends when the timing loop reached the last group, later than
+    # its compiles finished where timing sets the pace; compile_done_s ends when the last compile task
+    # the run used finished.
+    finished = [done_at[f] for f in results if f in done_at]
+    stats["compile_done_s"] = max(finished) - t_compile0 if finished else 0.0
+    stats["kernels_per_compile_s"] = stats["kernels_compiled"] / max(stats["compile_done_s"], 1e-9)
     return stats
 
 
