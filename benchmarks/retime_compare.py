@@ -3,8 +3,10 @@
     python benchmarks/retime_compare.py --sweep SWEEP_DIR [--cublas DIR ...] [--triton DIR] [--pad OLD_PAD_DIR]
 
 --sweep is the GEMM sweep's folder; each --cublas folder holds `perfmodel gen cublas` parts (label =
-folder name); --triton holds a `gen gemm` re-run of some problems (same configs where they overlap);
---pad compares the pad rows of an older pad run with the sweep folder's. Prints time ratios.
+folder name); --triton holds a `gen gemm` re-run of some problems (same configs where they overlap; the
+rows it kept at one run, `reps` 1, apart too, and per problem the sweep's time of its fastest config
+over the sweep's best); --pad compares the pad rows of an older pad run with the sweep folder's.
+Prints time ratios.
 """
 from __future__ import annotations
 
@@ -47,11 +49,22 @@ def main() -> None:
         def key(r):
             return (r["unit"], r["block_m"], r["block_n"], r["block_k"], r["num_stages"], r["num_warps"])
         base = {key(r): r["ms"] for r in rows if r["kind"] == "triton" and r["status"] == "ok"}
-        pairs = [(base[key(r)], r["ms"]) for r in iter_rows(args.triton, "gemm")
-                 if r["kind"] == "triton" and r["status"] == "ok" and key(r) in base]
-        x, y = np.array(pairs).T
+        retimed = [r for r in iter_rows(args.triton, "gemm")
+                   if r["kind"] == "triton" and r["status"] == "ok" and key(r) in base]
+        x, y = np.array([(base[key(r)], r["ms"]) for r in retimed]).T
+        single = np.array([r.get("reps") == 1 for r in retimed])
         ratios(f"Triton sweep / {args.triton.name}", x, y)
         ratios(f"Triton sweep / {args.triton.name}, runs < 20 us", x[y < 0.02], y[y < 0.02])
+        if single.any():  # configs the re-time kept at their first run (TimingSettings.slow_factor)
+            ratios(f"Triton sweep / {args.triton.name}, reps 1", x[single], y[single])
+            ratios(f"Triton sweep / {args.triton.name}, reps > 1", x[~single], y[~single])
+        # The ranking: per problem, the sweep's time of the re-time's fastest config over the sweep's best
+        by_unit: dict[str, list[tuple[float, float]]] = {}
+        for r in retimed:
+            by_unit.setdefault(r["unit"], []).append((base[key(r)], r["ms"]))
+        loss = np.array([min(v, key=lambda t: t[1])[0] / min(t[0] for t in v) for v in by_unit.values()])
+        print(f"{'sweep ms of the re-time pick / sweep best':45s} n={len(loss):5d} median {np.median(loss):.3f}  "
+              f"max {loss.max():.3f}  same pick {(loss == 1).mean():.3f}")
     if args.pad:
         def pkey(r):
             return tuple(r[f] for f in ("m", "k", "n", "dtype", "allow_tf32", "transpose_left", "transpose_right",

@@ -9,7 +9,7 @@ check as in the sweep). Prints the dataset's ms next to each pass's, and a JSON 
 
 --stress N runs N niced busy-loop processes meanwhile (a stand-in for the sweep's compile workers), and
 --no-stall-check keeps the runs the GPU reached before the host had enqueued them, as the sweeps
-before the check did (data_gen/measure.py).
+before the check did (data_gen/measure.py); --slow-factor 0 gives every config its repetitions.
 """
 from __future__ import annotations
 
@@ -77,10 +77,14 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--stress", type=int, default=0, help="busy-loop processes (niced) running meanwhile")
     ap.add_argument("--no-stall-check", action="store_true", help="keep runs the GPU reached before the host enqueued them")
+    ap.add_argument("--slow-factor", type=float, default=TimingSettings().slow_factor,
+                    help="keep a config far slower than the problem's fastest at its first run, as the sweep does "
+                         "(0: every config gets its repetitions)")
     args = ap.parse_args()
     spec, live = resolve_spec(None)
     dev = torch.device("cuda")
-    bench = Bench(dev, live.get("l2_bytes") or spec.l2_bytes, TimingSettings(stall_check=not args.no_stall_check))
+    timing = TimingSettings(stall_check=not args.no_stall_check, slow_factor=args.slow_factor or None)
+    bench = Bench(dev, live.get("l2_bytes") or spec.l2_bytes, timing)
     stress = [mp.get_context("spawn").Process(target=_spin, daemon=True) for _ in range(args.stress)]
     for proc in stress:
         proc.start()

@@ -70,6 +70,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                            help="comma-separated dtype modes to sweep: float16,bfloat16,tf32,float32 (default all)")
             g.add_argument("--max-per-group", type=int, default=None, help="cap new problems per compile group")
             g.add_argument("--time-limit", type=float, default=None, help="stop cleanly after this many seconds")
+            t = d.timing
+            g.add_argument("--slow-factor", type=float, default=t.slow_factor,
+                           help="a config whose first run is this many times slower than the problem's fastest "
+                                f"(and above --slow-min-ms) keeps that single run (0: none; default {t.slow_factor:g})")
+            g.add_argument("--slow-min-ms", type=float, default=t.slow_min_ms,
+                           help="--slow-factor's floor: a config whose first run is at or below this many ms gets "
+                                f"its repetitions whatever its factor (default {t.slow_min_ms:g})")
             g.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1), help="compile processes")
             g.add_argument("--problems-from", type=Path, default=None,
                            help="only the problems of this dataset folder (re-times it: same problems, same configs)")
@@ -135,7 +142,10 @@ def run(args: argparse.Namespace) -> int:
         return rc
     from .measure import TimingSettings
 
-    timing = TimingSettings(budget_ms=args.budget_ms, pre_sleep_us=args.pre_sleep_us)
+    # The slow-config rule compares one problem's Triton configs: the GEMM sweep's alone.
+    slow = ({"slow_factor": args.slow_factor or None, "slow_min_ms": args.slow_min_ms} if args.gen_kind == "gemm"
+            else {"slow_factor": None})
+    timing = TimingSettings(budget_ms=args.budget_ms, pre_sleep_us=args.pre_sleep_us, **slow)
     if args.gen_kind == "gemm":
         from .gemm_sweep import run as run_gemm
         from .settings import GemmSweepSettings

@@ -158,7 +158,11 @@ def run(out_dir: Path, spec_name: str | None = None, settings: GemmSweepSettings
 
     stats = {"problems": 0, "rows": 0, "ok_rows": 0, "failed_rows": 0, "rejected_rows": 0,
              "kernels_compiled": 0, "compile_s": 0.0, "timing_s": 0.0, "timed_configs": 0,
-             "resumed_existing_rows": writer.n_existing_rows, "host_stalls": 0}
+             "resumed_existing_rows": writer.n_existing_rows, "host_stalls": 0,
+             # Seconds the timing loop waited for compiles (about 0 where timing sets the pace)
+             "compile_wait_s": 0.0,
+             # Configs kept at their first run, far slower than their problem's fastest (TimingSettings.slow_factor)
+             "slow_single_run": 0}
     if not todo:
         writer.close()
         return stats
@@ -173,12 +177,14 @@ def run(out_dir: Path, spec_name: str | None = None, settings: GemmSweepSettings
     # One compile per kernel key (kernel_key): a group submits only the kernels no earlier group did.
     plan = compile_plan(order, groups, draw, settings)
     futures: dict[tuple, cf.Future] = {}
+    done_at: dict[cf.Future, float] = {}  # when each compile task finished (its done callback)
     for key in order:  # in timing order, four configs a task
         p0 = groups[key][0]
         new = [c for c in plan[key] if kernel_key(p0, c) not in futures]
         for j in range(0, len(new), 4):
             fut = pool.submit(_compile_chunk, p0.dtype, p0.allow_tf32, p0.m, p0.n, p0.k, strides(p0),
                               [c.as_dict() for c in new[j:j + 4]])
+            fut.add_done_callback(lambda f: done_at.__setitem__(f, time.perf_counter()))
             for c in new[j:j + 4]:
                 futures[kernel_key(p0, c)] = fut
     stats["kernels_to_compile"] = len(futures)
@@ -193,7 +199,9 @@ def run(out_dir: Path, spec_name: str | None = None, settings: GemmSweepSettings
             for cfg in plan[key]:
                 fut = futures[kernel_key(p0, cfg)]
                 if fut not in results:
+                    t_wait = time.perf_counter()
                     results[fut] = {GemmConfig(**c): err for c, err in fut.result()}
+                    stats["compile_wait_s"] += time.perf_counter() - t_wait
                     stats["kernels_compiled"] += len(results[fut])
                 compile_errors[cfg] = results[fut][cfg]
             stats["compile_s"] = time.perf_counter() - t_compile0  # until the last group needed is ready
@@ -212,6 +220,7 @@ def run(out_dir: Path, spec_name: str | None = None, settings: GemmSweepSettings
                 stats["problems"] += 1
                 stats["rows"] += len(rows)
                 stats["host_stalls"] += sum(r.get("host_stalls", 0) for r in rows)
+                stats["slow_single_run"] += sum(bench.last_single_run)
                 for r in rows:
                     if r["kind"] != "triton":
                         continue
@@ -221,13 +230,22 @@ def run(out_dir: Path, spec_name: str | None = None, settings: GemmSweepSettings
                     stats["rejected_rows"] += r["status"] == "rejected_peak"
                 bar.update(1)
                 bar.set_postfix(rows_s=f"{stats['timed_configs'] / max(stats['timing_s'], 1e-9):.0f}",
-                                rows=stats["rows"])
+                                rows=stats["rows"], single=stats["slow_single_run"])
     finally:
         bar.close()
         writer.close()
         pool.shutdown(cancel_futures=True)
     stats["timed_configs_per_s"] = stats["timed_configs"] / max(stats["timing_s"], 1e-9)
     stats["wall_s"] = time.perf_counter() - t_compile0
+    # Throughput over the whole run, compiles included (timed_configs_per_s counts timing time only).
+    stats["timed_configs_per_wall_s"] = stats["timed_configs"] / max(stats["wall_s"], 1e-9)
+    stats["kernels_per_wall_s"] = stats["kernels_compiled"] / max(stats["wall_s"], 1e-9)
+    # The compiles' own throughput. compile_s ends when the timing loop reached the last group, later than
+    # its compiles finished where timing sets the pace; compile_done_s ends when the last compile task
+    # the run used finished.
+    finished = [done_at[f] for f in results if f in done_at]
+    stats["compile_done_s"] = max(finished) - t_compile0 if finished else 0.0
+    stats["kernels_per_compile_s"] = stats["kernels_compiled"] / max(stats["compile_done_s"], 1e-9)
     return stats
 
 
@@ -242,7 +260,12 @@ def units_digest(units: frozenset[str] | None) -> str | None:
 
 def measure_problem(p: GemmProblem, cfgs: list[tuple[GemmConfig, str]], bench: Bench, spec: DeviceSpec,
                     clock) -> list[dict[str, Any]]:
-    """Rows for one problem: one cuBLAS row and one row per config (ok, failed or rejected)."""
+    """Rows for one problem: one cuBLAS row and one row per config (ok, failed or rejected).
+
+    Each config's correctness launch (into a NaN-poisoned output, checked against the reference) is its
+    first timed run; configs far slower than the problem's fastest keep that run alone
+    (TimingSettings.slow_factor, `bench.last_single_run`). cuBLAS is warmed up and checked by a call of
+    its own, and always gets its repetitions."""
     a, b = make_operands(p, bench.device)
     ref = reference(p, a, b)
     ref_norm = torch.linalg.vector_norm(ref)
@@ -251,24 +274,31 @@ def measure_problem(p: GemmProblem, cfgs: list[tuple[GemmConfig, str]], bench: B
 
     with cublas_tf32(p.allow_tf32):
         cublas = lambda: torch.mm(a, b)  # noqa: E731
-        err_cublas = relative_error(cublas(), ref, ref_norm)
-        runnable, rows, errs = [], [], []
+        err_cublas = relative_error(cublas(), ref, ref_norm)  # also cuBLAS's warm-up
+        runnable, rows, errs, fns, first_runs = [], [], [], [], []
         for cfg, cerr in cfgs:
             row = {**base, "kind": "triton", **cfg.as_dict()}
             if cerr:
                 rows.append({**row, "status": "fail:" + cerr[:120], "ms": None})
                 continue
-            c.fill_(float("nan"))  # poison: every element must be written
+            fn = lambda cfg=cfg: kernel.launch(a, b, c, cfg, p.allow_tf32)  # noqa: E731
             try:
-                kernel.launch(a, b, c, cfg, p.allow_tf32)
-            except Exception as exc:  # out of resources at launch: a failure row
+                # Load the module first: a config out of resources fails here, before any event is
+                # recorded, and the cold load stays out of the timed first run.
+                kernel.prepare(a, b, c, cfg, p.allow_tf32)
+                c.fill_(float("nan"))  # poison: every element must be written
+                # The correctness launch is the config's first timed run (time_many's first pass).
+                first = bench.timed_run(fn)
+            except Exception as exc:  # out of resources: a failure row
                 rows.append({**row, "status": f"fail:launch:{type(exc).__name__}", "ms": None})
                 continue
             errs.append(relative_error(c, ref, ref_norm))
             runnable.append((cfg, row))
-        fns = [(lambda cfg=cfg: kernel.launch(a, b, c, cfg, p.allow_tf32)) for cfg, _ in runnable]
+            fns.append(fn)
+            first_runs.append(first)
         clocks: list[float | None] = []
-        timed = bench.time_many([cublas, *fns], on_busy=lambda: clocks.append(clock.sm_clock_mhz()))
+        timed = bench.time_many([cublas, *fns], on_busy=lambda: clocks.append(clock.sm_clock_mhz()),
+                                first_runs=[None, *first_runs], peers=[False] + [True] * len(fns))
     sm_clock = clocks[0] if clocks else None
     stalls = bench.last_stalls
     err_values = torch.stack([err_cublas, *errs]).tolist() if errs else [err_cublas.item()]

@@ -1,9 +1,16 @@
 """Timing, correctness and physical-limit checks (docs/design.md, "Measuring").
 
 Timing follows triton.testing.do_bench: CUDA events around each run, the L2 flushed (a buffer of
-twice the L2 zeroed) before each, warm-up first, the median reported. Many callables are timed in
-one batch: one pass of single runs sizes each callable's repetitions to a time budget, a second
-pass runs them; the host syncs twice per batch, not per run.
+twice the L2 zeroed) before each, the median reported. Many callables are timed in one batch: one
+pass of single runs sizes each callable's repetitions to a time budget, a second pass runs them; the
+host syncs twice per batch, not per run. A caller may hand in a callable's first-pass run (the GEMM
+sweep's correctness launch is timed as one, `Bench.timed_run`).
+
+Among the callables marked as peers (the Triton configs of one problem), one whose first run took more
+than `slow_factor` times the fastest peer's first run, and over `slow_min_ms`, keeps that run alone
+(`Bench.last_single_run`): it cannot be near the top of the problem's ranking, and one run of a kernel
+that long is within a few per cent of its median. On the largest GEMMs such configs are most of the
+sweep's GPU time.
 
 A GPU spin before each run hides the host's launch latency, as long as the host enqueues the run
 before the GPU gets to it. A run the GPU reached first (its start event had completed by the time the
@@ -29,19 +36,28 @@ REJECT_ABOVE = 1.0   # fraction of the physical peak: impossible, the row is rej
 FLAG_ABOVE = 0.9
 FLAG_BELOW = 0.01
 
+# One timed run: (start event, end event, stalled), see Bench.timed_run.
+Run = tuple[torch.cuda.Event, torch.cuda.Event, bool]
+
 
 @dataclass
 class TimingSettings:
     budget_ms: float = 0.8   # GPU time per callable in the second pass (flush and spin included)
     min_reps: int = 3
     max_reps: int = 40
-    # GPU spin before each timed run (see Bench._run). Without it, host launch latency is timed on short
+    # GPU spin before each timed run (see Bench.timed_run). Without it, host launch latency is timed on short
     # kernels: benchmarks/launch_gap_check.py measured 0.04-0.2 ms instead of ~5 us on the H100.
     pre_sleep_us: float = 100.0
     # Rounds of min_reps extra runs for a callable left with fewer than min_reps runs enqueued ahead of
-    # the GPU. After them, its median is over every run, stalled ones included (counted all the same).
+    # the GPU (one run for a callable kept at a single run, below). After them, its median is over every
+    # run, stalled ones included (counted all the same).
     stall_retries: int = 5
     stall_check: bool = True  # False: keep (still count) stalled runs, as the sweeps before the check did
+    # A peer callable (time_many's `peers`) whose first run took more than slow_factor times the fastest
+    # peer's first run and more than slow_min_ms keeps that single run (re-run once if it stalled).
+    # slow_factor None or 0: every callable gets its repetitions; slow_min_ms 0: no floor.
+    slow_factor: float | None = 2.0
+    slow_min_ms: float = 0.5
 
 
 class Bench:
@@ -54,6 +70,7 @@ class Bench:
         self._sleep_cycles = int(settings.pre_sleep_us * 1e-6 * clock_hz)
         self.flush_ms = self._measure_flush()
         self.last_stalls: list[int] = []  # per callable of the last time_many: runs the GPU waited for
+        self.last_single_run: list[bool] = []  # per callable of the last time_many: kept at its first run
 
     def flush(self) -> None:
         self._flush_buf.zero_()
@@ -69,50 +86,78 @@ class Bench:
         torch.cuda.synchronize()
         return ev[0].elapsed_time(ev[1]) / 10
 
-    def _run(self, fn: Callable[[], object], reps: int) -> list[tuple[torch.cuda.Event, torch.cuda.Event, bool]]:
-        """(start, end, stalled) per run. stalled: the GPU had already passed `start` when the host had
-        enqueued fn and `end`, so it may have waited for them between the events, and that was timed."""
-        out = []
-        for _ in range(reps):
-            self.flush()
-            if self.settings.pre_sleep_us > 0:
-                # Keep the GPU busy while the host enqueues start, fn and end: otherwise a slow launch
-                # (a Python launcher, a busy CPU) leaves the GPU idle between the events and is timed.
-                torch.cuda._sleep(self._sleep_cycles)
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            out.append((start, end, start.query()))
-        return out
+    def timed_run(self, fn: Callable[[], object]) -> Run:
+        """One run of fn between CUDA events, behind an L2 flush and the GPU spin: (start, end, stalled).
+        stalled: the GPU had already passed `start` when the host had enqueued fn and `end`, so it may
+        have waited for them between the events, and that was timed. An exception from fn leaves no run."""
+        self.flush()
+        if self.settings.pre_sleep_us > 0:
+            # Keep the GPU busy while the host enqueues start, fn and end: otherwise a slow launch
+            # (a Python launcher, a busy CPU) leaves the GPU idle between the events and is timed.
+            torch.cuda._sleep(self._sleep_cycles)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        return start, end, start.query()
 
-    def time_many(self, fns: Sequence[Callable[[], object]], on_busy: Callable[[], None] | None = None
+    def _run(self, fn: Callable[[], object], reps: int) -> list[Run]:
+        return [self.timed_run(fn) for _ in range(reps)]
+
+    def time_many(self, fns: Sequence[Callable[[], object]], on_busy: Callable[[], None] | None = None,
+                  first_runs: Sequence[Run | None] | None = None, peers: Sequence[bool] | None = None
                   ) -> list[tuple[float, int]]:
-        """(median ms, number of runs in the median) per callable. Each has been warmed up by the caller.
-        Runs the GPU reached before the host had enqueued them are re-run and left out (`last_stalls`)."""
+        """(median ms, number of runs in the median) per callable. Each has been warmed up by the caller
+        (a Triton kernel: its module loaded, so that no run times the load). Runs the GPU reached before
+        the host had enqueued them are re-run and left out (`last_stalls`).
+
+        first_runs: per callable, a run the caller already made with `timed_run` (it stands for the
+        callable's first-pass run, which is then not made here), or None. peers: per callable, whether it
+        takes part in the slow-run rule (TimingSettings.slow_factor; `last_single_run` says which kept a
+        single run); None: no callable does."""
         s = self.settings
-        first = [self._run(fn, 1) for fn in fns]
+        given = list(first_runs) if first_runs is not None else [None] * len(fns)
+        if len(given) != len(fns) or (peers is not None and len(peers) != len(fns)):
+            raise ValueError("time_many: first_runs and peers need one entry per callable")
+        first = [[run] if run is not None else self._run(fn, 1) for fn, run in zip(fns, given)]
         torch.cuda.synchronize()
         t_first = [start.elapsed_time(end) for ((start, end, _),) in first]
-        reps = [max(s.min_reps - 1, min(s.max_reps - 1, int(s.budget_ms / (t + self.flush_ms + s.pre_sleep_us * 1e-3))))
-                for t in t_first]
+        single = slow_single_runs(t_first, peers, s)
+        reps = [0 if one else
+                max(s.min_reps - 1, min(s.max_reps - 1, int(s.budget_ms / (t + self.flush_ms + s.pre_sleep_us * 1e-3))))
+                for t, one in zip(t_first, single)]
         runs = [f + self._run(fn, r) for f, fn, r in zip(first, fns, reps)]
         if on_busy is not None:
             on_busy()  # e.g. read the SM clock while the GPU is working
+        # Clean runs each callable needs: min_reps, or one for a callable kept at its single run.
+        need = [1 if one else s.min_reps for one in single]
         for _ in range(s.stall_retries if s.stall_check else 0):
-            short = [i for i, rs in enumerate(runs) if sum(not st for *_, st in rs) < s.min_reps]
+            short = [i for i, rs in enumerate(runs) if sum(not st for *_, st in rs) < need[i]]
             if not short:
                 break
             for i in short:
-                runs[i] += self._run(fns[i], s.min_reps)
+                runs[i] += self._run(fns[i], need[i])
         torch.cuda.synchronize()
-        out, self.last_stalls = [], []
-        for rs in runs:
+        out, self.last_stalls, self.last_single_run = [], [], single
+        for rs, n in zip(runs, need):
             clean = [a.elapsed_time(b) for a, b, st in rs if not (st and s.stall_check)]
-            smp = clean if len(clean) >= s.min_reps else [a.elapsed_time(b) for a, b, _ in rs]
+            smp = clean if len(clean) >= n else [a.elapsed_time(b) for a, b, _ in rs]
             out.append((statistics.median(smp), len(smp)))
             self.last_stalls.append(sum(st for *_, st in rs))
         return out
+
+
+def slow_single_runs(t_first: Sequence[float], peers: Sequence[bool] | None, settings: TimingSettings) -> list[bool]:
+    """Which callables keep their single first run: peers whose first-run time is above
+    settings.slow_factor times the fastest peer's and above settings.slow_min_ms. Non-peers (cuBLAS in
+    the GEMM sweep) are never kept at one run and do not set the reference."""
+    if peers is None or not settings.slow_factor:
+        return [False] * len(t_first)
+    ref = min((t for t, peer in zip(t_first, peers) if peer), default=None)
+    if ref is None:
+        return [False] * len(t_first)
+    limit = max(settings.slow_factor * ref, settings.slow_min_ms)
+    return [bool(peer) and t > limit for t, peer in zip(t_first, peers)]
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor, ref_norm: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,12 @@
 """The physical-limit validator (data_gen/measure.py) and the device specs' peak rates."""
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
@@ -227,3 +232,223 @@ def test_time_many_check_can_be_turned_off(monkeypatch):
     fn, calls = _kernel([0.1, 1.0, 1.0], stall_calls={1, 2})
     assert bench.time_many([fn]) == [(1.0, 3)]  # the stalled runs are kept, and counted
     assert bench.last_stalls == [2] and len(calls) == 3
+
+
+# ---- time_many: a first run handed in, and slow configs kept at their single run (synthetic events) ----
+
+def test_time_many_uses_a_handed_in_first_run(monkeypatch):
+    bench = _fake_bench(monkeypatch, budget_ms=0.0, min_reps=3)
+    fn, calls = _kernel([0.3, 0.1, 0.2, 9.0])
+    other, other_calls = _kernel([0.5, 0.5, 0.5, 9.0])
+    first = bench.timed_run(fn)  # e.g. the sweep's correctness launch
+    assert len(calls) == 1
+    out = bench.time_many([fn, other], first_runs=[first, None])
+    # fn: the handed-in run is its first pass (no run of its own there), then min_reps - 1 more
+    assert len(calls) == 3 and out[0] == (0.2, 3)
+    assert len(other_calls) == 3 and out[1] == (0.5, 3)  # no first run given: its own first pass
+
+
+def test_time_many_first_run_sizes_the_repetitions(monkeypatch):
+    # budget 0.8 ms, flush 0.01 + spin 0.1: a 0.09 ms first run gets int(0.8 / 0.2) = 4 more runs
+    bench = _fake_bench(monkeypatch, budget_ms=0.8, min_reps=3)
+    fn, calls = _kernel([0.09] * 10)
+    bench.time_many([fn], first_runs=[bench.timed_run(fn)])
+    assert len(calls) == 5
+
+
+def test_slow_config_keeps_its_single_run(monkeypatch):
+    bench = _fake_bench(monkeypatch, budget_ms=0.0, min_reps=3, slow_factor=2.0, slow_min_ms=0.5)
+    fast, fast_calls = _kernel([0.4, 0.4, 0.4])
+    at_factor, at_calls = _kernel([0.8, 0.8, 0.8])   # exactly 2x the fastest: not above it
+    slow, slow_calls = _kernel([1.0, 7.0, 7.0])      # 2.5x and above 0.5 ms: one run
+    firsts = [bench.timed_run(f) for f in (fast, at_factor, slow)]
+    out = bench.time_many([fast, at_factor, slow], first_runs=firsts, peers=[True, True, True])
+    assert out == [(0.4, 3), (0.8, 3), (1.0, 1)]
+    assert (len(fast_calls), len(at_calls), len(slow_calls)) == (3, 3, 1)
+    assert bench.last_single_run == [False, False, True]
+
+
+def test_slow_rule_floor(monkeypatch):
+    # 4x the fastest but not above slow_min_ms: a short kernel keeps its repetitions
+    bench = _fake_bench(monkeypatch, budget_ms=0.0, min_reps=3, slow_factor=2.0, slow_min_ms=0.5)
+    fast, _ = _kernel([0.1] * 3)
+    short, short_calls = _kernel([0.4] * 3)
+    assert bench.time_many([fast, short], peers=[True, True]) == [(0.1, 3), (0.4, 3)]
+    assert len(short_calls) == 3 and bench.last_single_run == [False, False]
+
+
+def test_slow_config_whose_single_run_stalled_is_rerun(monkeypatch):
+    bench = _fake_bench(monkeypatch, budget_ms=0.0, min_reps=3, slow_factor=2.0, slow_min_ms=0.5)
+    fast, _ = _kernel([0.4] * 3)
+    slow, slow_calls = _kernel([3.0, 1.1, 9.0], stall_calls={0})  # its first run timed an idle GPU too
+    out = bench.time_many([fast, slow], first_runs=[None, bench.timed_run(slow)], peers=[True, True])
+    assert len(slow_calls) == 2  # one clean run, not min_reps
+    assert out[1] == (1.1, 1) and bench.last_stalls == [0, 1] and bench.last_single_run == [False, True]
+
+
+def test_slow_config_stalled_run_kept_without_stall_check(monkeypatch):
+    bench = _fake_bench(monkeypatch, budget_ms=0.0, min_reps=3, slow_factor=2.0, slow_min_ms=0.5,
+                        stall_check=False)
+    fast, _ = _kernel([0.4] * 3)
+    slow, slow_calls = _kernel([3.0, 1.1], stall_calls={0})
+    assert bench.time_many([fast, slow], peers=[True, True])[1] == (3.0, 1)
+    assert len(slow_calls) == 1 and bench.last_stalls == [0, 1]
+
+
+def test_non_peers_never_kept_at_one_run_nor_the_reference(monkeypatch):
+    bench = _fake_bench(monkeypatch, budget_ms=0.0, min_reps=3, slow_factor=2.0, slow_min_ms=0.5)
+    # cuBLAS 12x slower than the Triton configs: still its repetitions
+    cublas, cublas_calls = _kernel([5.0] * 3)
+    t1, _ = _kernel([0.4] * 3)
+    t2, _ = _kernel([0.45] * 3)
+    assert bench.time_many([cublas, t1, t2], peers=[False, True, True]) == [(5.0, 3), (0.4, 3), (0.45, 3)]
+    assert len(cublas_calls) == 3 and bench.last_single_run == [False, False, False]
+    # a fast cuBLAS does not set the reference: 0.9 and 1.5 ms are within 2x of the fastest peer (0.9),
+    # though both are above 2x cuBLAS's 0.3 ms
+    cublas, _ = _kernel([0.3] * 3)
+    t1, t1_calls = _kernel([0.9] * 3)
+    t2, t2_calls = _kernel([1.5] * 3)
+    assert bench.time_many([cublas, t1, t2], peers=[False, True, True]) == [(0.3, 3), (0.9, 3), (1.5, 3)]
+    assert len(t1_calls) == len(t2_calls) == 3
+    # without peers (the cuBLAS and pad sweeps, the benchmarks) no callable is kept at one run
+    fast, _ = _kernel([0.4] * 3)
+    slow, slow_calls = _kernel([2.0] * 3)
+    assert bench.time_many([fast, slow]) == [(0.4, 3), (2.0, 3)] and len(slow_calls) == 3
+
+
+@pytest.mark.parametrize("factor", [None, 0.0])
+def test_slow_factor_off_gives_every_config_its_repetitions(monkeypatch, factor):
+    bench = _fake_bench(monkeypatch, budget_ms=0.0, min_reps=3, slow_factor=factor, slow_min_ms=0.5)
+    fast, _ = _kernel([0.4] * 3)
+    slow, slow_calls = _kernel([4.0] * 3)
+    assert bench.time_many([fast, slow], peers=[True, True]) == [(0.4, 3), (4.0, 3)]
+    assert len(slow_calls) == 3 and bench.last_single_run == [False, False]
+
+
+def test_timing_settings_in_the_shard_header():
+    # The sweep's header records vars(settings.timing): the slow-config rule is in it
+    from perfmodel.data_gen.settings import GemmSweepSettings
+
+    timing = vars(GemmSweepSettings().timing)
+    assert timing["slow_factor"] == 2.0 and timing["slow_min_ms"] == 0.5
+
+
+# ---- gemm_sweep.measure_problem on the CPU: the real kernel under TRITON_INTERPRET=1, synthetic events ----
+
+MEASURE_CHILD = textwrap.dedent("""
+    import collections, json
+    import torch
+    from triton.runtime.errors import OutOfResources
+    from perfmodel import GemmConfig, GemmProblem
+    from perfmodel.data_gen import gemm_sweep, kernel
+    from perfmodel.data_gen.measure import Bench, TimingSettings
+    from perfmodel.devices import get_spec
+
+    class Event:  # elapsed time: what the launch that ran between the pair set; never stalled
+        current, created = 0.0, 0
+        def __init__(self, enable_timing=True):
+            Event.created += 1
+        def record(self):
+            self.ms = Event.current
+        def elapsed_time(self, end):
+            return end.ms
+        def query(self):
+            return False
+
+    torch.cuda.Event = Event
+    torch.cuda._sleep = lambda cycles: None
+    torch.cuda.synchronize = lambda: None
+
+    FAST, SLOW, NEAR, WRONG = GemmConfig(16, 16, 16, 8, 1, 2), GemmConfig(32, 16, 32, 4, 2, 4), \\
+        GemmConfig(16, 32, 16, 2, 3, 8), GemmConfig(32, 32, 16, 8, 1, 4)
+    # Out of shared memory on the device (the interpreter has no limit: its prepare raises as Triton's would)
+    BIG = GemmConfig(256, 256, 128, 8, 5, 8)
+    MS = {FAST: 0.6, SLOW: 2.0, NEAR: 0.9, WRONG: 0.7}
+    launches = collections.Counter()
+    real_launch, real_prepare, real_mm = kernel.launch, kernel.prepare, torch.mm
+    prepared = []
+
+    def launch(a, b, c, cfg, allow_tf32=False):
+        launches[cfg] += 1
+        Event.current = MS[cfg]
+        if cfg != WRONG:  # WRONG writes nothing: its output stays poisoned
+            real_launch(a, b, c, cfg, allow_tf32)
+
+    def prepare(a, b, c, cfg, allow_tf32=False):
+        prepared.append(Event.created)
+        real_prepare(a, b, c, cfg, allow_tf32)
+        if cfg == BIG:
+            raise OutOfResources(294912, 232448, "shared memory")
+
+    def mm(a, b):  # cuBLAS, the slowest callable (the fp64 reference is not timed)
+        if a.dtype != torch.float64:
+            launches["cublas"] += 1
+            Event.current = 5.0
+        return real_mm(a, b)
+
+    kernel.launch, kernel.prepare, torch.mm = launch, prepare, mm
+    bench = Bench.__new__(Bench)
+    bench.device, bench.flush_ms, bench._sleep_cycles = torch.device("cpu"), 0.01, 0
+    bench.settings = TimingSettings(budget_ms=0.0, min_reps=3, slow_factor=2.0, slow_min_ms=0.5)
+    bench.flush = lambda: None
+    clock = type("Clock", (), {"sm_clock_mhz": lambda self: 1980.0})()
+    p = GemmProblem(m=40, n=24, k=56, dtype="float32")
+    cfgs = [(FAST, ""), (BIG, ""), (SLOW, ""), (NEAR, ""), (GemmConfig(64, 64, 64), "compile:Error:x"), (WRONG, "")]
+    rows = gemm_sweep.measure_problem(p, cfgs, bench, get_spec("h100-sxm"), clock)
+    print("RESULTS" + json.dumps({
+        "rows": [{k: r.get(k) for k in ("kind", "block_m", "block_n", "block_k", "status", "ms", "reps", "rel_err")}
+                 for r in rows],
+        "launches": {str(k): v for k, v in launches.items()},
+        "events": Event.created, "prepared": prepared, "single": bench.last_single_run}))
+""")
+
+
+@pytest.fixture(scope="module")
+def measured(repo_root):
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(repo_root)}
+    proc = subprocess.run([sys.executable, "-c", MEASURE_CHILD], env=env, cwd=repo_root, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULTS"))
+    return json.loads(line[len("RESULTS"):])
+
+
+def _row(measured, block):
+    (r,) = [r for r in measured["rows"] if r["kind"] == "triton" and (r["block_m"], r["block_n"], r["block_k"]) == block]
+    return r
+
+
+def test_measure_problem_times_the_correctness_launch(measured):
+    launches = measured["launches"]
+    # every Triton launch is a timed run: min_reps for the configs timed in full (no extra correctness
+    # launch), one for the slow config; cuBLAS: its own warm-up/correctness call and min_reps runs
+    assert launches["cublas"] == 4
+    assert sorted(v for k, v in launches.items() if k != "cublas") == [1, 3, 3, 3]
+    # two events per timed run, none for the config that failed to load
+    assert measured["events"] == 2 * (sum(launches.values()) - 1)
+    assert _row(measured, (16, 16, 16))["reps"] == 3 and _row(measured, (16, 16, 16))["ms"] == 0.6
+    assert _row(measured, (16, 32, 16))["reps"] == 3   # 1.5x the fastest: repetitions
+    assert measured["single"] == [False, False, True, False, False]  # cuBLAS, FAST, SLOW, NEAR, WRONG
+
+
+def test_measure_problem_slow_config_single_run(measured):
+    slow = _row(measured, (32, 16, 32))
+    assert (slow["status"], slow["ms"], slow["reps"]) == ("ok", 2.0, 1)
+    (cublas,) = [r for r in measured["rows"] if r["kind"] == "cublas"]
+    assert (cublas["ms"], cublas["reps"]) == (5.0, 3)  # slowest of all, never kept at one run
+    assert cublas["rel_err"] < 1e-5
+
+
+def test_measure_problem_out_of_resources_is_a_launch_failure(measured):
+    big = _row(measured, (256, 256, 128))
+    assert big["status"] == "fail:launch:OutOfResources" and big["ms"] is None
+    # events created when each config's module was loaded: none before FAST's, FAST's first run (2)
+    # before BIG's, and none from BIG, whose load failed before any event was recorded
+    assert measured["prepared"][:3] == [0, 2, 2]
+    assert _row(measured, (64, 64, 64))["status"].startswith("fail:compile:")
+
+
+def test_measure_problem_catches_a_wrong_result(measured):
+    assert _row(measured, (32, 32, 16))["status"] == "fail:wrong_result"
+    for block in ((16, 16, 16), (32, 16, 32), (16, 32, 16)):  # the real kernel, checked on its timed first run
+        assert _row(measured, block)["status"] == "ok" and _row(measured, block)["rel_err"] < 1e-5
