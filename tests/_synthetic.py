@@ -60,14 +60,15 @@ def _randomise_batchnorm(head: PerfMLP, gen: torch.Generator) -> None:
 def make_synthetic_bundle(seed: int = 0, hidden: tuple[int, ...] = (256, 256, 256, 256),
                           with_pad: bool = True, with_cublas: bool = True, screen: str | None = "copy",
                           members: int = 1, average: str = "after_floor",
-                          devices: tuple[str, ...] = (DEFAULT_DEVICE,)) -> ModelBundle:
+                          devices: tuple[str, ...] = (DEFAULT_DEVICE,), screen_keep: int | None = None,
+                          lead_keep: int | None = None) -> ModelBundle:
     """An H100 bundle whose heads have random weights (seeded) and realistic normalisation.
     devices: the device specs it claims to be trained for, its default first (more than one: metadata
     "devices" and "device_specs" as a joint model's; the normalisation is the first device's).
     screen: "copy" (a screen head identical to the gemm head: ranking must then equal the full
     ranking), "random" (its own random weights, 2 x 64), or None (no screen head).
     members: > 1 makes the gemm head an ensemble (PerfMLP.ensemble, averaged `average`) of that many
-    random heads."""
+    random heads. screen_keep / lead_keep: set in the metadata when given (perfmodel.ranking)."""
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
     rng = random.Random(seed)
@@ -101,6 +102,7 @@ def make_synthetic_bundle(seed: int = 0, hidden: tuple[int, ...] = (256, 256, 25
             _randomise_batchnorm(small, gen)
             heads["screen"], encoders["screen"] = small.eval(), enc
     meta = {"pad_threshold": 1.1, "synthetic": True, "seed": seed}
+    meta.update({k: v for k, v in (("screen_keep", screen_keep), ("lead_keep", lead_keep)) if v is not None})
     if len(devices) > 1:
         meta.update(devices=list(devices), device_specs={d: get_spec(d).as_dict() for d in devices})
     return ModelBundle(spec, heads, encoders, meta)

@@ -10,7 +10,7 @@ import torch
 
 from perfmodel import GemmProblem, Predictor
 from perfmodel.features import configs_tensor, problems_tensor
-from perfmodel.ranking import screened_rank, screens
+from perfmodel.ranking import refines, screened_rank, screens
 
 
 def test_screened_rank_rule() -> None:
@@ -36,6 +36,105 @@ def test_screened_rank_rule() -> None:
     idx, _ = screened_rank(gemm, 1, 6, None, 3, 4)
     assert idx.tolist() == [[4, 5, 0, 2]]          # every config; 0 before 2 (a tie)
     assert screens(True, 7, 3) and not screens(True, 6, 3) and not screens(False, 100, 3)
+
+
+def test_screened_rank_through_a_lead() -> None:
+    """With a lead: the lead scores the screen's `keep` (in config order), its best lead_keep go on, in
+    config order, to the whole ensemble, which gets the lead's outputs on exactly those rows; the ranking
+    is the ensemble's. A ranking longer than lead_keep skips the lead."""
+    screen = torch.tensor([[0.0, 9.0, 1.0, 2.0, 3.0, 9.0, 4.0, 9.0, 9.0, 9.0]])       # keeps 0, 2, 3, 4, 6
+    lead_score = torch.tensor([5.0, 0.0, 1.0, 4.0, 0.5, 0.0, 2.0, 0.0, 0.0, 0.0])     # of those: 2, 4, 6 best
+    score = torch.tensor([0.0, -9.0, 3.0, -1.0, 1.0, -9.0, 2.0, -9.0, -9.0, -9.0])
+    seen = []
+
+    def lead(rows):
+        seen.append(("lead", rows.tolist()))
+        return lead_score[rows], lead_score[rows] * 10
+
+    def gemm(rows, carry):
+        seen.append(("gemm", rows.tolist(), None if carry is None else carry.tolist()))
+        return score[rows], score[rows] + 10
+
+    idx, lm = screened_rank(gemm, 1, 10, screen, 5, 2, lead=lead, lead_keep=3)
+    assert seen == [("lead", [0, 2, 3, 4, 6]), ("gemm", [2, 4, 6], [10.0, 5.0, 20.0])]
+    assert idx.tolist() == [[4, 6]] and lm.tolist() == [[11.0, 12.0]]   # the ensemble's best of the 5 (3, 0) not passed on
+    seen.clear()
+    assert screened_rank(gemm, 1, 10, screen, 5, 4, lead=lead, lead_keep=3)[0].tolist() == [[3, 0, 4, 6]]
+    assert [s[0] for s in seen] == ["gemm"]                             # k > lead_keep: no lead
+    # by_config (the ONNX graph): the lead's outputs come with their places among the kept rows
+    calls = []
+
+    def gemm_cfg(cand, carry):
+        calls.append((cand.tolist(), carry[0].tolist(), carry[1].tolist()))
+        return score[cand].reshape(-1), (score[cand] + 10).reshape(-1)
+
+    idx2, _ = screened_rank(gemm_cfg, 1, 10, screen, 5, 2, by_config=True,
+                            lead=lambda c: (lead_score[c].reshape(-1), (lead_score[c] * 10).reshape(-1)), lead_keep=3)
+    assert idx2.tolist() == idx.tolist() and calls == [([[2, 4, 6]], [[10.0, 5.0, 20.0]], [[1, 3, 4]])]
+    assert refines(3, 5, 3) and not refines(3, 5, 4) and not refines(0, 5, 1) and not refines(5, 5, 1)
+
+
+def _lead_model(tmp_path, lead_keep: int = 3):
+    from tests._synthetic import write_synthetic_model
+
+    return write_synthetic_model(tmp_path / "lead", seed=3, hidden=(32, 32), members=3, average="after_floor",
+                                 screen="random", screen_keep=8, lead_keep=lead_keep)
+
+
+def test_lead_keep_serves_alike_on_both_backends_and_in_the_evaluation(tmp_path) -> None:
+    """A model with a lead_keep: the torch backend, the ONNX ranking graph and the evaluation's rank_rows
+    rank as the rule does from the heads called directly -- the screen's best 8, the lead member's best 3
+    of them, the ensemble's order -- and a top_k above lead_keep ranks the screen's 8 with the ensemble."""
+    from perfmodel.train.evaluate import head_outputs, lead_outputs, rank_rows
+
+    folder = _lead_model(tmp_path)
+    pt, po = Predictor.load(folder, backend="torch"), Predictor.load(folder, backend="onnx")
+    assert pt.lead_keep == po.lead_keep == 3 and po._run.rank_width == 3
+    heads = pt.bundle.heads
+    rng = random.Random(2)
+    for _ in range(10):
+        prob = GemmProblem(m=rng.randint(1, 9000), n=rng.randint(1, 9000), k=rng.randint(1, 9000), dtype="float16")
+        configs = pt.default_configs("float16")
+        x = pt.bundle.encoders["gemm"].encode_cross(problems_tensor([prob]), configs_tensor(configs))
+        z, g = head_outputs(heads["gemm"], x)
+        s = head_outputs(heads["screen"], x)[0]
+        ld = lead_outputs(heads["gemm"], x)
+        kept = np.sort(np.argsort(s, kind="stable")[:8])
+        led = np.sort(kept[np.argsort(ld[kept], kind="stable")[:3]])
+        want = [configs[i] for i in led[np.argsort(z[led], kind="stable")]]
+        assert [c for c, _ in pt.rank(prob, top_k=3)] == want, prob
+        assert [c for c, _ in po.rank(prob, top_k=3)] == want, prob
+        assert [configs[i] for i in rank_rows(z, g, s, 8, 3, ld, 3)[0]] == want
+        np.testing.assert_allclose([t for _, t in po.rank(prob, top_k=3)], [t for _, t in pt.rank(prob, top_k=3)], rtol=1e-4)
+        # longer than lead_keep: the ensemble on the screen's 8 (onnx's head sessions, torch alike)
+        full = [configs[i] for i in kept[np.argsort(z[kept], kind="stable")][:5]]
+        assert [c for c, _ in pt.rank(prob, top_k=5)] == [c for c, _ in po.rank(prob, top_k=5)] == full
+
+
+def test_lead_keep_is_checked(tmp_path, capsys) -> None:
+    """lead_keep below screen_keep, on an ensemble averaged after the floor, with a screen: else the
+    folder is refused and export-onnx --lead-keep fails naming the flag, leaving the folder as it was."""
+    import json
+
+    from perfmodel import artifact
+    from perfmodel.cli import main
+
+    folder = _lead_model(tmp_path)
+    meta = json.loads((folder / "metadata.json").read_text())
+    for bad in (8, -1, "3"):
+        (folder / "metadata.json").write_text(json.dumps({**meta, "lead_keep": bad}))
+        with pytest.raises(artifact.ArtifactError, match="lead_keep"):
+            artifact.load(folder)
+    (folder / "metadata.json").write_text(json.dumps(meta))
+    assert main(["export-onnx", "--model", str(folder), "--lead-keep", "8"]) == 2
+    assert "--lead-keep" in capsys.readouterr().err and artifact.load(folder).lead_keep == 3
+    assert main(["export-onnx", "--model", str(folder), "--lead-keep", "0"]) == 0
+    assert artifact.load(folder).lead_keep == 0 and Predictor.load(folder, backend="onnx")._run.rank_width == 8
+    from tests._synthetic import write_synthetic_model
+
+    single = write_synthetic_model(tmp_path / "single", seed=1, hidden=(16,), screen="random", screen_keep=8)
+    assert main(["export-onnx", "--model", str(single), "--lead-keep", "3"]) == 2
+    assert "--lead-keep" in capsys.readouterr().err
 
 
 @pytest.fixture(scope="module")
