@@ -169,8 +169,10 @@ def test_onnx_ranking_graph_problem_stage_is_lean(shipped) -> None:
     the small tensors of one problem, so the traced rule keeps its sizes constant where it can -- no
     sign-corrected floor division (Where), no expanded overhead (Expand), TopKs of the constant keep,
     -1 reshapes instead of Shape/Gather/Concat size arithmetic, each problem's kept rows gathered in
-    place (no flat row indices), the screen's first layer one Gemm (229 nodes before, 175 now, of which
-    ~20 gather the cross columns computed per distinct tile four: test_cross_parts_by_tile)."""
+    place (no flat row indices), the screen's first layer one Gemm (229 nodes before, 175 after, of which
+    ~20 gather the cross columns computed per distinct tile four: test_cross_parts_by_tile). The lead
+    (lead_keep) adds ~20: its member's chain and floor, its pick, the picked rows' features gathered
+    from those it scored (not encoded again)."""
     import collections
 
     import onnx
@@ -179,7 +181,7 @@ def test_onnx_ranking_graph_problem_stage_is_lean(shipped) -> None:
     graph = onnx.load_from_string(po._run.rank_session.problem_graph).graph
     ops = collections.Counter(n.op_type for n in graph.node)
     assert ops["Where"] == 0 and ops["Expand"] == 0 and ops["Shape"] == 0 and ops["Range"] == 0, ops
-    assert len(graph.node) <= 180, len(graph.node)
+    assert len(graph.node) <= (200 if po.lead_keep else 180), len(graph.node)
 
 
 def test_cross_parts_by_tile() -> None:
