@@ -134,9 +134,7 @@ def static_args(M: int, N: int, K: int, strides: tuple[int, ...], cfg: Any, dtyp
     shape)."""
     from perfmodel.data_gen import kernel
 
-    ints, meta = kernel._args(M, N, K, strides, cfg, dtype, tf32)
-    meta.update(zip(kernel._DIV_NAMES, (M, N, K, *strides)))
-    return [1] * len(ints), meta
+    return kernel._args(M, N, K, strides, cfg, dtype, tf32, static=True)
 
 
 def launch_static(a: Any, b: Any, c: Any, cfg: Any, tf32: bool) -> None:

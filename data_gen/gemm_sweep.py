@@ -259,13 +259,14 @@ def units_digest(units: frozenset[str] | None) -> str | None:
 
 
 def measure_problem(p: GemmProblem, cfgs: list[tuple[GemmConfig, str]], bench: Bench, spec: DeviceSpec,
-                    clock) -> list[dict[str, Any]]:
+                    clock, static: bool = False) -> list[dict[str, Any]]:
     """Rows for one problem: one cuBLAS row and one row per config (ok, failed or rejected).
 
     Each config's correctness launch (into a NaN-poisoned output, checked against the reference) is its
     first timed run; configs far slower than the problem's fastest keep that run alone
     (TimingSettings.slow_factor, `bench.last_single_run`). cuBLAS is warmed up and checked by a call of
-    its own, and always gets its repetitions."""
+    its own, and always gets its repetitions. static: the kernel compiled for the problem's own shape
+    (kernel._args; benchmarks/static_retime.py), not the dataset's specialisation."""
     a, b = make_operands(p, bench.device)
     ref = reference(p, a, b)
     ref_norm = torch.linalg.vector_norm(ref)
@@ -281,11 +282,11 @@ def measure_problem(p: GemmProblem, cfgs: list[tuple[GemmConfig, str]], bench: B
             if cerr:
                 rows.append({**row, "status": "fail:" + cerr[:120], "ms": None})
                 continue
-            fn = lambda cfg=cfg: kernel.launch(a, b, c, cfg, p.allow_tf32)  # noqa: E731
+            fn = lambda cfg=cfg: kernel.launch(a, b, c, cfg, p.allow_tf32, static)  # noqa: E731
             try:
                 # Load the module first: a config out of resources fails here, before any event is
                 # recorded, and the cold load stays out of the timed first run.
-                kernel.prepare(a, b, c, cfg, p.allow_tf32)
+                kernel.prepare(a, b, c, cfg, p.allow_tf32, static)
                 c.fill_(float("nan"))  # poison: every element must be written
                 # The correctness launch is the config's first timed run (time_many's first pass).
                 first = bench.timed_run(fn)

@@ -185,11 +185,14 @@ def divisor(v: int) -> int:
     return 1 if v == 1 or v % 16 == 0 else v & -v
 
 
-def _args(M: int, N: int, K: int, strides: tuple[int, ...], cfg, dtype: torch.dtype, allow_tf32: bool
-          ) -> tuple[list[int], dict]:
-    """(the integer arguments, divided by their divisors; the constexprs) of one launch or compile."""
+def _args(M: int, N: int, K: int, strides: tuple[int, ...], cfg, dtype: torch.dtype, allow_tf32: bool,
+          static: bool = False) -> tuple[list[int], dict]:
+    """(the integer arguments, divided by their divisors; the constexprs) of one launch or compile.
+    static: every size and stride a constant, as Inductor compiles its template for one shape -- passed
+    as 1 times a DIV_ equal to it, so that the compiler folds it (one compile per shape and config; the
+    "v4 static" kernel of benchmarks/kernel_fidelity.py and benchmarks/static_retime.py)."""
     sizes = (M, N, K, *strides)
-    divs = [divisor(v) for v in sizes]
+    divs = list(sizes) if static else [divisor(v) for v in sizes]
     meta = dict(zip(_DIV_NAMES, divs))
     meta.update(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
                 INPUT_PRECISION=input_precision(dtype, allow_tf32), **_hints(M, N, K, strides, cfg),
@@ -197,30 +200,33 @@ def _args(M: int, N: int, K: int, strides: tuple[int, ...], cfg, dtype: torch.dt
     return [v // d for v, d in zip(sizes, divs)], meta
 
 
-def _launch_args(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, cfg, allow_tf32: bool
+def _launch_args(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, cfg, allow_tf32: bool, static: bool = False
                  ) -> tuple[tuple[int], list[int], dict]:
     """(grid, integer arguments, constexprs) of c = a @ b with one config."""
     M, K = a.shape
     _, N = b.shape
     strides = (a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
-    ints, meta = _args(M, N, K, strides, cfg, a.dtype, allow_tf32)
+    ints, meta = _args(M, N, K, strides, cfg, a.dtype, allow_tf32, static)
     return (grid_size(M, N, cfg.block_m, cfg.block_n),), ints, meta
 
 
-def launch(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, cfg, allow_tf32: bool = False) -> None:
-    """c = a @ b with one config (a: (M, K), b: (K, N), any strides; c: (M, N) row-major)."""
-    grid, ints, meta = _launch_args(a, b, c, cfg, allow_tf32)
+def launch(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, cfg, allow_tf32: bool = False,
+           static: bool = False) -> None:
+    """c = a @ b with one config (a: (M, K), b: (K, N), any strides; c: (M, N) row-major); static: the
+    shape's own compile (_args)."""
+    grid, ints, meta = _launch_args(a, b, c, cfg, allow_tf32, static)
     matmul_kernel[grid](a, b, c, *ints, **meta)
 
 
-def prepare(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, cfg, allow_tf32: bool = False) -> None:
+def prepare(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, cfg, allow_tf32: bool = False,
+            static: bool = False) -> None:
     """Load the kernel that `launch` with these arguments runs onto the device, without launching it:
     Triton's warmup finds the compiled kernel (in its cache, where a worker put it) and `_init_handles`
     loads its module. Raises Triton's OutOfResources for a config the device cannot run (shared memory;
     threads at the kernel's register count), so that a caller that times the first launch learns it
     before recording any event, and the cold load is not timed. Under TRITON_INTERPRET=1 there is
     nothing to load."""
-    grid, ints, meta = _launch_args(a, b, c, cfg, allow_tf32)
+    grid, ints, meta = _launch_args(a, b, c, cfg, allow_tf32, static)
     compiled = matmul_kernel.warmup(a, b, c, *ints, **meta, grid=grid)
     if compiled is None:  # the interpreter compiles nothing
         return
@@ -254,8 +260,9 @@ def matmul(a: torch.Tensor, b: torch.Tensor, cfg, allow_tf32: bool = False) -> t
     return c
 
 
-def warmup(dtype: torch.dtype, M: int, N: int, K: int, strides: tuple[int, ...], cfg, allow_tf32: bool) -> None:
+def warmup(dtype: torch.dtype, M: int, N: int, K: int, strides: tuple[int, ...], cfg, allow_tf32: bool,
+           static: bool = False) -> None:
     """Compile (no launch) the kernel for the specialisation of (M, N, K, strides), as a worker does: the
     compiled kernel serves every problem with the same spec_key (data_gen/gemm_sweep.py)."""
-    ints, meta = _args(M, N, K, strides, cfg, dtype, allow_tf32)
+    ints, meta = _args(M, N, K, strides, cfg, dtype, allow_tf32, static)
     matmul_kernel.warmup(dtype, dtype, dtype, *ints, **meta, grid=(1,))

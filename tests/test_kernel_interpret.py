@@ -65,15 +65,20 @@ CHILD = textwrap.dedent("""
     # The previous dataset kernel (benchmarks/kernel_fidelity.py compares it), and sizes divisible by 8
     # but not 16, which the v4 kernel passes divided by their power-of-two divisor.
     for tl_, tr in spec["layouts"]:
-        for name, (m, n, k) in (("v3", (37, 29, 45)), ("div8", (40, 24, 56)), ("div2", (38, 18, 50))):
+        for name, (m, n, k) in (("v3", (37, 29, 45)), ("div8", (40, 24, 56)), ("div2", (38, 18, 50)),
+                                ("static", (37, 29, 45)), ("static16", (48, 32, 64))):
             a = torch.randn(k, m, generator=gen).t() if tl_ else torch.randn(m, k, generator=gen)
             b = torch.randn(n, k, generator=gen).t() if tr else torch.randn(k, n, generator=gen)
             ref = a.double() @ b.double()
             out = torch.full((m, n), float("nan"))
-            launch = kernel.launch_v3 if name == "v3" else kernel.launch
-            launch(a, b, out, GemmConfig(16, 16, 16, 8, 1, 2))
+            if name == "v3":
+                kernel.launch_v3(a, b, out, GemmConfig(16, 16, 16, 8, 1, 2))
+            else:  # static: every size and stride a constexpr (kernel._args), the shape's own compile
+                kernel.launch(a, b, out, GemmConfig(16, 16, 16, 8, 1, 2), static=name.startswith("static"))
             results[f"{name}|{int(tl_)}{int(tr)}"] = ((out.double() - ref).norm() / ref.norm()).item()
     results["divisors"] = [kernel.divisor(v) for v in (1, 16, 4096, 1000, 1001, 50, 12, 24)]
+    ints, meta = kernel._args(37, 29, 45, (45, 1, 29, 1, 29, 1), GemmConfig(16, 16, 16), torch.float32, False, static=True)
+    results["static_args"] = [ints, [meta[n] for n in kernel._DIV_NAMES]]
     try:
         kernel.matmul(torch.randn(3, 4), torch.randn(5, 6), GemmConfig(16, 16, 16))
         results["shape_error"] = None
@@ -129,11 +134,17 @@ def test_matmul_allocates_output(results, shape, layout, mode):
     assert r["rel_err"] < TOL[mode]
 
 
-@pytest.mark.parametrize("variant", ["v3", "div8", "div2"])
+@pytest.mark.parametrize("variant", ["v3", "div8", "div2", "static", "static16"])
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda l: ("T" if l[0] else "N") + ("T" if l[1] else "N"))
 def test_v3_kernel_and_divided_sizes(results, variant, layout):
     err = results[f"{variant}|{int(layout[0])}{int(layout[1])}"]
     assert err < 1e-5, err  # fp32 without tf32
+
+
+def test_static_args_make_every_size_a_constant(results):
+    """static: each size and stride passed as 1 (Triton specialises 1 as a constant) times a DIV_ equal to it."""
+    ints, divs = results["static_args"]
+    assert ints == [1] * 9 and divs == [37, 29, 45, 45, 1, 29, 1, 29, 1]
 
 
 def test_divisors(results):

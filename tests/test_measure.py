@@ -368,15 +368,15 @@ MEASURE_CHILD = textwrap.dedent("""
     real_launch, real_prepare, real_mm = kernel.launch, kernel.prepare, torch.mm
     prepared = []
 
-    def launch(a, b, c, cfg, allow_tf32=False):
+    def launch(a, b, c, cfg, allow_tf32=False, static=False):
         launches[cfg] += 1
         Event.current = MS[cfg]
         if cfg != WRONG:  # WRONG writes nothing: its output stays poisoned
-            real_launch(a, b, c, cfg, allow_tf32)
+            real_launch(a, b, c, cfg, allow_tf32, static)
 
-    def prepare(a, b, c, cfg, allow_tf32=False):
+    def prepare(a, b, c, cfg, allow_tf32=False, static=False):
         prepared.append(Event.created)
-        real_prepare(a, b, c, cfg, allow_tf32)
+        real_prepare(a, b, c, cfg, allow_tf32, static)
         if cfg == BIG:
             raise OutOfResources(294912, 232448, "shared memory")
 

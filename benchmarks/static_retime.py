@@ -1,0 +1,222 @@
+"""How much the dataset kernel's specialisation matters to ranking: held-out problems of a dataset re-timed
+with the kernel compiled for each problem's own shape ("static": every size and stride a constant, as
+Inductor compiles its mm template; one compile per problem and config), beside the dataset's rows
+(kernel v4: Triton's default specialisation, one compile per specialisation key), and the shipped
+model's ranking judged against both.
+
+benchmarks/kernel_fidelity.py showed, on six shapes, that the static compile orders configs as Inductor
+does where v4 does not (Spearman 0.97-0.98 against 0.37-0.86). This measures what that costs the
+model's picks on the project's own held-out problems, to decide between one kernel for the dataset and
+a kernel mode per row (docs/data.md).
+
+    # GPU: time `--per-mode` held-out problems of each dtype mode (their dataset configs) statically
+    python benchmarks/static_retime.py --data data/h100 --per-mode 15 --out FOLDER [--time-limit 420]
+    # CPU: compare with the dataset's rows and rank with a model
+    python benchmarks/static_retime.py --compare FOLDER [--data data/h100] [--model models/h100]
+
+The timing is the GEMM sweep's (data_gen.gemm_sweep.measure_problem: correctness on the first timed
+run, L2 flush, GPU spin, stall check, slow configs kept at one run); compiles run in worker processes,
+problem by problem, while the main process times the problems already compiled.
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import gzip
+import json
+import multiprocessing as mp
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+CONFIG_FIELDS = ("block_m", "block_n", "block_k", "group_m", "num_stages", "num_warps")
+PROBLEM_FIELDS = ("m", "n", "k", "dtype", "allow_tf32", "transpose_left", "transpose_right")
+
+
+def held_out_problems(data: Path, per_mode: int, seed: int) -> list[tuple[dict, list[dict]]]:
+    """(problem fields, its ok Triton rows) for up to per_mode test-split problems of each dtype mode,
+    in a fixed random order (the split of perfmodel.train.data.split_problems with the model's seed)."""
+    from perfmodel.train.data import load_gemm, split_problems
+
+    table = load_gemm(data)
+    test = np.flatnonzero(split_problems(table.modes, seed) == 2)
+    rng = np.random.default_rng(1234)
+    chosen: set[str] = set()
+    for mode in ("float16", "bfloat16", "tf32", "float32"):
+        ids = [table.problem_keys[i] for i in test if table.modes[i] == mode]
+        chosen |= {ids[j] for j in rng.permutation(len(ids))[:per_mode]}
+    from perfmodel.data_gen.shards import read_dataset
+
+    rows, _ = read_dataset(data, "gemm")
+    by_unit: dict[str, list[dict]] = {}
+    for r in rows:
+        if r.get("unit") in chosen and r["kind"] == "triton" and r["status"] == "ok":
+            by_unit.setdefault(r["unit"], []).append(r)
+    return [({f: rs[0][f] for f in PROBLEM_FIELDS}, rs) for _, rs in sorted(by_unit.items())]
+
+
+def _compile_problem(fields: dict, cfgs: list[dict]) -> list[str]:
+    """Worker: the static kernel of each config for one problem; "" or the error per config."""
+    from perfmodel.data_gen import kernel
+    from perfmodel.data_gen.problems import strides
+    from perfmodel.data_gen.runtime import torch_dtype
+    from perfmodel.schema import GemmConfig, GemmProblem
+
+    p = GemmProblem(**fields)
+    out = []
+    for c in cfgs:
+        try:
+            kernel.warmup(torch_dtype(p.dtype), p.m, p.n, p.k, strides(p), GemmConfig(**c), p.allow_tf32, static=True)
+            out.append("")
+        except Exception as exc:  # recorded as a failure row
+            out.append(f"compile:{type(exc).__name__}:{str(exc)[:200]}")
+    return out
+
+
+def run_gpu(args: argparse.Namespace) -> int:
+    import torch
+
+    from perfmodel.data_gen.gemm_sweep import measure_problem
+    from perfmodel.data_gen.measure import Bench, TimingSettings
+    from perfmodel.data_gen.runtime import resolve_spec
+    from perfmodel.devices import ClockReader
+    from perfmodel.schema import GemmConfig, GemmProblem
+
+    problems = held_out_problems(args.data, args.per_mode, args.seed)
+    spec, live = resolve_spec(None)
+    device = torch.device("cuda", torch.cuda.current_device())
+    bench = Bench(device, live.get("l2_bytes") or spec.l2_bytes, TimingSettings())
+    clock = ClockReader(torch.cuda.current_device())
+    args.out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    pool = cf.ProcessPoolExecutor(max(1, (os.cpu_count() or 2) - 1), mp_context=mp.get_context("spawn"),
+                                  initializer=os.nice, initargs=(10,))
+    futures = [pool.submit(_compile_problem, f, [{k: r[k] for k in CONFIG_FIELDS} for r in rs]) for f, rs in problems]
+    stats: dict[str, Any] = {"problems": 0, "rows": 0, "kernels": sum(len(rs) for _, rs in problems),
+                             "compile_wait_s": 0.0, "timing_s": 0.0}
+    done_at: list[float] = []
+    with gzip.open(args.out / "static_rows.jsonl.gz", "wt") as fh:
+        try:
+            for (fields, rs), fut in zip(problems, futures):
+                if time.perf_counter() - t0 > args.time_limit:
+                    stats["stopped_at_time_limit"] = True
+                    break
+                tw = time.perf_counter()
+                errors = fut.result()
+                done_at.append(time.perf_counter() - t0)
+                stats["compile_wait_s"] += time.perf_counter() - tw
+                p = GemmProblem(**fields)
+                cfgs = [(GemmConfig(**{k: r[k] for k in CONFIG_FIELDS}), e) for r, e in zip(rs, errors)]
+                tt = time.perf_counter()
+                out = measure_problem(p, cfgs, bench, spec, clock, static=True)
+                stats["timing_s"] += time.perf_counter() - tt
+                for row in out:
+                    fh.write(json.dumps({**row, "unit": rs[0]["unit"], "kernel": "v4 static"}) + "\n")
+                stats["problems"] += 1
+                stats["rows"] += len(out)
+        finally:
+            pool.shutdown(cancel_futures=True)
+    stats["wall_s"] = time.perf_counter() - t0
+    stats["kernels_per_s"] = stats["kernels"] / max(done_at[-1] if done_at else 1e-9, 1e-9)
+    stats["device"] = torch.cuda.get_device_name()
+    (args.out / "stats.json").write_text(json.dumps(stats, indent=1))
+    print(json.dumps(stats, indent=1))
+    return 0
+
+
+def _spearman(x: np.ndarray, y: np.ndarray) -> float:
+    rx, ry = np.argsort(np.argsort(x)), np.argsort(np.argsort(y))
+    return float(np.corrcoef(rx, ry)[0, 1])
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    import torch
+
+    from perfmodel import artifact
+    from perfmodel.locations import default_model_dir
+    from perfmodel.train import evaluate as ev
+    from perfmodel.train.data import GemmTable, load_gemm
+
+    static: dict[tuple, float] = {}
+    with gzip.open(args.compare / "static_rows.jsonl.gz", "rt") as fh:
+        for line in fh:
+            r = json.loads(line)
+            if r["kind"] == "triton" and r["status"] == "ok":
+                static[(r["unit"], *(r[k] for k in CONFIG_FIELDS))] = r["ms"]
+    table = load_gemm(args.data)
+    units = {u for u, *_ in static}
+    sub = table.subset(np.array([k in units for k in table.problem_keys]))
+    keys = [(sub.problem_keys[i], *map(int, c)) for i, c in zip(sub.problem_idx, sub.configs)]
+    have = np.array([k in static for k in keys])
+    sub_static = np.array([static.get(k, np.nan) for k in keys])
+    # problems with every dataset config re-timed (failed static rows would bias the comparison)
+    full = np.ones(len(sub.problems), bool)
+    np.logical_and.at(full, sub.problem_idx, have)
+    sub = sub.subset(full)
+    keys = [(sub.problem_keys[i], *map(int, c)) for i, c in zip(sub.problem_idx, sub.configs)]
+    ms_static = np.array([static[k] for k in keys])
+    bundle = artifact.load(args.model or default_model_dir())
+    P, C = torch.from_numpy(sub.problems[sub.problem_idx]), torch.from_numpy(sub.configs)
+    with torch.inference_mode():
+        x = bundle.encoders["gemm"].encode(P, C)
+    score, pred = ev.head_outputs(bundle.heads["gemm"], x)
+    screen = ev.head_outputs(bundle.heads["screen"], x)[0]
+    lead = ev.lead_outputs(bundle.heads["gemm"], x) if bundle.lead_keep else None
+    timed_static = GemmTable(sub.problems, sub.problem_keys, sub.modes, sub.problem_idx, sub.configs, ms_static,
+                             sub.cublas_ms)
+    res: dict[str, Any] = {"model": str(args.model or "shipped default"), "problems": int(len(sub.problems)),
+                           "rows": int(len(ms_static)), "problems_not_fully_retimed": int((~full).sum())}
+    for name, t in (("v4 (dataset)", sub), ("v4 static", timed_static)):
+        r = ev.rank_path(t, pred, screen, bundle.screen_keep, score, lead, bundle.lead_keep)
+        res[name] = {k: round(v, 4) for k, v in r.items() if k.endswith("top1_eff") or k.endswith("top5_eff")
+                     or k.endswith("spearman_median") or k.endswith("worst_top1")}
+    per = []
+    for i, rows in enumerate(sub.problem_rows()):
+        v4, st = sub.ms[rows], ms_static[rows]
+        per.append({"mode": str(sub.modes[i]), "spearman": _spearman(v4, st), "median_static_over_v4": float(np.median(st / v4)),
+                    # the v4 oracle's pick, timed static, over the static oracle
+                    "v4_pick_static_eff": float(st.min() / st[np.argmin(v4)])})
+    for mode in ("all", "float16", "bfloat16", "tf32", "float32"):
+        sel = [q for q in per if mode == "all" or q["mode"] == mode]
+        if sel:
+            res[f"per_problem/{mode}"] = {
+                "problems": len(sel),
+                "spearman_median": round(float(np.median([q["spearman"] for q in sel])), 3),
+                "spearman_min": round(float(np.min([q["spearman"] for q in sel])), 3),
+                "static_over_v4_median": round(float(np.median([q["median_static_over_v4"] for q in sel])), 4),
+                "v4_oracle_pick_eff_geomean": round(float(np.exp(np.mean(np.log([q["v4_pick_static_eff"] for q in sel])))), 4),
+                "v4_oracle_pick_eff_min": round(float(np.min([q["v4_pick_static_eff"] for q in sel])), 4)}
+    text = json.dumps(res, indent=1)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", type=Path, default=REPO / "data" / "h100")
+    ap.add_argument("--per-mode", type=int, default=15, help="held-out problems per dtype mode (GPU)")
+    ap.add_argument("--seed", type=int, default=0, help="the split's seed (the model's)")
+    ap.add_argument("--time-limit", type=float, default=420.0, help="stop cleanly after this many seconds (GPU)")
+    ap.add_argument("--out", type=Path, default=None, help="GPU: the output folder; --compare: a JSON file")
+    ap.add_argument("--compare", type=Path, default=None, help="CPU: compare a GPU run's folder with --data")
+    ap.add_argument("--model", type=Path, default=None)
+    args = ap.parse_args(argv)
+    if args.compare is not None:
+        return run_compare(args)
+    if args.out is None:
+        ap.error("--out: the output folder of the GPU run")
+    return run_gpu(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
