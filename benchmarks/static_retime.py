@@ -11,8 +11,9 @@ a kernel mode per row (docs/data.md).
 
     # GPU: time `--per-mode` held-out problems of each dtype mode (their dataset configs) statically
     python benchmarks/static_retime.py --data data/h100 --per-mode 15 --out FOLDER [--time-limit 420]
-    # CPU: compare with the dataset's rows and rank with a model
-    python benchmarks/static_retime.py --compare FOLDER [--data data/h100] [--model models/h100]
+    # CPU: compare with the dataset's rows and rank with a model (FOLDER, or a rows file of that format:
+    # e.g. the same problems re-timed with the dataset's own kernel, for the noise floor)
+    python benchmarks/static_retime.py --compare FOLDER_OR_ROWS_FILE [--data data/h100] [--model models/h100]
 
 The timing is the GEMM sweep's (data_gen.gemm_sweep.measure_problem: correctness on the first timed
 run, L2 flush, GPU spin, stall check, slow configs kept at one run); compiles run in worker processes,
@@ -146,7 +147,8 @@ def run_compare(args: argparse.Namespace) -> int:
     from perfmodel.train.data import GemmTable, load_gemm
 
     static: dict[tuple, float] = {}
-    with gzip.open(args.compare / "static_rows.jsonl.gz", "rt") as fh:
+    rows_file = args.compare if args.compare.is_file() else args.compare / "static_rows.jsonl.gz"
+    with gzip.open(rows_file, "rt") as fh:
         for line in fh:
             r = json.loads(line)
             if r["kind"] == "triton" and r["status"] == "ok":
@@ -174,7 +176,7 @@ def run_compare(args: argparse.Namespace) -> int:
                              sub.cublas_ms)
     res: dict[str, Any] = {"model": str(args.model or "shipped default"), "problems": int(len(sub.problems)),
                            "rows": int(len(ms_static)), "problems_not_fully_retimed": int((~full).sum())}
-    for name, t in (("v4 (dataset)", sub), ("v4 static", timed_static)):
+    for name, t in (("dataset rows (v4)", sub), ("re-timed rows (--compare)", timed_static)):
         r = ev.rank_path(t, pred, screen, bundle.screen_keep, score, lead, bundle.lead_keep)
         res[name] = {k: round(v, 4) for k, v in r.items() if k.endswith("top1_eff") or k.endswith("top5_eff")
                      or k.endswith("spearman_median") or k.endswith("worst_top1")}
@@ -182,7 +184,7 @@ def run_compare(args: argparse.Namespace) -> int:
     for i, rows in enumerate(sub.problem_rows()):
         v4, st = sub.ms[rows], ms_static[rows]
         per.append({"mode": str(sub.modes[i]), "spearman": _spearman(v4, st), "median_static_over_v4": float(np.median(st / v4)),
-                    # the v4 oracle's pick, timed static, over the static oracle
+                    # the dataset oracle's pick, re-timed, over the re-timed oracle
                     "v4_pick_static_eff": float(st.min() / st[np.argmin(v4)])})
     for mode in ("all", "float16", "bfloat16", "tf32", "float32"):
         sel = [q for q in per if mode == "all" or q["mode"] == mode]
@@ -208,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="the split's seed (the model's)")
     ap.add_argument("--time-limit", type=float, default=420.0, help="stop cleanly after this many seconds (GPU)")
     ap.add_argument("--out", type=Path, default=None, help="GPU: the output folder; --compare: a JSON file")
-    ap.add_argument("--compare", type=Path, default=None, help="CPU: compare a GPU run's folder with --data")
+    ap.add_argument("--compare", type=Path, default=None,
+                    help="CPU: compare a GPU run's folder (or a rows file in its format) with --data")
     ap.add_argument("--model", type=Path, default=None)
     args = ap.parse_args(argv)
     if args.compare is not None:
