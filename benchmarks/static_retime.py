@@ -11,6 +11,8 @@ a kernel mode per row (docs/data.md).
 
     # GPU: time `--per-mode` held-out problems of each dtype mode (their dataset configs) statically
     python benchmarks/static_retime.py --data data/h100 --per-mode 15 --out FOLDER [--time-limit 420]
+    # ... or another split's, leaving out those of earlier runs
+    python benchmarks/static_retime.py --split train --per-mode 15 --skip-done FOLDER... --out FOLDER2
     # CPU: compare with the dataset's rows and rank with a model (FOLDER, or a rows file of that format:
     # e.g. the same problems re-timed with the dataset's own kernel, for the noise floor)
     python benchmarks/static_retime.py --compare FOLDER_OR_ROWS_FILE [--data data/h100] [--model models/h100]
@@ -42,18 +44,24 @@ CONFIG_FIELDS = ("block_m", "block_n", "block_k", "group_m", "num_stages", "num_
 PROBLEM_FIELDS = ("m", "n", "k", "dtype", "allow_tf32", "transpose_left", "transpose_right")
 
 
-def held_out_problems(data: Path, per_mode: int, seed: int) -> list[tuple[dict, list[dict]]]:
-    """(problem fields, its ok Triton rows) for up to per_mode test-split problems of each dtype mode,
-    in a fixed random order (the split of perfmodel.train.data.split_problems with the model's seed)."""
+SPLITS = {"train": 0, "val": 1, "test": 2}
+
+
+def held_out_problems(data: Path, per_mode: int, seed: int, split: str = "test",
+                      skip: frozenset[str] = frozenset()) -> list[tuple[dict, list[dict]]]:
+    """(problem fields, its ok Triton rows) for up to per_mode problems of each dtype mode of one split
+    (perfmodel.train.data.split_problems with the model's seed), in a fixed random order per split,
+    leaving out the units in `skip` (already re-timed: a later call takes the next ones)."""
     from perfmodel.train.data import load_gemm, split_problems
 
     table = load_gemm(data)
-    test = np.flatnonzero(split_problems(table.modes, seed) == 2)
-    rng = np.random.default_rng(1234)
+    members = np.flatnonzero(split_problems(table.modes, seed) == SPLITS[split])
+    rng = np.random.default_rng(1234 + {"test": 0, "train": 1, "val": 2}[split])  # test: the first run's order
     chosen: set[str] = set()
     for mode in ("float16", "bfloat16", "tf32", "float32"):
-        ids = [table.problem_keys[i] for i in test if table.modes[i] == mode]
-        chosen |= {ids[j] for j in rng.permutation(len(ids))[:per_mode]}
+        ids = [table.problem_keys[i] for i in members if table.modes[i] == mode]
+        ids = [ids[j] for j in rng.permutation(len(ids))]
+        chosen |= set([u for u in ids if u not in skip][:per_mode])
     from perfmodel.data_gen.shards import read_dataset
 
     rows, _ = read_dataset(data, "gemm")
@@ -91,7 +99,11 @@ def run_gpu(args: argparse.Namespace) -> int:
     from perfmodel.devices import ClockReader
     from perfmodel.schema import GemmConfig, GemmProblem
 
-    problems = held_out_problems(args.data, args.per_mode, args.seed)
+    skip: set[str] = set()
+    for folder in args.skip_done or []:
+        with gzip.open(folder / "static_rows.jsonl.gz", "rt") as fh:
+            skip |= {json.loads(line)["unit"] for line in fh}
+    problems = held_out_problems(args.data, args.per_mode, args.seed, args.split, frozenset(skip))
     spec, live = resolve_spec(None)
     device = torch.device("cuda", torch.cuda.current_device())
     bench = Bench(device, live.get("l2_bytes") or spec.l2_bytes, TimingSettings())
@@ -208,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", type=Path, default=REPO / "data" / "h100")
     ap.add_argument("--per-mode", type=int, default=15, help="held-out problems per dtype mode (GPU)")
     ap.add_argument("--seed", type=int, default=0, help="the split's seed (the model's)")
+    ap.add_argument("--split", choices=sorted(SPLITS), default="test", help="which split's problems (GPU)")
+    ap.add_argument("--skip-done", type=Path, nargs="*", help="earlier output folders whose problems to leave out (GPU)")
     ap.add_argument("--time-limit", type=float, default=420.0, help="stop cleanly after this many seconds (GPU)")
     ap.add_argument("--out", type=Path, default=None, help="GPU: the output folder; --compare: a JSON file")
     ap.add_argument("--compare", type=Path, default=None,
