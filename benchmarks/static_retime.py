@@ -119,11 +119,12 @@ def run_gpu(args: argparse.Namespace) -> int:
     with gzip.open(args.out / "static_rows.jsonl.gz", "wt") as fh:
         try:
             for (fields, rs), fut in zip(problems, futures):
-                if time.perf_counter() - t0 > args.time_limit:
+                tw = time.perf_counter()
+                try:  # the limit also bounds the wait for a problem's compiles (the run is compile-bound)
+                    errors = fut.result(timeout=max(0.0, args.time_limit - (tw - t0)))
+                except cf.TimeoutError:
                     stats["stopped_at_time_limit"] = True
                     break
-                tw = time.perf_counter()
-                errors = fut.result()
                 done_at.append(time.perf_counter() - t0)
                 stats["compile_wait_s"] += time.perf_counter() - tw
                 p = GemmProblem(**fields)
@@ -133,10 +134,15 @@ def run_gpu(args: argparse.Namespace) -> int:
                 stats["timing_s"] += time.perf_counter() - tt
                 for row in out:
                     fh.write(json.dumps({**row, "unit": rs[0]["unit"], "kernel": "v4 static"}) + "\n")
+                fh.flush()  # whole problems only, should the process be killed
                 stats["problems"] += 1
                 stats["rows"] += len(out)
         finally:
-            pool.shutdown(cancel_futures=True)
+            # a compile task is a whole problem's configs: stop the workers rather than wait for them
+            workers = list(getattr(pool, "_processes", {}).values())
+            pool.shutdown(wait=False, cancel_futures=True)
+            for w in workers:
+                w.terminate()
     stats["wall_s"] = time.perf_counter() - t0
     stats["kernels_per_s"] = stats["kernels"] / max(done_at[-1] if done_at else 1e-9, 1e-9)
     stats["device"] = torch.cuda.get_device_name()
