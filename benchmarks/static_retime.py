@@ -15,7 +15,7 @@ a kernel mode per row (docs/data.md).
     python benchmarks/static_retime.py --split train --per-mode 15 --skip-done FOLDER... --out FOLDER2
     # CPU: compare with the dataset's rows and rank with a model (FOLDER, or a rows file of that format:
     # e.g. the same problems re-timed with the dataset's own kernel, for the noise floor)
-    python benchmarks/static_retime.py --compare FOLDER_OR_ROWS_FILE [--data data/h100] [--model models/h100]
+    python benchmarks/static_retime.py --compare FOLDER_OR_ROWS_FILE... [--data data/h100] [--model models/h100]
 
 The timing is the GEMM sweep's (data_gen.gemm_sweep.measure_problem: correctness on the first timed
 run, L2 flush, GPU spin, stall check, slow configs kept at one run); compiles run in worker processes,
@@ -165,12 +165,12 @@ def run_compare(args: argparse.Namespace) -> int:
     from perfmodel.train.data import GemmTable, load_gemm
 
     static: dict[tuple, float] = {}
-    rows_file = args.compare if args.compare.is_file() else args.compare / "static_rows.jsonl.gz"
-    with gzip.open(rows_file, "rt") as fh:
-        for line in fh:
-            r = json.loads(line)
-            if r["kind"] == "triton" and r["status"] == "ok":
-                static[(r["unit"], *(r[k] for k in CONFIG_FIELDS))] = r["ms"]
+    for path in args.compare:
+        with gzip.open(path if path.is_file() else path / "static_rows.jsonl.gz", "rt") as fh:
+            for line in fh:
+                r = json.loads(line)
+                if r["kind"] == "triton" and r["status"] == "ok":
+                    static[(r["unit"], *(r[k] for k in CONFIG_FIELDS))] = r["ms"]
     table = load_gemm(args.data)
     units = {u for u, *_ in static}
     sub = table.subset(np.array([k in units for k in table.problem_keys]))
@@ -230,8 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-done", type=Path, nargs="*", help="earlier output folders whose problems to leave out (GPU)")
     ap.add_argument("--time-limit", type=float, default=420.0, help="stop cleanly after this many seconds (GPU)")
     ap.add_argument("--out", type=Path, default=None, help="GPU: the output folder; --compare: a JSON file")
-    ap.add_argument("--compare", type=Path, default=None,
-                    help="CPU: compare a GPU run's folder (or a rows file in its format) with --data")
+    ap.add_argument("--compare", type=Path, nargs="+", default=None,
+                    help="CPU: compare GPU runs' folders (or rows files in their format) with --data")
     ap.add_argument("--model", type=Path, default=None)
     args = ap.parse_args(argv)
     if args.compare is not None:
