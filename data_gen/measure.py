@@ -54,7 +54,8 @@ class TimingSettings:
     stall_retries: int = 5
     stall_check: bool = True  # False: keep (still count) stalled runs, as the sweeps before the check did
     # A peer callable (time_many's `peers`) whose first run took more than slow_factor times the fastest
-    # peer's first run and more than slow_min_ms keeps that single run (re-run once if it stalled).
+    # peer's first run and more than slow_min_ms keeps that single run. A stalled first run decides
+    # nothing (its config gets its repetitions).
     # slow_factor None or 0: every callable gets its repetitions; slow_min_ms 0: no floor.
     slow_factor: float | None = 2.0
     slow_min_ms: float = 0.5
@@ -122,7 +123,10 @@ class Bench:
         first = [[run] if run is not None else self._run(fn, 1) for fn, run in zip(fns, given)]
         torch.cuda.synchronize()
         t_first = [start.elapsed_time(end) for ((start, end, _),) in first]
-        single = slow_single_runs(t_first, peers, s)
+        # the slow rule decides on clean first runs only: a stalled one may have timed an idle GPU (a
+        # 0.3 ms kernel measured at 0.6 ms would keep that single run, and its clean re-run, unrepeated)
+        single = slow_single_runs([None if st and s.stall_check else t for t, ((_, _, st),) in zip(t_first, first)],
+                                  peers, s)
         reps = [0 if one else
                 max(s.min_reps - 1, min(s.max_reps - 1, int(s.budget_ms / (t + self.flush_ms + s.pre_sleep_us * 1e-3))))
                 for t, one in zip(t_first, single)]
@@ -147,17 +151,19 @@ class Bench:
         return out
 
 
-def slow_single_runs(t_first: Sequence[float], peers: Sequence[bool] | None, settings: TimingSettings) -> list[bool]:
+def slow_single_runs(t_first: Sequence[float | None], peers: Sequence[bool] | None,
+                     settings: TimingSettings) -> list[bool]:
     """Which callables keep their single first run: peers whose first-run time is above
     settings.slow_factor times the fastest peer's and above settings.slow_min_ms. Non-peers (cuBLAS in
-    the GEMM sweep) are never kept at one run and do not set the reference."""
+    the GEMM sweep) are never kept at one run and do not set the reference; nor does a first run given
+    as None (stalled: its time is not the kernel's), whose callable gets its repetitions."""
     if peers is None or not settings.slow_factor:
         return [False] * len(t_first)
-    ref = min((t for t, peer in zip(t_first, peers) if peer), default=None)
+    ref = min((t for t, peer in zip(t_first, peers) if peer and t is not None), default=None)
     if ref is None:
         return [False] * len(t_first)
     limit = max(settings.slow_factor * ref, settings.slow_min_ms)
-    return [bool(peer) and t > limit for t, peer in zip(t_first, peers)]
+    return [bool(peer) and t is not None and t > limit for t, peer in zip(t_first, peers)]
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor, ref_norm: torch.Tensor) -> torch.Tensor:
