@@ -1,0 +1,32 @@
+"""benchmarks/static_retime.py --compare on the committed static re-time of the held-out problems (CPU):
+the figures docs/data.md quotes come out of the committed rows and the shipped model."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "benchmarks" / "results" / "static_retime_h100"
+
+
+@pytest.mark.skipif(not (RESULTS / "static_rows.jsonl.gz").is_file(), reason="no committed static re-time")
+def test_static_retime_compare_reproduces_the_documented_figures(tmp_path, capsys):
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import static_retime
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    out = tmp_path / "compare.json"
+    assert static_retime.main(["--compare", str(RESULTS), str(RESULTS / "test2"), str(RESULTS / "test3"),
+                               "--data", str(REPO / "data" / "h100"), "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["problems"] == 173 and res["problems_not_fully_retimed"] == 0
+    dataset, static = res["dataset rows (v4)"], res["re-timed rows (--compare)"]
+    # against the dataset's rows: the shipped model's held-out metrics; against the static times: lower
+    assert dataset["all/top1_eff"] == pytest.approx(0.9764, abs=6e-4)
+    assert static["all/top1_eff"] == pytest.approx(0.9522, abs=6e-4)
+    assert static["all/top1_eff"] < dataset["all/top1_eff"] - 0.02
+    assert res["per_problem/all"]["v4_oracle_pick_eff_geomean"] == pytest.approx(0.9635, abs=6e-4)
