@@ -72,28 +72,11 @@ def held_out_problems(data: Path, per_mode: int, seed: int, split: str = "test",
     return [({f: rs[0][f] for f in PROBLEM_FIELDS}, rs) for _, rs in sorted(by_unit.items())]
 
 
-def _compile_problem(fields: dict, cfgs: list[dict]) -> list[str]:
-    """Worker: the static kernel of each config for one problem; "" or the error per config."""
-    from perfmodel.data_gen import kernel
-    from perfmodel.data_gen.problems import strides
-    from perfmodel.data_gen.runtime import torch_dtype
-    from perfmodel.schema import GemmConfig, GemmProblem
-
-    p = GemmProblem(**fields)
-    out = []
-    for c in cfgs:
-        try:
-            kernel.warmup(torch_dtype(p.dtype), p.m, p.n, p.k, strides(p), GemmConfig(**c), p.allow_tf32, static=True)
-            out.append("")
-        except Exception as exc:  # recorded as a failure row
-            out.append(f"compile:{type(exc).__name__}:{str(exc)[:200]}")
-    return out
-
-
 def run_gpu(args: argparse.Namespace) -> int:
     import torch
 
-    from perfmodel.data_gen.gemm_sweep import measure_problem
+    from perfmodel.data_gen.gemm_sweep import _compile_chunk, measure_problem
+    from perfmodel.data_gen.problems import strides
     from perfmodel.data_gen.measure import Bench, TimingSettings
     from perfmodel.data_gen.runtime import resolve_spec
     from perfmodel.devices import ClockReader
@@ -112,7 +95,8 @@ def run_gpu(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     pool = cf.ProcessPoolExecutor(max(1, (os.cpu_count() or 2) - 1), mp_context=mp.get_context("spawn"),
                                   initializer=os.nice, initargs=(10,))
-    futures = [pool.submit(_compile_problem, f, [{k: r[k] for k in CONFIG_FIELDS} for r in rs]) for f, rs in problems]
+    futures = [pool.submit(_compile_chunk, f["dtype"], f["allow_tf32"], f["m"], f["n"], f["k"], strides(GemmProblem(**f)),
+                           [{k: r[k] for k in CONFIG_FIELDS} for r in rs], True) for f, rs in problems]
     stats: dict[str, Any] = {"problems": 0, "rows": 0, "kernels": sum(len(rs) for _, rs in problems),
                              "compile_wait_s": 0.0, "timing_s": 0.0}
     done_at: list[float] = []
@@ -121,7 +105,7 @@ def run_gpu(args: argparse.Namespace) -> int:
             for (fields, rs), fut in zip(problems, futures):
                 tw = time.perf_counter()
                 try:  # the limit also bounds the wait for a problem's compiles (the run is compile-bound)
-                    errors = fut.result(timeout=max(0.0, args.time_limit - (tw - t0)))
+                    errors = [e for _, e in fut.result(timeout=max(0.0, args.time_limit - (tw - t0)))]
                 except cf.TimeoutError:
                     stats["stopped_at_time_limit"] = True
                     break
@@ -176,7 +160,6 @@ def run_compare(args: argparse.Namespace) -> int:
     sub = table.subset(np.array([k in units for k in table.problem_keys]))
     keys = [(sub.problem_keys[i], *map(int, c)) for i, c in zip(sub.problem_idx, sub.configs)]
     have = np.array([k in static for k in keys])
-    sub_static = np.array([static.get(k, np.nan) for k in keys])
     # problems with every dataset config re-timed (failed static rows would bias the comparison)
     full = np.ones(len(sub.problems), bool)
     np.logical_and.at(full, sub.problem_idx, have)

@@ -82,13 +82,14 @@ def large_subset(cfgs: list[GemmConfig], n: int) -> list[GemmConfig]:
 
 
 def _compile_chunk(dtype: str, allow_tf32: bool, M: int, N: int, K: int, strides_: tuple[int, ...],
-                   cfgs: list[dict[str, int]]) -> list[tuple[dict[str, int], str]]:
-    """Worker: compile each config for one problem's specialisation; returns (config, "" or error)."""
+                   cfgs: list[dict[str, int]], static: bool = False) -> list[tuple[dict[str, int], str]]:
+    """Worker: compile each config for one problem's specialisation (static: for its own shape,
+    kernel._args); returns (config, "" or error)."""
     out = []
     for c in cfgs:
         cfg = GemmConfig(**c)
         try:
-            kernel.warmup(torch_dtype(dtype), M, N, K, strides_, cfg, allow_tf32)
+            kernel.warmup(torch_dtype(dtype), M, N, K, strides_, cfg, allow_tf32, static)
             out.append((c, ""))
         except Exception as exc:  # a compile failure is data: recorded as a failure row
             out.append((c, f"compile:{type(exc).__name__}:{str(exc)[:200]}"))

@@ -378,15 +378,9 @@ class MemberNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """As GroupedNet.forward: (N, n_outputs), or (N, members * n_outputs) member-major (after floor)."""
-        outs = []
-        for i in range(self.members):
-            h = x
-            for j in range(self.depth):
-                h = torch.relu(torch.addmm(getattr(self, f"b{j}_{i}"), h, getattr(self, f"w{j}_{i}")))
-            w = getattr(self, f"wl_{i}")
-            outs.append(torch.addmm(getattr(self, f"bl_{i}"), h, w) if self.after_floor else h @ w)
         if self.after_floor:
-            return torch.cat(outs, 1)
+            return self.member_outputs(x, slice(None))
+        outs = [self._hidden(x, i) @ getattr(self, f"wl_{i}") for i in range(self.members)]
         out = outs[0]
         for o in outs[1:]:
             out = out + o
@@ -397,10 +391,11 @@ class MemberNet(nn.Module):
         idx = range(self.members)[members]
         if not self.after_floor or not len(idx):
             raise ValueError("members: needs a non-empty slice of an after-floor ensemble")
-        outs = []
-        for i in idx:
-            h = x
-            for j in range(self.depth):
-                h = torch.relu(torch.addmm(getattr(self, f"b{j}_{i}"), h, getattr(self, f"w{j}_{i}")))
-            outs.append(torch.addmm(getattr(self, f"bl_{i}"), h, getattr(self, f"wl_{i}")))
+        outs = [torch.addmm(getattr(self, f"bl_{i}"), self._hidden(x, i), getattr(self, f"wl_{i}")) for i in idx]
         return outs[0] if len(outs) == 1 else torch.cat(outs, 1)
+
+    def _hidden(self, x: torch.Tensor, i: int) -> torch.Tensor:
+        """Member i's chain up to its output layer."""
+        for j in range(self.depth):
+            x = torch.relu(torch.addmm(getattr(self, f"b{j}_{i}"), x, getattr(self, f"w{j}_{i}")))
+        return x
