@@ -48,10 +48,14 @@ SPLITS = {"train": 0, "val": 1, "test": 2}
 
 
 def held_out_problems(data: Path, per_mode: int, seed: int, split: str = "test",
-                      skip: frozenset[str] = frozenset()) -> list[tuple[dict, list[dict]]]:
+                      skip: frozenset[str] = frozenset(), fastest: int = 0,
+                      random: int = 0) -> list[tuple[dict, list[dict]]]:
     """(problem fields, its ok Triton rows) for up to per_mode problems of each dtype mode of one split
     (perfmodel.train.data.split_problems with the model's seed), in a fixed random order per split,
-    leaving out the units in `skip` (already re-timed: a later call takes the next ones)."""
+    leaving out the units in `skip` (already re-timed: a later call takes the next ones).
+    fastest/random > 0: a problem's `fastest` rows by the dataset's time plus `random` of its others
+    (seeded per problem), not all its rows -- a static compile is one kernel per problem and config, so
+    a share of each problem's configs covers more problems in the same compile time."""
     from perfmodel.train.data import load_gemm, split_problems
 
     table = load_gemm(data)
@@ -69,6 +73,12 @@ def held_out_problems(data: Path, per_mode: int, seed: int, split: str = "test",
     for r in rows:
         if r.get("unit") in chosen and r["kind"] == "triton" and r["status"] == "ok":
             by_unit.setdefault(r["unit"], []).append(r)
+    if fastest or random:
+        for unit, rs in by_unit.items():
+            rs.sort(key=lambda r: r["ms"])
+            rest = rs[fastest:]
+            pick = np.random.default_rng(int(unit, 16) % 2**32).permutation(len(rest))[:random]
+            by_unit[unit] = rs[:fastest] + [rest[j] for j in sorted(pick)]
     return [({f: rs[0][f] for f in PROBLEM_FIELDS}, rs) for _, rs in sorted(by_unit.items())]
 
 
@@ -86,7 +96,8 @@ def run_gpu(args: argparse.Namespace) -> int:
     for folder in args.skip_done or []:
         with gzip.open(folder / "static_rows.jsonl.gz", "rt") as fh:
             skip |= {json.loads(line)["unit"] for line in fh}
-    problems = held_out_problems(args.data, args.per_mode, args.seed, args.split, frozenset(skip))
+    problems = held_out_problems(args.data, args.per_mode, args.seed, args.split, frozenset(skip),
+                                 args.fastest, args.random)
     spec, live = resolve_spec(None)
     device = torch.device("cuda", torch.cuda.current_device())
     bench = Bench(device, live.get("l2_bytes") or spec.l2_bytes, TimingSettings())
@@ -210,6 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-mode", type=int, default=15, help="held-out problems per dtype mode (GPU)")
     ap.add_argument("--seed", type=int, default=0, help="the split's seed (the model's)")
     ap.add_argument("--split", choices=sorted(SPLITS), default="test", help="which split's problems (GPU)")
+    ap.add_argument("--fastest", type=int, default=0,
+                    help="GPU: time a problem's N fastest dataset configs (with --random) instead of all of them")
+    ap.add_argument("--random", type=int, default=0, help="GPU: and N of its other configs, seeded per problem")
     ap.add_argument("--skip-done", type=Path, nargs="*", help="earlier output folders whose problems to leave out (GPU)")
     ap.add_argument("--time-limit", type=float, default=420.0, help="stop cleanly after this many seconds (GPU)")
     ap.add_argument("--out", type=Path, default=None, help="GPU: the output folder; --compare: a JSON file")
