@@ -5,6 +5,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from .kernel import STATIC_KIND
 from .shards import cublas_times, read_dataset
 
 
@@ -17,10 +18,14 @@ def dataset_info(folder: Path) -> dict[str, Any]:
     for r in gemm:
         problems.setdefault(r["unit"], r)
     retimed, retimed_headers = read_dataset(folder, "cublas")
+    static, static_headers = read_dataset(folder, STATIC_KIND)
+    static_ok = [r for r in static if r["kind"] == "triton" and r["status"] == "ok"]
+    static_units = {r["unit"] for r in static}
     with_cublas = set(cublas_times(gemm, retimed))
     by_dtype = Counter(r["dtype"] for r in problems.values())
     fracs = [r["frac_peak"] for r in gemm if r.get("frac_peak") is not None and r["status"] == "ok"]
     fracs += [r["frac_peak"] for r in pad if r.get("frac_peak") is not None and r["status"] == "ok"]
+    fracs += [r["frac_peak"] for r in static if r.get("frac_peak") is not None and r["status"] == "ok"]
     unaligned = sum(any(r[d] % 16 for d in ("m", "n", "k")) for r in problems.values())
     return {
         "device": headers[0]["device_name"] if headers else None,
@@ -40,13 +45,19 @@ def dataset_info(folder: Path) -> dict[str, Any]:
         "gemm_max_flops": max((2.0 * r["m"] * r["n"] * r["k"] for r in problems.values()), default=None),
         "gemm_problems_above_1e12_flops": sum(2.0 * r["m"] * r["n"] * r["k"] > 1e12 for r in problems.values()),
         "kernel_modes": sorted({h.get("kernel_mode", "v3 (M, N not specialised; no mode recorded)")
-                                for h in gemm_headers + pad_headers + retimed_headers}),
+                                for h in gemm_headers + pad_headers + retimed_headers + static_headers}),
+        # rows timed with the static compile (Inductor's kernel mode) of some of the problems' configs
+        "gemm_static_rows": len(static_ok),
+        "gemm_static_problems": len(static_units),
+        "gemm_static_problems_by_dtype": dict(sorted(Counter(
+            ("tf32" if r["allow_tf32"] and r["dtype"] == "float32" else r["dtype"])
+            for r in {r["unit"]: r for r in static}.values()).items())),
         "pad_rows": sum(r["status"] == "ok" for r in pad),
         "pad_rows_above_1e11_flops": sum(r["status"] == "ok" and 2.0 * r["padded_m"] * r["padded_n"] * r["padded_k"] > 1e11
                                          for r in pad),
         "pad_max_flops": max((2.0 * r["padded_m"] * r["padded_n"] * r["padded_k"] for r in pad), default=None),
         "pad_rows_by_dtype": dict(Counter(r["dtype"] for r in pad if r["status"] == "ok")),
         "max_fraction_of_peak": max(fracs) if fracs else None,
-        "flagged_rows": sum(bool(r.get("flag")) for r in gemm + pad),
-        "parts": len(gemm_headers) + len(pad_headers) + len(retimed_headers),
+        "flagged_rows": sum(bool(r.get("flag")) for r in gemm + pad + static),
+        "parts": len(gemm_headers) + len(pad_headers) + len(retimed_headers) + len(static_headers),
     }

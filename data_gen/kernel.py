@@ -151,6 +151,16 @@ def kernel_mode() -> str:
     return "v4: inductor mm template body, triton default specialisation, EVEN_K and hints as inductor"
 
 
+STATIC_KIND = "gemm_static"  # the shard kind of rows timed with the static compile
+
+
+def static_kernel_mode() -> str:
+    """The kernel mode of `gemm_static` shards: the v4 source compiled for one problem's shape, as
+    Inductor compiles its mm template (`matmul_kernel` with static=True)."""
+    return ("v4 static: the v4 source with every size and stride a constexpr, as inductor compiles its mm "
+            "template for static shapes (one compile per problem and config)")
+
+
 def kernel_source_hash() -> str:
     """Hash of the kernel's source: a shard refuses rows from another kernel version."""
     return hashlib.sha256(inspect.getsource(matmul_kernel.fn).encode()).hexdigest()[:16]
