@@ -25,10 +25,14 @@ FORMAT = "perfmodel-artifact"
 WEIGHTS = "model.safetensors"
 METADATA = "metadata.json"
 ONNX = "model.onnx"
-HEADS = ("gemm", "cublas", "pad", "screen", "student")  # all but gemm are optional
+HEADS = ("gemm", "cublas", "pad", "screen", "student", "static")  # all but gemm are optional
 # The head that predict / predict_many serve when a folder has it: one MLP distilled from the gemm head
 # (perfmodel distill, train/distill.py); a folder without it predicts with the gemm head.
 STUDENT = "student"
+# The head whose output, added to the gemm head's score, gives the times of the kernel compiled for one
+# problem's shape, as Inductor compiles its mm template (perfmodel static-head, train/static_head.py;
+# Predictor.load(kernel="inductor")). Only its score is served.
+STATIC = "static"
 # Configs per problem that the gemm head scores after the screen head (metadata "screen_keep").
 DEFAULT_SCREEN_KEEP = 48
 

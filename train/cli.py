@@ -91,6 +91,18 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                  "device", "threads"):
         default = getattr(ds, name)
         t.add_argument("--" + name.replace("_", "-"), type=type(default), default=default)
+    from .static_head import StaticHeadSettings
+
+    ss = StaticHeadSettings()
+    t = sub.add_parser("static-head", help="fit the static head (the times of the kernel compiled for one shape, "
+                       "as Inductor compiles it: Predictor.load(kernel='inductor')) and add it to a model folder")
+    t.add_argument("--model", type=Path, default=ss.model, help="model folder (of one device), rewritten in place")
+    t.add_argument("--data", type=Path, default=ss.data,
+                   help=f"the model's dataset, with gemm_static parts (default {ss.data})")
+    t.add_argument("--hidden", type=_widths, default=ss.hidden, help="the head's hidden widths")
+    for name in ("epochs", "batch_rows", "lr", "weight_decay", "huber_beta", "seed", "threads"):
+        default = getattr(ss, name)
+        t.add_argument("--" + name.replace("_", "-"), type=type(default), default=default)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -112,6 +124,12 @@ def run(args: argparse.Namespace) -> int:
         else:
             given["data"] = tuple(given["data"])
         metrics = distill_run(DistillSettings(**given))
+        print(json.dumps(metrics, indent=2))
+        return 0
+    if args.command == "static-head":
+        from .static_head import StaticHeadSettings, run as static_run
+
+        metrics = static_run(StaticHeadSettings(**{k: getattr(args, k) for k in StaticHeadSettings.__dataclass_fields__}))
         print(json.dumps(metrics, indent=2))
         return 0
     from .eval_cmd import run_eval
