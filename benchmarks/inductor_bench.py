@@ -170,7 +170,8 @@ def _worker(args: argparse.Namespace) -> dict[str, Any]:
         out["load_s"] = time.perf_counter() - t0
         out["cublas_margin"] = args.cublas_margin if variant in ("perfmodel-cublas", "perfmodel-pad") else None
         ok = si.install(top_k=args.top_k, predictor=pred, pad=variant == "perfmodel-pad",
-                        cublas_margin=out["cublas_margin"])
+                        cublas_margin=out["cublas_margin"], kernel=args.kernel)
+        out["kernel"] = args.kernel or ("inductor" if pred.has_static else pred.kernel)  # what install() chose
         if not ok:
             out["error"] = "perfmodel.serve.inductor.install() returned False (Inductor API check failed); see warnings"
             return out
@@ -292,6 +293,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="the hook's cublas_margin in the perfmodel-cublas and perfmodel-pad variants "
                          "(default: install()'s, %(default)s)")
     ap.add_argument("--backend", choices=("torch", "onnx"), default=None, help="the Predictor's (default: its own choice)")
+    ap.add_argument("--kernel", choices=("autotune", "inductor"), default=None,
+                    help="the kernel mode the hook ranks for (default: the hook's, inductor when the model has a static head)")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of " + ",".join(VARIANTS))
     ap.add_argument("--only", action="append", help="run only this shape name (repeatable)")
     ap.add_argument("--shapes", choices=sorted(SHAPE_SETS), default="tuned",

@@ -304,9 +304,11 @@ def _check_device(predictor: Predictor) -> None:
 
 def install(top_k: int = 5, predictor: Predictor | None = None, *, model: Any = None, backend: str | None = None,
             ops: Sequence[str] = MM_OPS, templates: Sequence[str] = TRITON_MM_TEMPLATES,
-            cublas_margin: float | None = CUBLAS_MARGIN, pad: bool = False) -> bool:
+            cublas_margin: float | None = CUBLAS_MARGIN, pad: bool = False, kernel: str | None = None) -> bool:
     """Install the hook in this thread. predictor: a loaded Predictor (default: Predictor.load(model,
     backend=backend), loaded now so that a missing model fails here, not inside a compile).
+    kernel: the kernel mode to rank for (Predictor.with_kernel); None: "inductor" -- the mm template as
+    Inductor compiles it, for static shapes -- when the model has a static head, else the predictor's own.
     cublas_margin: drop the Triton mm choices when cuBLAS's predicted time x (1 + cublas_margin) is below
     the best ranked config's: 0 follows the model's call, a positive margin keeps Triton unless cuBLAS is
     predicted that much faster, a negative one (> -1) drops it unless Triton is predicted that much faster.
@@ -326,6 +328,9 @@ def install(top_k: int = 5, predictor: Predictor | None = None, *, model: Any = 
         predictor = Predictor.load(model, backend=backend)
     elif not isinstance(predictor, Predictor):
         raise TypeError(f"predictor: expected a serve.Predictor, got {type(predictor).__name__}")
+    if kernel is None:
+        kernel = "inductor" if predictor.has_static else predictor.kernel
+    predictor = predictor.with_kernel(kernel)
     if not isinstance(pad, bool):
         raise TypeError(f"pad: expected a bool, got {type(pad).__name__}")
     if pad and not predictor.has_pad:

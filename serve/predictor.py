@@ -24,16 +24,22 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import torch
 
-from perfmodel.artifact import ModelBundle, predict_head
+from perfmodel.artifact import STATIC, ModelBundle, predict_head
 from perfmodel.configs import pruned_space, runnable
 from perfmodel.features import configs_tensor, pad_tensor, problems_array, problems_tensor
 from perfmodel.ranking import screened_rank, screens
 from perfmodel.schema import DTYPE_BYTES, DTYPES, GemmConfig, GemmProblem, PadDecision, PadProblem
 
 from .loading import BACKENDS, MLFLOW_SCHEMES, load_model
-from .runners import _ConfigPart
+from .runners import _ConfigPart, _TorchRunner
 
-__all__ = ["BACKENDS", "MLFLOW_SCHEMES", "Candidates", "Predictor"]
+__all__ = ["BACKENDS", "KERNELS", "MLFLOW_SCHEMES", "Candidates", "Predictor"]
+
+# The kernel modes a Predictor predicts for (docs/design.md, "Kernel modes"): "autotune", the canonical
+# kernel with Triton's default specialisation (what a @triton.autotune user runs, and what the dataset's
+# gemm rows time); "inductor", the same source compiled for one problem's shape, as Inductor compiles its
+# mm template (the gemm head plus the model's static head).
+KERNELS = ("autotune", "inductor")
 
 # Config sets whose tensor and config-only encoding are kept (autotuners rank one list for many shapes).
 _CONFIG_CACHE_SIZE = 32
@@ -98,7 +104,18 @@ class Predictor:
     """A loaded model. Build with Predictor.load(); every method validates its arguments, raising
     ValueError/TypeError that name the offending field, and is safe to call from many threads."""
 
-    def __init__(self, bundle: ModelBundle, backend: str, runner: Any, source: str) -> None:
+    def __init__(self, bundle: ModelBundle, backend: str, runner: Any, source: str, kernel: str = "autotune") -> None:
+        if kernel not in KERNELS:
+            raise ValueError(f"kernel: expected one of {', '.join(KERNELS)}, got {kernel!r}")
+        if kernel == "inductor" and STATIC not in bundle.heads:
+            raise ValueError(f"kernel: {source} has no static head, so it predicts only kernel='autotune' "
+                             "(perfmodel static-head adds one)")
+        self.kernel = kernel
+        self._static = kernel == "inductor"
+        self._loaded = (bundle, backend, runner, source)  # for with_kernel
+        if self._static and not hasattr(runner, "lead"):
+            # the onnx graphs hold the autotune kernel's ranking: the inductor kernel's runs the heads in torch
+            runner = _TorchRunner(bundle)
         self.bundle = bundle
         self.backend = backend
         self.source = source
@@ -126,7 +143,7 @@ class Predictor:
     # ------------------------------------------------------------------------------------ loading
     @classmethod
     def load(cls, path_or_uri: str | os.PathLike | None = None, *, backend: str | None = None,
-             device: str | None = None) -> "Predictor":
+             device: str | None = None, kernel: str = "autotune") -> "Predictor":
         """Load a model folder (weights + metadata [+ model.onnx]).
 
         path_or_uri: None for the shipped default (models/h100, inside the installed package or the
@@ -139,10 +156,25 @@ class Predictor:
         device: the device spec to predict for (e.g. "h100-sxm"), one the model was trained for; None:
             the visible GPU's when the model knows it, else the model's default device (with a warning
             when a GPU it does not know is visible). `Predictor.device` says which.
+        kernel: which compile of the kernel to predict (KERNELS): "autotune" (default; Triton's default
+            specialisation, as a @triton.autotune user's kernel) or "inductor" (every size and stride a
+            constant, as Inductor compiles its mm template; needs the model's static head).
         Raises FileNotFoundError for a missing model, ArtifactError (a ValueError) for a corrupt or
         mismatched one, ValueError for an unknown backend or a device the model does not know.
         """
-        return cls(*load_model(path_or_uri, backend, device))
+        if kernel not in KERNELS:
+            raise ValueError(f"kernel: expected one of {', '.join(KERNELS)}, got {kernel!r}")
+        return cls(*load_model(path_or_uri, backend, device), kernel=kernel)
+
+    def with_kernel(self, kernel: str) -> "Predictor":
+        """This model (the same weights and backend, nothing reloaded) predicting for another kernel mode
+        (KERNELS); self when it is this one's."""
+        return self if kernel == self.kernel else type(self)(*self._loaded, kernel=kernel)
+
+    @property
+    def has_static(self) -> bool:
+        """Whether the model predicts kernel="inductor" (it has a static head)."""
+        return STATIC in self.bundle.heads
 
     # ---------------------------------------------------------------------------------- properties
     @property
@@ -255,12 +287,25 @@ class Predictor:
     def _predict_ms(self, problems: list[GemmProblem], ct: torch.Tensor, part: Any, what: str) -> np.ndarray:
         """(P, C) float64 ms of the predict head: onnx's predict graph in one call (encoding included),
         else the torch encoding and the head."""
-        if getattr(self._run, "predict_session", None) is not None:
+        if getattr(self._run, "predict_session", None) is not None and not self._static:
             log_ms = self._run.predict(problems_array(problems), part)
             return self._checked(np.exp(log_ms.astype(np.float64)), what, positive=True)
         with torch.inference_mode():  # no autograd bookkeeping on the encoder's small ops
             x = self._encoder.encode_cross(problems_tensor(problems), ct, part)  # (P * C, F)
+        if self._static:
+            log_ms = self._static_log_ms(torch.from_numpy(self._run(self.predict_head, x)), x)
+            return self._checked(np.exp(log_ms.numpy()), what, positive=True).reshape(len(problems), len(ct))
         return self._ms(self.predict_head, x, what).reshape(len(problems), len(ct))
+
+    def _static_log_ms(self, log_ms: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """kernel="inductor": a head's log ms on rows x plus the static head's output, at or above the
+        physical floor."""
+        return self._physical_floor(log_ms + self._run.score(STATIC, x).to(log_ms.dtype), x)
+
+    def _physical_floor(self, log_ms: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """max(log_ms, the rows' log roofline ms): the gemm head's physical floor (PerfMLP.physical_floor)."""
+        ff = self.bundle.heads["gemm"].cfg.floor_features
+        return torch.maximum(log_ms, x[:, ff[0]].to(log_ms.dtype)) if ff and ff[0] >= 0 else log_ms
 
     @staticmethod
     def _common_dtype(problems: list[GemmProblem], configs: Any) -> str:
@@ -281,7 +326,8 @@ class Predictor:
         k = min(k, n_cfg)
         keep = max(self.screen_keep, k)
         screened = screens(self.has_screen, n_cfg, keep)
-        if screened and self._run.rank_keep == keep and k <= self._run.rank_width:  # onnx: the traced rule, in one call
+        if screened and self._run.rank_keep == keep and k <= self._run.rank_width and not self._static:
+            # onnx: the traced rule, in one call
             cand, log_ms = self._run.rank(problems_array(problems), part)
             idx, log_ms = cand[:, :k].tolist(), log_ms.tolist()
             # every ranked config's log ms finite (a NaN or an inf makes the sum non-finite), and at or above
@@ -297,12 +343,19 @@ class Predictor:
             self._checked(screen.numpy(), "problems (screen)")
 
         def gemm(rows: torch.Tensor | None, lead: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-            z, log_ms = self._run.score_log_ms("gemm", x if rows is None else x[rows], lead)
+            xr = x if rows is None else x[rows]
+            z, log_ms = self._run.score_log_ms("gemm", xr, lead)
+            if self._static:  # the inductor kernel: the static head's output added before the physical floor
+                z = z + self._run.score(STATIC, xr).to(z.dtype)
+                log_ms = self._physical_floor(z, xr)
             self._checked(z.numpy(), "problems")
             return z, log_ms
 
         def lead(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            return self._run.lead("gemm", x[rows])
+            score, outputs = self._run.lead("gemm", x[rows])
+            if self._static:  # the lead orders by the inductor kernel's times too; its outputs stay the member's
+                score = score + self._run.score(STATIC, x[rows]).to(score.dtype)
+            return score, outputs
 
         with torch.inference_mode():
             idx, log_ms = screened_rank(gemm, n_prob, n_cfg, screen, keep, k, lead=lead, lead_keep=self.lead_keep)
@@ -410,4 +463,5 @@ class Predictor:
         return PadDecision(should_pad=padded_ms * self.pad_threshold < orig_ms, orig_ms=orig_ms, padded_ms=padded_ms)
 
     def __repr__(self) -> str:
-        return f"Predictor(source={self.source!r}, backend={self.backend!r}, device={self.spec.name!r})"
+        return (f"Predictor(source={self.source!r}, backend={self.backend!r}, device={self.spec.name!r}, "
+                f"kernel={self.kernel!r})")

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from collections import defaultdict
 
+import numpy as np
 import pytest
 
 from perfmodel.data_gen.info import dataset_info
@@ -151,13 +152,35 @@ def test_cli_data_info_missing_folder(repo_root, tmp_path):
 def test_v4_parts_match_current_kernel(repo_root, info):
     # A resumed sweep refuses parts of another kernel version: every part of data/h100 (dataset v4)
     # must be of this kernel, and say which.
-    from perfmodel.data_gen.kernel import kernel_mode, kernel_source_hash
+    from perfmodel.data_gen.kernel import STATIC_KIND, kernel_mode, kernel_source_hash, static_kernel_mode
 
     headers = [h for kind in ("gemm", "pad", "cublas") for h in read_dataset(repo_root / "data" / "h100", kind)[1]]
     assert len(headers) >= 3
     assert {h["kernel_hash"] for h in headers} == {kernel_source_hash()}
     assert {h["kernel_mode"] for h in headers} == {kernel_mode()}
-    assert info["kernel_modes"] == [kernel_mode()]
+    # ... and the gemm_static parts: the same source (hash), compiled for each problem's shape
+    static = read_dataset(repo_root / "data" / "h100", STATIC_KIND)[1]
+    assert static and {h["kernel_hash"] for h in static} == {kernel_source_hash()}
+    assert {h["kernel_mode"] for h in static} == {static_kernel_mode()}
+    assert info["kernel_modes"] == sorted([kernel_mode(), static_kernel_mode()])
+
+
+def test_static_rows_pair_with_dataset_rows(repo_root, info):
+    # Every gemm_static row is a problem and config of the dataset's own rows (its log ratio is what the
+    # static head learns); the test split's problems are timed statically on every dataset config.
+    from perfmodel.train.data import load_gemm, split_problems
+    from perfmodel.train.static_head import load_static, paired
+
+    table, static = load_gemm(repo_root / "data" / "h100"), load_static(repo_root / "data" / "h100")
+    rows, prob = paired(table, static)
+    assert (rows >= 0).all() and (prob >= 0).all()
+    assert info["gemm_static_rows"] == len(static.ms) and info["gemm_static_problems"] == len(static.problems)
+    split = split_problems(table.modes, 0)
+    test = np.flatnonzero(split == 2)
+    per_problem = np.bincount(table.problem_idx, minlength=len(table.problems))
+    static_per = np.bincount(prob, minlength=len(table.problems))
+    assert (static_per[test] == per_problem[test]).all()
+    assert ((static_per > 0) & (split == 0)).sum() >= 400
 
 
 def test_v4_sizes(info):

@@ -29,9 +29,10 @@ def up(d: int, dtype: str) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["torch", "onnx"])
-def test_no_prediction_below_the_physical_floor(backend: str) -> None:
-    p = Predictor.load(backend=backend)
+@pytest.mark.parametrize("backend,kernel", [("torch", "autotune"), ("onnx", "autotune"), ("torch", "inductor"),
+                                            ("onnx", "inductor")])
+def test_no_prediction_below_the_physical_floor(backend: str, kernel: str) -> None:
+    p = Predictor.load(backend=backend, kernel=kernel)
     spec = p.spec
     for dtype, tf32 in MODES:
         probs = [GemmProblem(m=m, n=n, k=k, dtype=dtype, allow_tf32=tf32) for m, n, k in itertools.product(DIMS, repeat=3)]
