@@ -43,7 +43,7 @@ class StaticHeadSettings:
     epochs: int = 80
     batch_rows: int = 512
     lr: float = 2e-3
-    weight_decay: float = 1e-2
+    weight_decay: float = 0.1
     huber_beta: float = 0.05       # smooth L1 on the log ratio: a few noisy single-run rows do not lead
     seed: int = 0
     threads: int = 0               # torch CPU threads (0: torch's default)
