@@ -48,6 +48,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         rank.add_argument(f"--{name}", type=_dim, required=True)
     rank.add_argument("--dtype", default="float16", help="float16, bfloat16 or float32")
     rank.add_argument("--allow-tf32", action="store_true", help="float32 inputs use tf32 tensor cores")
+    rank.add_argument("--kernel", choices=("autotune", "inductor"), default="autotune",
+                      help="the kernel compiled as a @triton.autotune user's (default) or as Inductor compiles its "
+                           "mm template (needs the model's static head)")
     rank.add_argument("--transpose-left", action="store_true", help="A stored column-major")
     rank.add_argument("--transpose-right", action="store_true", help="B stored column-major")
     rank.add_argument("--top-k", type=_dim, default=5)
@@ -94,12 +97,12 @@ def _rank(args: argparse.Namespace) -> int:
 
     prob = GemmProblem(m=args.m, n=args.n, k=args.k, dtype=args.dtype, allow_tf32=args.allow_tf32,
                        transpose_left=args.transpose_left, transpose_right=args.transpose_right)
-    p = Predictor.load(args.model, backend=args.backend, device=args.device)
+    p = Predictor.load(args.model, backend=args.backend, device=args.device, kernel=args.kernel)
     cand = p.candidates(prob, top_k=args.top_k, margin=0.0, max_k=args.top_k)
     rows = [{"rank": i + 1, **c.as_dict(), "predicted_ms": ms, "tflops": _tflops(prob.flops, ms)}
             for i, (c, ms) in enumerate(zip(cand.configs, cand.predicted_ms))]
     if args.json:
-        out = {"problem": prob.as_dict(), "model": p.source, "backend": p.backend, "device": p.spec.name,
+        out = {"problem": prob.as_dict(), "model": p.source, "backend": p.backend, "kernel": p.kernel, "device": p.spec.name,
                "configs": rows, "cublas_ms": cand.cublas_ms,
                "cublas_tflops": None if cand.cublas_ms is None else _tflops(prob.flops, cand.cublas_ms),
                "prefer_cublas": cand.prefer_cublas}
@@ -107,7 +110,7 @@ def _rank(args: argparse.Namespace) -> int:
         return 0
     flags = [f for f in ("allow_tf32", "transpose_left", "transpose_right") if getattr(prob, f)]
     print(f"{prob.m} x {prob.n} x {prob.k} {prob.dtype}{' ' + ' '.join(flags) if flags else ''} "
-          f"on {p.spec.name} ({p.source}, {p.backend})")
+          f"on {p.spec.name} ({p.source}, {p.backend}" + (", kernel inductor)" if p.kernel == "inductor" else ")"))
     head = f"{'rank':>4}  {'BLOCK_M':>7} {'BLOCK_N':>7} {'BLOCK_K':>7} {'GROUP_M':>7} {'stages':>6} {'warps':>5}" \
            f"  {'pred ms':>10} {'TFLOP/s':>8}"
     print(head)

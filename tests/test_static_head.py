@@ -126,3 +126,19 @@ def test_fit_learns_a_known_ratio():
     with torch.inference_mode():
         err = (head.score(x[3000:]) - y[3000:]).abs().mean()
     assert err < 0.25 * (y[3000:] - y[3000:].mean()).abs().mean()
+
+
+def test_cli_rank_kernel(repo_root, capsys):
+    import json
+
+    from perfmodel.cli import main
+
+    assert main(["rank", "--m", "3000", "--n", "4095", "--k", "2049", "--dtype", "bfloat16", "--top-k", "3",
+                 "--kernel", "inductor", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    want = Predictor.load(kernel="inductor").rank(GemmProblem(m=3000, n=4095, k=2049, dtype="bfloat16"), top_k=3)
+    assert out["kernel"] == "inductor"
+    assert [r["predicted_ms"] for r in out["configs"]] == pytest.approx([t for _, t in want], rel=1e-9)
+    assert main(["rank", "--m", "64", "--n", "64", "--k", "64", "--kernel", "inductor",
+                 "--model", str(repo_root / "models" / "h200")]) == 2
+    assert "kernel" in capsys.readouterr().err
