@@ -142,3 +142,15 @@ def test_cli_rank_kernel(repo_root, capsys):
     assert main(["rank", "--m", "64", "--n", "64", "--k", "64", "--kernel", "inductor",
                  "--model", str(repo_root / "models" / "h200")]) == 2
     assert "kernel" in capsys.readouterr().err
+
+
+def test_eval_reports_both_kernel_modes(repo_root, shipped):
+    # `perfmodel eval` ranks the statically timed test problems per kernel mode, as `perfmodel static-head` did
+    from perfmodel.train.data import load_device_datasets
+    from perfmodel.train.eval_cmd import evaluate_datasets
+
+    (res,) = evaluate_datasets(shipped, load_device_datasets([repo_root / "data" / "h100"]), full_space=False)
+    m = shipped.metadata["static_metrics"]
+    assert res["static"]["problems"] == 173
+    for mode, key in (("inductor", "static_head"), ("autotune", "without")):
+        assert res["static"][mode]["all/top1_eff"] == pytest.approx(m[f"test_static/{key}/all/top1_eff"], abs=1e-9)

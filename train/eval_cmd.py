@@ -39,8 +39,33 @@ def evaluate_datasets(bundle: artifact.ModelBundle, datasets: list, plots=None, 
                                  full_space=full_space, seed=seed, split=gs, pad_split=ps)
         res["device"] = {"data": ds.device, "predicted_for": target, "zero_shot": not known,
                          "folder": ds.folder.name}
+        static = static_results(bundle, ds, gs) if known and ds.device == default else None
+        if static:
+            res["static"] = static
         out.append(res)
     return out
+
+
+def static_results(bundle: artifact.ModelBundle, ds, split: np.ndarray) -> dict | None:
+    """The kernel modes on the dataset's test problems that were timed statically (its gemm_static parts),
+    ranked against those static times, without and with the static head (train/static_head.py's
+    ranking_metrics, as `perfmodel static-head` reports them); None when the model has no static head or
+    the folder no static rows of test problems."""
+    from perfmodel.data_gen.kernel import STATIC_KIND
+    from perfmodel.data_gen.shards import part_files
+
+    from .static_head import load_static, ranking_metrics
+
+    if artifact.STATIC not in bundle.heads or not part_files(ds.folder, STATIC_KIND):
+        return None
+    test = {ds.gemm.problem_keys[i] for i in np.flatnonzero(split == 2)}
+    static = load_static(ds.folder)
+    mask = np.array([k in test for k in static.problem_keys])
+    if not mask.any():
+        return None
+    st = static.subset(mask)
+    return {"problems": int(mask.sum()), "autotune": ranking_metrics(bundle, None, st),
+            "inductor": ranking_metrics(bundle, bundle.heads[artifact.STATIC], st)}
 
 
 def run_eval(args: argparse.Namespace) -> int:
@@ -88,3 +113,13 @@ def _print(out: dict) -> None:
     print()
     for k, v in {**out["cublas"], **out["pad"]}.items():
         print(f"{k:32s} {v:.4f}")
+    st = out.get("static")
+    if st:
+        keys = ["float16/top1_eff", "bfloat16/top1_eff", "fp32_all/top1_eff", "all/top1_eff", "all/top5_eff",
+                "cublas/choice_accuracy"]
+        print(f"\nThe same test problems timed statically ({st['problems']}, the dataset's gemm_static rows), "
+              "ranked per kernel mode:\n")
+        print("| kernel mode | " + " | ".join(keys) + " |")
+        print("|---|" + "---|" * len(keys))
+        for mode in ("autotune", "inductor"):
+            print(f"| {mode} | " + " | ".join(f"{st[mode].get(k, float('nan')):.4f}" for k in keys) + " |")
