@@ -73,6 +73,11 @@ def _check_top_k(top_k: Any, name: str = "top_k") -> int:
     return int(top_k)
 
 
+def _check_kernel(kernel: Any) -> None:
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel: expected one of {', '.join(KERNELS)}, got {kernel!r}")
+
+
 def _check_problem(prob: Any, name: str = "prob") -> GemmProblem:
     if not isinstance(prob, GemmProblem):
         raise TypeError(f"{name}: expected a GemmProblem, got {type(prob).__name__}")
@@ -105,8 +110,7 @@ class Predictor:
     ValueError/TypeError that name the offending field, and is safe to call from many threads."""
 
     def __init__(self, bundle: ModelBundle, backend: str, runner: Any, source: str, kernel: str = "autotune") -> None:
-        if kernel not in KERNELS:
-            raise ValueError(f"kernel: expected one of {', '.join(KERNELS)}, got {kernel!r}")
+        _check_kernel(kernel)
         if kernel == "inductor" and STATIC not in bundle.heads:
             raise ValueError(f"kernel: {source} has no static head, so it predicts only kernel='autotune' "
                              "(perfmodel static-head adds one)")
@@ -162,8 +166,7 @@ class Predictor:
         Raises FileNotFoundError for a missing model, ArtifactError (a ValueError) for a corrupt or
         mismatched one, ValueError for an unknown backend or a device the model does not know.
         """
-        if kernel not in KERNELS:
-            raise ValueError(f"kernel: expected one of {', '.join(KERNELS)}, got {kernel!r}")
+        _check_kernel(kernel)  # before the load: a bad argument fails fast
         return cls(*load_model(path_or_uri, backend, device), kernel=kernel)
 
     def with_kernel(self, kernel: str) -> "Predictor":
@@ -300,12 +303,7 @@ class Predictor:
     def _static_log_ms(self, log_ms: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """kernel="inductor": a head's log ms on rows x plus the static head's output, at or above the
         physical floor."""
-        return self._physical_floor(log_ms + self._run.score(STATIC, x).to(log_ms.dtype), x)
-
-    def _physical_floor(self, log_ms: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """max(log_ms, the rows' log roofline ms): the gemm head's physical floor (PerfMLP.physical_floor)."""
-        ff = self.bundle.heads["gemm"].cfg.floor_features
-        return torch.maximum(log_ms, x[:, ff[0]].to(log_ms.dtype)) if ff and ff[0] >= 0 else log_ms
+        return self.bundle.heads["gemm"].physical_floor(log_ms + self._run.score(STATIC, x).to(log_ms.dtype), x)
 
     @staticmethod
     def _common_dtype(problems: list[GemmProblem], configs: Any) -> str:
@@ -347,7 +345,7 @@ class Predictor:
             z, log_ms = self._run.score_log_ms("gemm", xr, lead)
             if self._static:  # the inductor kernel: the static head's output added before the physical floor
                 z = z + self._run.score(STATIC, xr).to(z.dtype)
-                log_ms = self._physical_floor(z, xr)
+                log_ms = self.bundle.heads["gemm"].physical_floor(z, xr)
             self._checked(z.numpy(), "problems")
             return z, log_ms
 

@@ -26,12 +26,11 @@ def shipped(repo_root):
 def static_test(repo_root, shipped):
     """(dataset table, its static table restricted to the test problems)."""
     from perfmodel.train.data import load_gemm, split_problems
-    from perfmodel.train.static_head import load_static
+    from perfmodel.train.static_head import load_static, split_static
 
     table, static = load_gemm(repo_root / "data" / "h100"), load_static(repo_root / "data" / "h100")
     split = split_problems(table.modes, int(shipped.metadata["settings"]["seed"]))
-    test = {table.problem_keys[i] for i in np.flatnonzero(split == 2)}
-    return table, static.subset(np.array([k in test for k in static.problem_keys]))
+    return table, split_static(table, static, split)
 
 
 def test_shipped_model_has_static_head(shipped):

@@ -54,17 +54,14 @@ def static_results(bundle: artifact.ModelBundle, ds, split: np.ndarray) -> dict 
     from perfmodel.data_gen.kernel import STATIC_KIND
     from perfmodel.data_gen.shards import part_files
 
-    from .static_head import load_static, ranking_metrics
+    from .static_head import load_static, ranking_metrics, split_static
 
     if artifact.STATIC not in bundle.heads or not part_files(ds.folder, STATIC_KIND):
         return None
-    test = {ds.gemm.problem_keys[i] for i in np.flatnonzero(split == 2)}
-    static = load_static(ds.folder)
-    mask = np.array([k in test for k in static.problem_keys])
-    if not mask.any():
+    st = split_static(ds.gemm, load_static(ds.folder), split)
+    if not len(st.problems):
         return None
-    st = static.subset(mask)
-    return {"problems": int(mask.sum()), "autotune": ranking_metrics(bundle, None, st),
+    return {"problems": len(st.problems), "autotune": ranking_metrics(bundle, None, st),
             "inductor": ranking_metrics(bundle, bundle.heads[artifact.STATIC], st)}
 
 

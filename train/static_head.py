@@ -71,6 +71,12 @@ def paired(table: GemmTable, static: GemmTable) -> tuple[np.ndarray, np.ndarray]
     return rows, prob
 
 
+def split_static(table: GemmTable, static: GemmTable, split: np.ndarray, which: int = 2) -> GemmTable:
+    """static's rows of the problems of table that split puts in `which` (0 train, 1 val, 2 test)."""
+    keys = {table.problem_keys[i] for i in np.flatnonzero(split == which)}
+    return static.subset(np.array([k in keys for k in static.problem_keys]))
+
+
 def fit(x: torch.Tensor, y: torch.Tensor, s: StaticHeadSettings, log: Any = print) -> PerfMLP:
     """A plain MLP (standardised inputs, no norm layers) fitted to y, the log ratio static / dataset
     kernel, with smooth L1 and AdamW. Only its score (the network's output) is served."""
@@ -115,8 +121,8 @@ def static_outputs(bundle: artifact.ModelBundle, head: PerfMLP | None, table: Ge
             d = head.score(x).double().numpy()
         score = score + d
         lead = None if lead is None else lead + d
-        col = bundle.heads["gemm"].cfg.floor_features[0]
-        log_ms = np.maximum(score, x[:, col].double().numpy()) if col >= 0 else score
+        with torch.inference_mode():
+            log_ms = bundle.heads["gemm"].physical_floor(torch.from_numpy(score), x.double()).numpy()
     return {"score": score, "log_ms": log_ms, "lead": lead, "screen": screen}
 
 
@@ -173,12 +179,10 @@ def run(s: StaticHeadSettings, log: Any = print) -> dict[str, Any]:
             metrics[f"{name}/mae_log_ratio_constant"] = float(np.abs(yy[sel] - np.median(yy[train])).mean())
             metrics[f"{name}/corr"] = float(np.corrcoef(d[sel], yy[sel])[0, 1])
     # the test problems: the ranking on the static times (every dataset config of each), with and without
-    test_units = {table.problem_keys[p] for p in np.unique(prob[ok & (part == 2)])}
-    full = np.array([k in test_units for k in static.problem_keys])
-    st = static.subset(full)
+    st = split_static(table, static, split)
     for name, h in (("static_head", head), ("without", None)):
         metrics.update({f"test_static/{name}/{k}": v for k, v in ranking_metrics(bundle, h, st).items()})
-    metrics["test_static/problems"] = int(full.sum())
+    metrics["test_static/problems"] = len(st.problems)
     metrics["seconds"] = time.perf_counter() - t0
     bundle.heads[STATIC], bundle.encoders[STATIC] = head, enc
     settings = {k: (str(v) if isinstance(v, (Path, tuple)) else v) for k, v in asdict(s).items()}
