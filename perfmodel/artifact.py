@@ -25,7 +25,7 @@ FORMAT = "perfmodel-artifact"
 WEIGHTS = "model.safetensors"
 METADATA = "metadata.json"
 ONNX = "model.onnx"
-HEADS = ("gemm", "cublas", "pad", "screen", "student", "static")  # all but gemm are optional
+HEADS = ("gemm", "cublas", "pad", "screen", "student", "static", "call", "call_static")  # all but gemm are optional
 # The head that predict / predict_many serve when a folder has it: one MLP distilled from the gemm head
 # (perfmodel distill, train/distill.py); a folder without it predicts with the gemm head.
 STUDENT = "student"
@@ -33,6 +33,11 @@ STUDENT = "student"
 # problem's shape, as Inductor compiles its mm template (perfmodel static-head, train/static_head.py;
 # Predictor.load(kernel="inductor")). Only its score is served.
 STATIC = "static"
+# The cuBLAS call heads (perfmodel call-head, train/call_head.py): per problem, log(cuBLAS ms / the best
+# Triton config's ms) on the cuBLAS head's features, for the dataset's kernel (kernel="autotune") and the
+# static one (kernel="inductor"); below 0, cuBLAS wins (Candidates.prefer_cublas). Only their score is served.
+CALL = "call"
+CALL_STATIC = "call_static"
 # Configs per problem that the gemm head scores after the screen head (metadata "screen_keep").
 DEFAULT_SCREEN_KEEP = 48
 

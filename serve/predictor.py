@@ -24,7 +24,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import torch
 
-from perfmodel.artifact import STATIC, ModelBundle, predict_head
+from perfmodel.artifact import CALL, CALL_STATIC, STATIC, ModelBundle, predict_head
 from perfmodel.configs import pruned_space, runnable
 from perfmodel.features import configs_tensor, pad_tensor, problems_array, problems_tensor
 from perfmodel.ranking import screened_rank, screens
@@ -52,7 +52,10 @@ class Candidates:
 
     configs / predicted_ms: fastest first. cublas_ms: None when the model has no cuBLAS head.
     prefer_cublas: cuBLAS is predicted faster than the best Triton config, so a caller may skip
-    compiling Triton altogether.
+    compiling Triton altogether. With the model's call head for the kernel mode (perfmodel call-head):
+    the head's call against the best config of the whole space, or (configs given) cuBLAS's predicted
+    time below the best given config's -- cuBLAS that beats the whole space beats any list of it.
+    Without one: cuBLAS's predicted time below the best config's.
     """
 
     configs: tuple[GemmConfig, ...]
@@ -441,8 +444,37 @@ class Predictor:
         while k < min(max_k, len(idx)) and ms[k] <= bound:
             k += 1
         cublas_ms = self.predict_cublas(prob) if self.has_cublas else None
+        prefer = cublas_ms is not None and cublas_ms < float(ms[0])
+        call = self._call_head
+        if cublas_ms is not None and call is not None:
+            won = float(self._call_scores(call, [prob])[0]) < 0.0
+            prefer = won or (configs is not None and prefer)
         return Candidates(configs=tuple(cfgs[i] for i in idx[:k]), predicted_ms=tuple(float(t) for t in ms[:k]),
-                          cublas_ms=cublas_ms, prefer_cublas=cublas_ms is not None and cublas_ms < float(ms[0]))
+                          cublas_ms=cublas_ms, prefer_cublas=prefer)
+
+    @property
+    def _call_head(self) -> str | None:
+        """The model's cuBLAS call head for this kernel mode (perfmodel call-head), or None."""
+        name = CALL_STATIC if self._static else CALL
+        return name if name in self.bundle.heads else None
+
+    def prefers_cublas_many(self, problems: Sequence[GemmProblem]) -> np.ndarray:
+        """For each problem, whether cuBLAS is predicted faster than the best Triton config of the model's
+        config space (1-D bool): the call head's call, or without one the cuBLAS head's time below the
+        best ranked config's. RuntimeError if the model has no cuBLAS head."""
+        problems = _check_problems(problems)
+        if not self.has_cublas:
+            raise RuntimeError(f"{self.source}: this model has no cuBLAS head")
+        call = self._call_head
+        if call is not None:
+            return self._call_scores(call, problems) < 0.0
+        best = np.array([r[0][1] for r in self.rank_many(problems, top_k=1)])
+        return self.predict_cublas_many(problems) < best
+
+    def _call_scores(self, name: str, problems: Sequence[GemmProblem]) -> np.ndarray:
+        with torch.inference_mode():
+            x = self.bundle.encoders[name].encode(problems_tensor(problems))
+            return self.bundle.heads[name].score(x).double().numpy().reshape(-1)
 
     def pad(self, pp: PadProblem) -> PadDecision:
         """Whether padding pp's operands to the dtype alignment pays off (Inductor's pad_mm decision):

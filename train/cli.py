@@ -103,6 +103,18 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     for name in ("epochs", "batch_rows", "lr", "weight_decay", "huber_beta", "seed", "threads"):
         default = getattr(ss, name)
         t.add_argument("--" + name.replace("_", "-"), type=type(default), default=default)
+    from .call_head import CallHeadSettings
+
+    cs = CallHeadSettings()
+    t = sub.add_parser("call-head", help="fit the cuBLAS call heads (does cuBLAS beat the best Triton config? "
+                       "Candidates.prefer_cublas, per kernel mode) and add them to a model folder")
+    t.add_argument("--model", type=Path, default=cs.model, help="model folder (of one device), rewritten in place")
+    t.add_argument("--data", type=Path, default=cs.data,
+                   help=f"the model's dataset (default {cs.data}); its gemm_static parts give the inductor mode's head")
+    t.add_argument("--hidden", type=_widths, default=cs.hidden, help="each member's hidden widths")
+    for name in ("members", "epochs", "batch_rows", "lr", "weight_decay", "huber_beta", "seed", "threads"):
+        default = getattr(cs, name)
+        t.add_argument("--" + name.replace("_", "-"), type=type(default), default=default)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -130,6 +142,14 @@ def run(args: argparse.Namespace) -> int:
         from .static_head import StaticHeadSettings, run as static_run
 
         metrics = static_run(StaticHeadSettings(**{k: getattr(args, k) for k in StaticHeadSettings.__dataclass_fields__}))
+        print(json.dumps(metrics, indent=2))
+        return 0
+    if args.command == "call-head":
+        from .call_head import CallHeadSettings, run as call_run
+
+        if args.members < 1:
+            raise ValueError(f"members: must be >= 1, got {args.members}")
+        metrics = call_run(CallHeadSettings(**{k: getattr(args, k) for k in CallHeadSettings.__dataclass_fields__}))
         print(json.dumps(metrics, indent=2))
         return 0
     from .eval_cmd import run_eval

@@ -178,18 +178,24 @@ def inductor_defaults(table: GemmTable) -> dict[str, float]:
     return out
 
 
-def cublas_metrics(table: GemmTable, pred_cublas_log_ms: np.ndarray, pred_best_triton_log_ms: np.ndarray) -> dict[str, float]:
+def cublas_metrics(table: GemmTable, pred_cublas_log_ms: np.ndarray, pred_best_triton_log_ms: np.ndarray,
+                   call_score: np.ndarray | None = None) -> dict[str, float]:
+    """The cuBLAS head's MAPE and the cuBLAS call: whether cuBLAS beats the best measured Triton config,
+    per problem. The call is the call head's (call_score < 0: cuBLAS wins; train/call_head.py) when
+    given, else the cuBLAS head's time below the best predicted Triton time; "choice_accuracy_times"
+    is always the latter."""
     ok = np.isfinite(table.cublas_ms)
     best = np.full(len(table.problems), np.inf)
     np.minimum.at(best, table.problem_idx, table.ms)
     pred = np.exp(pred_cublas_log_ms)
     truth_cublas_wins = table.cublas_ms < best
-    pred_cublas_wins = pred_cublas_log_ms < pred_best_triton_log_ms
-    # time of following the model's choice (cuBLAS or its top-1 Triton config) vs the oracle of both
+    by_times = pred_cublas_log_ms < pred_best_triton_log_ms
+    pred_cublas_wins = by_times if call_score is None else call_score < 0
     return {
         "cublas/mape": float((np.abs(pred - table.cublas_ms) / table.cublas_ms)[ok].mean()),
         "cublas/faster_than_best_triton_frac": float(truth_cublas_wins[ok].mean()),
         "cublas/choice_accuracy": float((truth_cublas_wins == pred_cublas_wins)[ok].mean()),
+        "cublas/choice_accuracy_times": float((truth_cublas_wins == by_times)[ok].mean()),
     }
 
 
@@ -277,7 +283,9 @@ def evaluate_bundle(bundle, data, *, seed: int | None = None,
         best_pred = np.full(len(test.problems), np.inf)
         np.minimum.at(best_pred, test.problem_idx, pred)
         cx = bundle.encoders["cublas"].encode(torch.from_numpy(test.problems))
-        cmet = cublas_metrics(test, bundle.heads["cublas"].eval()(cx).double().numpy(), best_pred)
+        call = bundle.heads.get(artifact.CALL)
+        cmet = cublas_metrics(test, bundle.heads["cublas"].eval()(cx).double().numpy(), best_pred,
+                              None if call is None else call.eval().score(cx).double().numpy())
         pmet = {}
         if "pad" in bundle.heads:
             pads = pads if pads is not None else load_pad(data)

@@ -126,9 +126,11 @@ def static_outputs(bundle: artifact.ModelBundle, head: PerfMLP | None, table: Ge
     return {"score": score, "log_ms": log_ms, "lead": lead, "screen": screen}
 
 
-def ranking_metrics(bundle: artifact.ModelBundle, head: PerfMLP | None, table: GemmTable) -> dict[str, float]:
+def ranking_metrics(bundle: artifact.ModelBundle, head: PerfMLP | None, table: GemmTable,
+                    call: PerfMLP | None = None) -> dict[str, float]:
     """rank_path's top-1/top-5 (serving path) and the cuBLAS call on table's times, by the gemm head
-    with (head given) or without the static head."""
+    with (head given) or without the static head; the call by the call head `call` when given
+    (train/call_head.py), else by the cuBLAS head's time against the best predicted one."""
     from . import evaluate as ev
 
     o = static_outputs(bundle, head, table)
@@ -139,7 +141,10 @@ def ranking_metrics(bundle: artifact.ModelBundle, head: PerfMLP | None, table: G
             cub = ev.head_outputs(bundle.heads["cublas"], bundle.encoders["cublas"].encode(torch.from_numpy(table.problems)))[1]
         best = np.full(len(table.problems), np.inf)
         np.minimum.at(best, table.problem_idx, o["log_ms"])
-        out.update(ev.cublas_metrics(table, cub, best))
+        cx = bundle.encoders["cublas"].encode(torch.from_numpy(table.problems))
+        with torch.inference_mode():
+            score = None if call is None else call.score(cx).double().numpy()
+        out.update(ev.cublas_metrics(table, cub, best, score))
     return out
 
 

@@ -1,0 +1,162 @@
+"""The cuBLAS call heads (train/call_head.py): whether cuBLAS beats the best Triton config of a problem,
+per kernel mode, and the Predictor's prefer_cublas that serves them.
+
+The shipped heads are judged on data/h100's test problems (their measured cuBLAS and Triton times); the
+fitting itself is checked on synthetic targets (said so where used)."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from perfmodel import GemmConfig, GemmProblem, Predictor
+from perfmodel.artifact import CALL, CALL_STATIC
+
+
+@pytest.fixture(scope="module")
+def shipped(repo_root):
+    from perfmodel import artifact
+
+    return artifact.load(repo_root / "models" / "h100")
+
+
+@pytest.fixture(scope="module")
+def tables(repo_root, shipped):
+    """{head: (table, split of its problems)}: the dataset's gemm rows and its static rows."""
+    from perfmodel.train.data import load_gemm, split_problems
+    from perfmodel.train.static_head import load_static
+
+    gemm, static = load_gemm(repo_root / "data" / "h100"), load_static(repo_root / "data" / "h100")
+    split = split_problems(gemm.modes, int(shipped.metadata["settings"]["seed"]))
+    keys = {k: i for i, k in enumerate(gemm.problem_keys)}
+    return {CALL: (gemm, split), CALL_STATIC: (static, np.array([split[keys[k]] for k in static.problem_keys]))}
+
+
+@pytest.mark.parametrize("name", [CALL, CALL_STATIC])
+def test_metrics_reproduce_from_the_data(shipped, tables, name):
+    # the metadata's call accuracies, recomputed from the shipped heads and the committed rows
+    from perfmodel.train.call_head import call_scores, call_targets, times_call
+
+    table, split = tables[name]
+    ok, y = call_targets(table)
+    pred = call_scores(shipped, shipped.heads[name], table)
+    before = times_call(shipped, table, shipped.heads.get("static") if name == CALL_STATIC else None)
+    m = shipped.metadata["call_metrics"]
+    for part, which in (("train", 0), ("val", 1), ("test", 2)):
+        sel = ok & (split == which)
+        assert m[f"{name}/{part}/problems"] == int(sel.sum())
+        assert ((pred < 0) == (y < 0))[sel].mean() == pytest.approx(m[f"{name}/{part}/choice_accuracy"], abs=1e-12)
+        assert ((before < 0) == (y < 0))[sel].mean() == pytest.approx(m[f"{name}/{part}/choice_accuracy_times"], abs=1e-12)
+    # the call head beats the comparison of the two heads' times on the held-out problems
+    assert m[f"{name}/test/choice_accuracy"] > m[f"{name}/test/choice_accuracy_times"]
+    if name == CALL:
+        assert m["call/test/choice_accuracy"] >= 0.90
+        assert shipped.metadata["cublas_metrics"]["cublas/choice_accuracy"] == m["call/test/choice_accuracy"]
+
+
+def test_evaluation_uses_the_call_head(repo_root, shipped):
+    # `perfmodel eval` (train.evaluate.evaluate_bundle) reports the call the Predictor makes
+    from perfmodel.train.evaluate import evaluate_bundle
+
+    out = evaluate_bundle(shipped, repo_root / "data" / "h100", full_space=False)
+    m = shipped.metadata["call_metrics"]
+    assert out["cublas"]["cublas/choice_accuracy"] == pytest.approx(m["call/test/choice_accuracy"], abs=1e-12)
+    assert out["cublas"]["cublas/choice_accuracy_times"] == pytest.approx(m["call/test/choice_accuracy_times"], abs=1e-12)
+
+
+@pytest.mark.parametrize("backend", ["torch", "onnx"])
+@pytest.mark.parametrize("kernel", ["autotune", "inductor"])
+def test_predictor_prefers_as_the_call_head(shipped, tables, backend, kernel):
+    # prefer_cublas over the model's space is the kernel mode's call head, on 40 test problems
+    from perfmodel.train.call_head import call_scores
+
+    name = CALL if kernel == "autotune" else CALL_STATIC
+    table, split = tables[name]
+    rows = np.flatnonzero(split == 2)[:40]
+    sub = table.subset(np.isin(np.arange(len(table.problems)), rows))
+    want = call_scores(shipped, shipped.heads[name], sub) < 0
+    pred = Predictor.load(backend=backend, kernel=kernel)
+    probs = [_as_problem(r) for r in sub.problems]
+    got = pred.prefers_cublas_many(probs)
+    assert got.dtype == bool and (got == want).all()
+    assert 0 < want.sum() < len(want)  # both answers occur among these problems
+    for p, w in list(zip(probs, want))[:6]:
+        assert pred.candidates(p).prefer_cublas == bool(w)
+
+
+def _as_problem(row) -> GemmProblem:
+    """A row of PROBLEM_COLUMNS (m, n, k, dtype bytes, is_bf16, allow_tf32, transpose_left, transpose_right)."""
+    m, n, k, nbytes, bf16, tf32, tl, tr = (int(v) for v in row)
+    dtype = "float32" if nbytes == 4 else ("bfloat16" if bf16 else "float16")
+    return GemmProblem(m=m, n=n, k=k, dtype=dtype, allow_tf32=bool(tf32), transpose_left=bool(tl),
+                       transpose_right=bool(tr))
+
+
+def test_a_given_list_of_slow_configs_prefers_cublas():
+    # configs given: cuBLAS below the best given config's predicted time is preferred even where the
+    # call head says the best config of the whole space beats cuBLAS
+    pred = Predictor.load()
+    prob = GemmProblem(m=32, n=4096, k=4096, dtype="float16")
+    assert not pred.prefers_cublas_many([prob])[0]
+    slow = [GemmConfig(16, 16, 16, 1, 1, 1)] if _runnable(pred, prob, GemmConfig(16, 16, 16, 1, 1, 1)) else \
+        [GemmConfig(16, 32, 16, 1, 2, 1)]
+    c = pred.candidates(prob, slow, top_k=1)
+    assert c.cublas_ms < c.best_ms and c.prefer_cublas
+    assert not pred.candidates(prob).prefer_cublas
+
+
+def _runnable(pred, prob, cfg) -> bool:
+    import math
+
+    return math.isfinite(pred.predict(prob, [cfg])[0])
+
+
+def test_a_model_without_call_heads_compares_times(repo_root):
+    # models/h200 has no call head: prefer_cublas is the cuBLAS head's time below the best config's
+    pred = Predictor.load(repo_root / "models" / "h200")
+    assert CALL not in pred.bundle.heads
+    probs = [GemmProblem(m=m, n=4096, k=4096, dtype="bfloat16") for m in (16, 256, 4096)]
+    best = np.array([r[0][1] for r in pred.rank_many(probs, top_k=1)])
+    assert (pred.prefers_cublas_many(probs) == (pred.predict_cublas_many(probs) < best)).all()
+    for p in probs:
+        c = pred.candidates(p)
+        assert c.prefer_cublas == (c.cublas_ms < c.best_ms)
+
+
+def test_fit_call_learns_a_known_sign():
+    # synthetic targets (not timings): y = x0 - 0.3 x1; the fitted ensemble gets the sign right
+    from perfmodel.train.call_head import CallHeadSettings, fit_call
+
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(2000, 4, generator=gen)
+    y = x[:, 0] - 0.3 * x[:, 1]
+    head = fit_call(x[:1500], y[:1500], CallHeadSettings(hidden=(32,), members=2, epochs=30, batch_rows=256),
+                    log=lambda *a: None)
+    with torch.inference_mode():
+        s = head.score(x[1500:])
+    assert head.cfg.members == 2
+    assert ((s < 0) == (y[1500:] < 0)).float().mean() > 0.95
+
+
+def test_cli_call_head_rewrites_a_copy(repo_root, tmp_path, capsys):
+    from perfmodel import artifact
+    from perfmodel.cli import main
+
+    model = tmp_path / "m"
+    shutil.copytree(repo_root / "models" / "h100", model)
+    assert main(["call-head", "--model", str(model), "--data", str(repo_root / "data" / "h100"),
+                 "--members", "1", "--epochs", "2", "--threads", "2"]) == 0
+    text = capsys.readouterr().out  # the fit's log lines, then the metrics as JSON
+    out = json.loads(text[text.index("\n{") + 1:])
+    assert out["call/test/problems"] == 173 and out["call_static/test/problems"] == 173
+    b = artifact.load(model)
+    assert b.heads[CALL].cfg.members == 1 and CALL_STATIC in b.heads
+    assert "cuBLAS call heads" in (model / "MODEL_CARD.md").read_text()
+    assert Predictor.load(model, backend="onnx").candidates(GemmProblem(m=64, n=64, k=64, dtype="float16")).cublas_ms > 0
+    assert main(["call-head", "--model", str(model), "--members", "0"]) == 2
+    assert "members" in capsys.readouterr().err
+    assert main(["call-head", "--model", str(repo_root / "models" / "h200")]) == 2
+    assert "model" in capsys.readouterr().err

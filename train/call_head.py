@@ -1,0 +1,162 @@
+"""`perfmodel call-head`: the cuBLAS call heads, which say whether cuBLAS (torch.mm) beats the best Triton
+config of a problem's config space -- the call behind `Candidates.prefer_cublas` (docs/model.md, "The
+cuBLAS call").
+
+    perfmodel call-head --model models/h100 --data data/h100
+
+Comparing the cuBLAS head's time with the gemm head's best predicted time gets the call wrong where the
+two are close, and the minimum of many predicted times is biased low. A call head is fitted to the quantity
+the call is about instead: per problem, log(cuBLAS ms / the best measured Triton config's ms), on the
+problem features of the cuBLAS head; cuBLAS wins where its output is below 0. Two heads, one per kernel
+mode (docs/design.md, "Kernel modes"):
+
+- `call`: against the dataset's Triton times (`kernel="autotune"`);
+- `call_static`: against the same problems' static times (the `gemm_static` rows, with torch.mm timed in
+  the same run; `kernel="inductor"`), when the folder has them.
+
+Each is the average of `members` small MLPs of different seeds. The split is the model's (split_problems
+with its seed): train problems fit, validation problems chose the settings, test problems report, beside
+the call the model made before (cuBLAS head against the gemm head's best). The folder is then rewritten
+(weights, metadata, model.onnx) with the heads added. Needs no Lightning and no MLflow.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from perfmodel import artifact
+from perfmodel.locations import default_data_dir, default_model_dir
+from perfmodel.model import PerfMLP
+
+from .data import GemmTable, load_gemm, split_problems
+from .static_head import StaticHeadSettings, fit, load_static, static_outputs
+
+CALL, CALL_STATIC = artifact.CALL, artifact.CALL_STATIC
+
+
+@dataclass
+class CallHeadSettings:
+    model: Path = field(default_factory=default_model_dir)
+    data: Path = field(default_factory=default_data_dir)
+    # chosen on the val problems' call accuracy (mean of the two heads) among four settings: docs/model.md
+    hidden: tuple[int, ...] = (64, 64)
+    members: int = 5
+    epochs: int = 300
+    batch_rows: int = 128
+    lr: float = 2e-3
+    weight_decay: float = 0.1
+    huber_beta: float = 0.05
+    seed: int = 0
+    threads: int = 0               # torch CPU threads (0: torch's default)
+
+
+def call_targets(table: GemmTable) -> tuple[np.ndarray, np.ndarray]:
+    """Per problem of table: (has both times, log(cuBLAS ms / best measured Triton ms))."""
+    best = np.full(len(table.problems), np.inf)
+    np.minimum.at(best, table.problem_idx, table.ms)
+    ok = np.isfinite(table.cublas_ms) & np.isfinite(best) & (table.cublas_ms > 0)
+    y = np.where(ok, np.log(np.where(ok, table.cublas_ms, 1.0)) - np.log(np.where(ok, best, 1.0)), np.nan)
+    return ok, y
+
+
+def fit_call(x: torch.Tensor, y: torch.Tensor, s: CallHeadSettings, log: Any = print) -> PerfMLP:
+    """The average of s.members MLPs (seeds s.seed, s.seed + 1, ...) fitted to y, as one head."""
+    base = StaticHeadSettings(hidden=tuple(s.hidden), epochs=s.epochs, batch_rows=s.batch_rows, lr=s.lr,
+                              weight_decay=s.weight_decay, huber_beta=s.huber_beta)
+    quiet = (lambda *a: None)
+    members = [fit(x, y, replace(base, seed=s.seed + i), quiet) for i in range(s.members)]
+    log(f"call-head: {s.members} members fitted on {len(x)} problems")
+    return PerfMLP.ensemble(members, "before_floor")
+
+
+def call_scores(bundle: artifact.ModelBundle, head: PerfMLP, table: GemmTable) -> np.ndarray:
+    """The call head's output per problem of table (< 0: cuBLAS wins)."""
+    with torch.inference_mode():
+        return head.score(bundle.encoders["cublas"].encode(torch.from_numpy(table.problems))).double().numpy()
+
+
+def times_call(bundle: artifact.ModelBundle, table: GemmTable, static: PerfMLP | None = None) -> np.ndarray:
+    """The call without a call head, per problem of table: the cuBLAS head's time below the gemm head's
+    best predicted time over the problem's measured configs (with the static head added: static)."""
+    from . import evaluate as ev
+
+    log_ms = static_outputs(bundle, static, table)["log_ms"]
+    best = np.full(len(table.problems), np.inf)
+    np.minimum.at(best, table.problem_idx, log_ms)
+    with torch.inference_mode():
+        cub = ev.head_outputs(bundle.heads["cublas"], bundle.encoders["cublas"].encode(torch.from_numpy(table.problems)))[1]
+    return cub - best
+
+
+def _part(table: GemmTable, keys: dict[str, int], split: np.ndarray) -> np.ndarray:
+    return np.array([split[keys[k]] if k in keys else -1 for k in table.problem_keys])
+
+
+def run(s: CallHeadSettings, log: Any = print) -> dict[str, Any]:
+    """Fit the call heads on the model's train problems, measure them, and rewrite s.model with them."""
+    from .pipeline import write_model_folder
+
+    if s.threads > 0:
+        torch.set_num_threads(s.threads)
+    t0 = time.perf_counter()
+    bundle = artifact.load(s.model)
+    if len(bundle.devices) > 1:
+        raise ValueError(f"model: {s.model} serves several devices; the call heads are fitted to one device's "
+                         "timings (a model of one device)")
+    if "cublas" not in bundle.heads:
+        raise ValueError(f"model: {s.model} has no cuBLAS head, so it makes no cuBLAS call")
+    table = load_gemm(s.data)
+    seed = int(bundle.metadata.get("settings", {}).get("seed", 0))
+    split = split_problems(table.modes, seed)
+    keys = {k: i for i, k in enumerate(table.problem_keys)}
+    tables = {CALL: (table, None)}
+    from perfmodel.data_gen.kernel import STATIC_KIND
+    from perfmodel.data_gen.shards import part_files
+
+    if part_files(Path(s.data), STATIC_KIND):
+        tables[CALL_STATIC] = (load_static(s.data), bundle.heads.get(artifact.STATIC))
+    metrics: dict[str, Any] = {}
+    for name, (tab, static) in tables.items():
+        ok, y = call_targets(tab)
+        part = _part(tab, keys, split)
+        train = ok & (part == 0)
+        if not train.any():
+            raise ValueError(f"data: {s.data} has no train problem with both cuBLAS and Triton times for {name}")
+        with torch.inference_mode():
+            x = bundle.encoders["cublas"].encode(torch.from_numpy(tab.problems))
+        head = fit_call(x[torch.from_numpy(train)], torch.from_numpy(y[train]).float(), s, log)
+        pred = call_scores(bundle, head, tab)
+        before = times_call(bundle, tab, static) if (name == CALL or static is not None) else None
+        truth = y < 0
+        for split_name, which in (("train", 0), ("val", 1), ("test", 2)):
+            sel = ok & (part == which)
+            if not sel.any():
+                continue
+            metrics[f"{name}/{split_name}/problems"] = int(sel.sum())
+            metrics[f"{name}/{split_name}/choice_accuracy"] = float(((pred < 0) == truth)[sel].mean())
+            metrics[f"{name}/{split_name}/mae_log_ratio"] = float(np.abs(pred - y)[sel].mean())
+            metrics[f"{name}/{split_name}/cublas_wins_frac"] = float(truth[sel].mean())
+            if before is not None:
+                metrics[f"{name}/{split_name}/choice_accuracy_times"] = float(((before < 0) == truth)[sel].mean())
+        t = f"{name}/test/"
+        if t + "choice_accuracy" in metrics:
+            was = metrics.get(t + "choice_accuracy_times")
+            log(f"call-head: {name}: test problems' cuBLAS call right on {metrics[t + 'choice_accuracy']:.4f}"
+                + (f" (cuBLAS head against the gemm head's best: {was:.4f})" if was is not None else ""))
+        bundle.heads[name], bundle.encoders[name] = head, bundle.encoders["cublas"]
+    metrics["seconds"] = time.perf_counter() - t0
+    settings = {k: (str(v) if isinstance(v, (Path, tuple)) else v) for k, v in asdict(s).items()}
+    meta = {**bundle.metadata, "call_metrics": metrics, "call_settings": settings}
+    if "cublas_metrics" in meta and f"{CALL}/test/choice_accuracy" in metrics:
+        # the model's cuBLAS call on its held-out problems is now the call head's (train.evaluate.cublas_metrics)
+        meta["cublas_metrics"] = {**meta["cublas_metrics"],
+                                  "cublas/choice_accuracy": metrics[f"{CALL}/test/choice_accuracy"],
+                                  "cublas/choice_accuracy_times": metrics[f"{CALL}/test/choice_accuracy_times"]}
+    bundle.metadata = meta
+    write_model_folder(bundle, bundle.metadata, s.model)
+    return metrics
