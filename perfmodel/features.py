@@ -35,6 +35,8 @@ PR156851_FEATURES = ("dtype_size", "dim_m", "dim_n", "dim_k", "total_gb", "total
 
 def problems_array(problems: Sequence[GemmProblem]) -> np.ndarray:
     """(P, len(PROBLEM_COLUMNS)) float64, from each problem's cached packed row (GemmProblem.packed)."""
+    if len(problems) == 1:  # one problem (a rank call): its packed row as it is, no join
+        return np.frombuffer(problems[0].packed, dtype=np.float64).reshape(1, len(PROBLEM_COLUMNS))
     return np.frombuffer(b"".join([p.packed for p in problems]), dtype=np.float64).reshape(-1, len(PROBLEM_COLUMNS))
 
 

@@ -264,7 +264,11 @@ class Predictor:
     def _runnable(fits: dict[int, np.ndarray], problems: Sequence[GemmProblem]) -> np.ndarray | None:
         """(P, C) bool: which configs the model's device can run for each problem (fits: _config_entry's
         masks per dtype size); None when all can (the default spaces, and nearly every user list)."""
-        if all(p.dtype_bytes in fits.all_runnable for p in problems):
+        runs_all = fits.all_runnable
+        if len(problems) == 1:  # one problem (a rank call): no generator
+            if problems[0].dtype_bytes in runs_all:
+                return None
+        elif all(p.dtype_bytes in runs_all for p in problems):
             return None
         return np.stack([fits[p.dtype_bytes] for p in problems])
 
