@@ -34,7 +34,7 @@ from perfmodel.locations import default_data_dir, default_model_dir
 from perfmodel.model import PerfMLP
 
 from .data import GemmTable, load_gemm, split_problems
-from .static_head import StaticHeadSettings, fit, load_static, static_outputs
+from .static_head import StaticHeadSettings, fit, load_one_device, load_static, static_outputs
 
 CALL, CALL_STATIC = artifact.CALL, artifact.CALL_STATIC
 
@@ -101,13 +101,8 @@ def run(s: CallHeadSettings, log: Any = print) -> dict[str, Any]:
     """Fit the call heads on the model's train problems, measure them, and rewrite s.model with them."""
     from .pipeline import write_model_folder
 
-    if s.threads > 0:
-        torch.set_num_threads(s.threads)
     t0 = time.perf_counter()
-    bundle = artifact.load(s.model)
-    if len(bundle.devices) > 1:
-        raise ValueError(f"model: {s.model} serves several devices; the call heads are fitted to one device's "
-                         "timings (a model of one device)")
+    bundle = load_one_device(s.model, s.threads, "the call heads are")
     if "cublas" not in bundle.heads:
         raise ValueError(f"model: {s.model} has no cuBLAS head, so it makes no cuBLAS call")
     table = load_gemm(s.data)

@@ -148,17 +148,24 @@ def ranking_metrics(bundle: artifact.ModelBundle, head: PerfMLP | None, table: G
     return out
 
 
+def load_one_device(model: Path, threads: int, what: str) -> artifact.ModelBundle:
+    """The model folder a head of one device's timings is added to (`what`, for the error), with torch's CPU
+    threads set (threads > 0). ValueError naming the model for a model of several devices."""
+    if threads > 0:
+        torch.set_num_threads(threads)
+    bundle = artifact.load(model)
+    if len(bundle.devices) > 1:
+        raise ValueError(f"model: {model} serves several devices; {what} fitted to one device's timings "
+                         "(a model of one device)")
+    return bundle
+
+
 def run(s: StaticHeadSettings, log: Any = print) -> dict[str, Any]:
     """Fit the static head on the model's train problems, measure it, and rewrite s.model with it."""
     from .pipeline import write_model_folder
 
-    if s.threads > 0:
-        torch.set_num_threads(s.threads)
     t0 = time.perf_counter()
-    bundle = artifact.load(s.model)
-    if len(bundle.devices) > 1:
-        raise ValueError(f"model: {s.model} serves several devices; the static head is fitted to one device's "
-                         "static timings (a model of one device)")
+    bundle = load_one_device(s.model, s.threads, "the static head is")
     table, static = load_gemm(s.data), load_static(s.data)
     rows, prob = paired(table, static)
     ok = rows >= 0
