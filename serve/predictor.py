@@ -418,10 +418,12 @@ class Predictor:
         """Predicted ms of torch.mm for each problem (1-D)."""
         if not self.has_cublas:
             raise RuntimeError(f"{self.source}: this model has no cuBLAS head")
-        problems = _check_problems(problems)
+        return self._ms("cublas", self._cublas_x(_check_problems(problems)), "problems (cuBLAS)")
+
+    def _cublas_x(self, problems: Sequence[GemmProblem]) -> torch.Tensor:
+        """The problems' features for the cuBLAS head, which its call heads take too (perfmodel call-head)."""
         with torch.inference_mode():
-            x = self.bundle.encoders["cublas"].encode(problems_tensor(problems))
-        return self._ms("cublas", x, "problems (cuBLAS)")
+            return self.bundle.encoders["cublas"].encode(problems_tensor(problems))
 
     def candidates(self, prob: GemmProblem, configs: Sequence[GemmConfig] | None = None, top_k: int = 5,
                    margin: float = 0.05, max_k: int | None = None) -> Candidates:
@@ -447,12 +449,14 @@ class Predictor:
         bound = ms[k - 1] * (1.0 + margin)
         while k < min(max_k, len(idx)) and ms[k] <= bound:
             k += 1
-        cublas_ms = self.predict_cublas(prob) if self.has_cublas else None
-        prefer = cublas_ms is not None and cublas_ms < float(ms[0])
-        call = self._call_head
-        if cublas_ms is not None and call is not None:
-            won = float(self._call_scores(call, [prob])[0]) < 0.0
-            prefer = won or (configs is not None and prefer)
+        cublas_ms, prefer = None, False
+        if self.has_cublas:  # one encoding for the cuBLAS head and its call head
+            x = self._cublas_x([prob])
+            cublas_ms = float(self._ms("cublas", x, "problems (cuBLAS)")[0])
+            prefer = cublas_ms < float(ms[0])
+            call = self._call_head
+            if call is not None:
+                prefer = bool(self._call_scores(call, x)[0] < 0.0) or (configs is not None and prefer)
         return Candidates(configs=tuple(cfgs[i] for i in idx[:k]), predicted_ms=tuple(float(t) for t in ms[:k]),
                           cublas_ms=cublas_ms, prefer_cublas=prefer)
 
@@ -469,15 +473,15 @@ class Predictor:
         problems = _check_problems(problems)
         if not self.has_cublas:
             raise RuntimeError(f"{self.source}: this model has no cuBLAS head")
-        call = self._call_head
+        x, call = self._cublas_x(problems), self._call_head
         if call is not None:
-            return self._call_scores(call, problems) < 0.0
+            return self._call_scores(call, x) < 0.0
         best = np.array([r[0][1] for r in self.rank_many(problems, top_k=1)])
-        return self.predict_cublas_many(problems) < best
+        return self._ms("cublas", x, "problems (cuBLAS)") < best
 
-    def _call_scores(self, name: str, problems: Sequence[GemmProblem]) -> np.ndarray:
+    def _call_scores(self, name: str, x: torch.Tensor) -> np.ndarray:
+        """A call head's output on the problems' cuBLAS features x (below 0: cuBLAS wins)."""
         with torch.inference_mode():
-            x = self.bundle.encoders[name].encode(problems_tensor(problems))
             return self.bundle.heads[name].score(x).double().numpy().reshape(-1)
 
     def pad(self, pp: PadProblem) -> PadDecision:

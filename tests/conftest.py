@@ -35,3 +35,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return REPO_ROOT
+
+
+@pytest.fixture(scope="module")
+def shipped(repo_root: Path):
+    """The shipped models/h100 bundle (perfmodel.artifact.load), once per test module."""
+    from perfmodel import artifact
+
+    return artifact.load(repo_root / "models" / "h100")

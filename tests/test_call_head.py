@@ -17,13 +17,6 @@ from perfmodel.artifact import CALL, CALL_STATIC
 
 
 @pytest.fixture(scope="module")
-def shipped(repo_root):
-    from perfmodel import artifact
-
-    return artifact.load(repo_root / "models" / "h100")
-
-
-@pytest.fixture(scope="module")
 def tables(repo_root, shipped):
     """{head: (table, split of its problems)}: the dataset's gemm rows and its static rows."""
     from perfmodel.train.data import load_gemm, split_problems
@@ -101,17 +94,11 @@ def test_a_given_list_of_slow_configs_prefers_cublas():
     pred = Predictor.load()
     prob = GemmProblem(m=32, n=4096, k=4096, dtype="float16")
     assert not pred.prefers_cublas_many([prob])[0]
-    slow = [GemmConfig(16, 16, 16, 1, 1, 1)] if _runnable(pred, prob, GemmConfig(16, 16, 16, 1, 1, 1)) else \
-        [GemmConfig(16, 32, 16, 1, 2, 1)]
+    slow = [GemmConfig(16, 16, 16, 1, 1, 1)]
+    assert np.isfinite(pred.predict(prob, slow)).all()  # a config the device runs
     c = pred.candidates(prob, slow, top_k=1)
     assert c.cublas_ms < c.best_ms and c.prefer_cublas
     assert not pred.candidates(prob).prefer_cublas
-
-
-def _runnable(pred, prob, cfg) -> bool:
-    import math
-
-    return math.isfinite(pred.predict(prob, [cfg])[0])
 
 
 def test_a_model_without_call_heads_compares_times(repo_root):

@@ -16,13 +16,6 @@ from perfmodel.artifact import STATIC
 
 
 @pytest.fixture(scope="module")
-def shipped(repo_root):
-    from perfmodel import artifact
-
-    return artifact.load(repo_root / "models" / "h100")
-
-
-@pytest.fixture(scope="module")
 def static_test(repo_root, shipped):
     """(dataset table, its static table restricted to the test problems)."""
     from perfmodel.train.data import load_gemm, split_problems

@@ -34,7 +34,7 @@ from perfmodel.locations import default_data_dir, default_model_dir
 from perfmodel.model import PerfMLP
 
 from .data import GemmTable, load_gemm, split_problems
-from .static_head import StaticHeadSettings, fit, load_one_device, load_static, static_outputs
+from .static_head import StaticHeadSettings, fit, has_static_rows, load_one_device, load_static, static_outputs
 
 CALL, CALL_STATIC = artifact.CALL, artifact.CALL_STATIC
 
@@ -101,6 +101,8 @@ def run(s: CallHeadSettings, log: Any = print) -> dict[str, Any]:
     """Fit the call heads on the model's train problems, measure them, and rewrite s.model with them."""
     from .pipeline import write_model_folder
 
+    if s.members < 1:
+        raise ValueError(f"members: must be >= 1, got {s.members}")
     t0 = time.perf_counter()
     bundle = load_one_device(s.model, s.threads, "the call heads are")
     if "cublas" not in bundle.heads:
@@ -110,10 +112,7 @@ def run(s: CallHeadSettings, log: Any = print) -> dict[str, Any]:
     split = split_problems(table.modes, seed)
     keys = {k: i for i, k in enumerate(table.problem_keys)}
     tables = {CALL: (table, None)}
-    from perfmodel.data_gen.kernel import STATIC_KIND
-    from perfmodel.data_gen.shards import part_files
-
-    if part_files(Path(s.data), STATIC_KIND):
+    if has_static_rows(s.data):
         tables[CALL_STATIC] = (load_static(s.data), bundle.heads.get(artifact.STATIC))
     metrics: dict[str, Any] = {}
     for name, (tab, static) in tables.items():

@@ -87,10 +87,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help=f"the dataset the model was trained on (its split; default {ds.data}); a model of several "
                         "devices: repeat, one folder per device in the model's device order")
     t.add_argument("--hidden", type=_widths, default=ds.hidden, help="the student's hidden widths")
-    for name in ("epochs", "batch_rows", "lr", "weight_decay", "random_problems", "random_configs", "seed",
-                 "device", "threads"):
-        default = getattr(ds, name)
-        t.add_argument("--" + name.replace("_", "-"), type=type(default), default=default)
+    _setting_arguments(t, ds, ("epochs", "batch_rows", "lr", "weight_decay", "random_problems", "random_configs",
+                               "seed", "device", "threads"))
     from .static_head import StaticHeadSettings
 
     ss = StaticHeadSettings()
@@ -100,9 +98,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--data", type=Path, default=ss.data,
                    help=f"the model's dataset, with gemm_static parts (default {ss.data})")
     t.add_argument("--hidden", type=_widths, default=ss.hidden, help="the head's hidden widths")
-    for name in ("epochs", "batch_rows", "lr", "weight_decay", "huber_beta", "seed", "threads"):
-        default = getattr(ss, name)
-        t.add_argument("--" + name.replace("_", "-"), type=type(default), default=default)
+    _setting_arguments(t, ss, ("epochs", "batch_rows", "lr", "weight_decay", "huber_beta", "seed", "threads"))
     from .call_head import CallHeadSettings
 
     cs = CallHeadSettings()
@@ -112,9 +108,20 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--data", type=Path, default=cs.data,
                    help=f"the model's dataset (default {cs.data}); its gemm_static parts give the inductor mode's head")
     t.add_argument("--hidden", type=_widths, default=cs.hidden, help="each member's hidden widths")
-    for name in ("members", "epochs", "batch_rows", "lr", "weight_decay", "huber_beta", "seed", "threads"):
-        default = getattr(cs, name)
-        t.add_argument("--" + name.replace("_", "-"), type=type(default), default=default)
+    _setting_arguments(t, cs, ("members", "epochs", "batch_rows", "lr", "weight_decay", "huber_beta", "seed",
+                               "threads"))
+
+
+def _setting_arguments(parser: argparse.ArgumentParser, settings: typing.Any, names: tuple[str, ...]) -> None:
+    """--<name> for each of a settings dataclass's scalar fields, typed and defaulted by its value."""
+    for name in names:
+        default = getattr(settings, name)
+        parser.add_argument("--" + name.replace("_", "-"), type=type(default), default=default)
+
+
+def _from_args(cls: typing.Any, args: argparse.Namespace) -> typing.Any:
+    """A settings dataclass from the parsed arguments of its fields."""
+    return cls(**{k: getattr(args, k) for k in cls.__dataclass_fields__})
 
 
 def run(args: argparse.Namespace) -> int:
@@ -141,15 +148,13 @@ def run(args: argparse.Namespace) -> int:
     if args.command == "static-head":
         from .static_head import StaticHeadSettings, run as static_run
 
-        metrics = static_run(StaticHeadSettings(**{k: getattr(args, k) for k in StaticHeadSettings.__dataclass_fields__}))
+        metrics = static_run(_from_args(StaticHeadSettings, args))
         print(json.dumps(metrics, indent=2))
         return 0
     if args.command == "call-head":
         from .call_head import CallHeadSettings, run as call_run
 
-        if args.members < 1:
-            raise ValueError(f"members: must be >= 1, got {args.members}")
-        metrics = call_run(CallHeadSettings(**{k: getattr(args, k) for k in CallHeadSettings.__dataclass_fields__}))
+        metrics = call_run(_from_args(CallHeadSettings, args))
         print(json.dumps(metrics, indent=2))
         return 0
     from .eval_cmd import run_eval

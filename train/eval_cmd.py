@@ -51,12 +51,9 @@ def static_results(bundle: artifact.ModelBundle, ds, split: np.ndarray) -> dict 
     ranked against those static times, without and with the static head (train/static_head.py's
     ranking_metrics, as `perfmodel static-head` reports them); None when the model has no static head or
     the folder no static rows of test problems."""
-    from perfmodel.data_gen.kernel import STATIC_KIND
-    from perfmodel.data_gen.shards import part_files
+    from .static_head import has_static_rows, load_static, ranking_metrics, split_static
 
-    from .static_head import load_static, ranking_metrics, split_static
-
-    if artifact.STATIC not in bundle.heads or not part_files(ds.folder, STATIC_KIND):
+    if artifact.STATIC not in bundle.heads or not has_static_rows(ds.folder):
         return None
     st = split_static(ds.gemm, load_static(ds.folder), split)
     if not len(st.problems):

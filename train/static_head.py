@@ -49,6 +49,14 @@ class StaticHeadSettings:
     threads: int = 0               # torch CPU threads (0: torch's default)
 
 
+def has_static_rows(folder: Path) -> bool:
+    """Whether the dataset folder has gemm_static parts (load_static's rows)."""
+    from perfmodel.data_gen.kernel import STATIC_KIND
+    from perfmodel.data_gen.shards import part_files
+
+    return bool(part_files(Path(folder), STATIC_KIND))
+
+
 def load_static(folder: Path) -> GemmTable:
     """The folder's `gemm_static` rows as a GemmTable (cublas_ms: torch.mm timed in the same run)."""
     from perfmodel.data_gen.kernel import STATIC_KIND
