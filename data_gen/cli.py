@@ -1,4 +1,4 @@
-"""`perfmodel gen gemm|pad` and `perfmodel data info` (argument parsing; work is imported lazily)."""
+"""`perfmodel gen gemm|pad|cublas|cublas-only` and `perfmodel data info` (argument parsing; work is imported lazily)."""
 from __future__ import annotations
 
 import argparse
@@ -33,17 +33,18 @@ def _dataset_spec(folder: Path) -> str:
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     gen = sub.add_parser("gen", help="benchmark on the GPU and write dataset shards")
     gsub = gen.add_subparsers(dest="gen_kind", required=True)
-    for name in ("gemm", "pad", "cublas"):
-        g = gsub.add_parser(name, help=f"the {name} sweep" if name != "cublas" else
-                            "re-time torch.mm for every GEMM problem of --source, in a quiet process")
+    helps = {"cublas": "re-time torch.mm for every GEMM problem of --source, in a quiet process",
+             "cublas-only": "time torch.mm alone on problems of its own (every alignment class, up to 1e13 FLOP)"}
+    for name in ("gemm", "pad", "cublas", "cublas-only"):
+        g = gsub.add_parser(name, help=helps.get(name, f"the {name} sweep"))
         g.add_argument("--out", type=Path, default=Path("data/h100"),
                        help="dataset folder (resumes if it has parts; default: the v4 sweep in progress)")
-        if name != "cublas":  # the re-time takes its problems from --source, on one GPU
+        if name not in ("cublas", "cublas-only"):  # the cuBLAS passes run on one GPU
             g.add_argument("--shard", type=parse_shard, default=(0, 1), help="i/n: this machine's share of the sweep")
             g.add_argument("--seed", type=int, default=0)
             g.add_argument("--max-problems", type=int, default=None, help="stop after this many new problems")
         g.add_argument("--device-spec", default=None, help="datasheet spec name (default: matched from the GPU)")
-        if name != "cublas":
+        if name in ("gemm", "pad"):
             g.add_argument("--problems-spec", default=None,
                            help="draw the problem list (and config samples) with this device spec's budgets, to time "
                                 "another device's problems (default: --device-spec's; with --problems-from, that "
@@ -51,7 +52,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         g.add_argument("--budget-ms", type=float, default=0.8, help="GPU ms of timed runs per config")
         # The spin must outlast the host's enqueue of one timed call: one kernel in the GEMM sweep, a
         # torch.mm (cuBLAS picks its kernel on the host) in the quiet re-time, pad+mm+slice in the pad sweep.
-        spin = {"gemm": 100.0, "cublas": 500.0, "pad": 1000.0}[name]
+        spin = {"gemm": 100.0, "cublas": 500.0, "cublas-only": 500.0, "pad": 1000.0}[name]
         g.add_argument("--pre-sleep-us", type=float, default=spin,
                        help=f"GPU spin before each timed run, hiding host launch latency (0: none; default {spin:g})")
         g.add_argument("--stats", type=Path, default=None, help="write the run's statistics (JSON) here")
@@ -83,8 +84,14 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         elif name == "pad":
             g.add_argument("--n", type=int, default=3200, help="pad problems within the small budget (<= 2 ms)")
             g.add_argument("--n-large", type=int, default=400, help="pad problems above it (up to 40 ms, 2e13 FLOP)")
-        else:
+        elif name == "cublas":
             g.add_argument("--source", type=Path, default=None, help="dataset folder whose GEMM problems to time (default: --out)")
+        else:
+            g.add_argument("--n", type=int, default=3000, help="problems to draw (problems.cublas_only_problems)")
+            g.add_argument("--seed", type=int, default=0)
+            g.add_argument("--exclude-from", type=Path, default=None,
+                           help="leave out this dataset folder's GEMM problems (default: --out's, if it has any)")
+            g.add_argument("--time-limit", type=float, default=None, help="stop cleanly after this many seconds")
     data = sub.add_parser("data", help="dataset tools")
     dsub = data.add_subparsers(dest="data_cmd", required=True)
     info = dsub.add_parser("info", help="counts of a dataset folder")
@@ -137,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
 
     if not torch.cuda.is_available():
         raise RuntimeError("gen: needs a CUDA GPU (none is visible)")
-    rc = _multi_gpu(args) if args.gen_kind != "cublas" else None
+    rc = _multi_gpu(args) if args.gen_kind in ("gemm", "pad") else None
     if rc is not None:
         return rc
     from .measure import TimingSettings
@@ -172,6 +179,18 @@ def run(args: argparse.Namespace) -> int:
         from .cublas_sweep import run as run_cublas
 
         stats = run_cublas(args.out, args.source or args.out, args.device_spec, timing, progress=not args.no_progress)
+    elif args.gen_kind == "cublas-only":
+        from .cublas_sweep import run_only
+
+        if args.n < 1:
+            raise ValueError(f"--n: must be >= 1, got {args.n}")
+        exclude = args.exclude_from
+        if exclude is None and args.out.is_dir():
+            exclude = args.out
+        elif exclude is not None and not exclude.is_dir():
+            raise FileNotFoundError(f"--exclude-from: no dataset folder at {exclude}")
+        stats = run_only(args.out, args.n, args.seed, args.device_spec, timing, progress=not args.no_progress,
+                         exclude_from=exclude, time_limit_s=args.time_limit)
     else:
         from .pad_sweep import run as run_pad
 

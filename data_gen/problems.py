@@ -201,3 +201,47 @@ def pad_problems(n: int, spec: DeviceSpec, seed: int = 0, budget: Budget = Budge
         elif len(out) - n_small < n_large and within(g, spec, large):
             out.append(p)
     return out
+
+
+# The alignment classes of a dim in the cuBLAS-only list (cublas_only_problems), with their weights:
+# cuBLAS picks kernels by the operands' alignment (16 bytes and beyond), and a GEMM padded by Inductor's
+# pad_mm pass lands on dims that are multiples of 8 elements but not of 16 -- classes the GEMM list,
+# which keeps to the compile groups of real-model shapes, holds few problems of.
+ALIGNMENT_CLASSES = (("aligned", 0.3), ("8 mod 16", 0.25), ("4 mod 8", 0.1), ("2 mod 4", 0.1), ("any", 0.25))
+
+
+def aligned_dim(rng: random.Random, low: int, high: int, cls: str) -> int:
+    """Log-uniform in [low, high], then moved to the alignment class cls (ALIGNMENT_CLASSES)."""
+    d = int(round(math.exp(rng.uniform(math.log(low), math.log(high)))))
+    if cls == "aligned":
+        mult = rng.choice((16, 64, 128, 256))
+        d = max(mult, d // mult * mult)
+    elif cls != "any":
+        step, rem = {"8 mod 16": (16, 8), "4 mod 8": (8, 4), "2 mod 4": (4, 2)}[cls]
+        d = d // step * step + rem
+    return max(1, d)
+
+
+def cublas_only_problems(n: int, spec: DeviceSpec, seed: int = 0, budget: Budget = LARGE,
+                         exclude: frozenset[str] = frozenset()) -> list[GemmProblem]:
+    """n GEMM problems for torch.mm (cuBLAS) alone, which needs no compile: every dtype mode, all four
+    layouts, each of M, N and K in an alignment class of ALIGNMENT_CLASSES, M small (1-255, decode-like)
+    for a quarter, within `budget` (real-model sizes up to 1e13 FLOP). Problems whose id is in exclude
+    (the GEMM list's) are skipped. Deterministic for a seed."""
+    rng = random.Random(seed)
+    classes, weights = zip(*ALIGNMENT_CLASSES)
+    modes = [w for *_, w in MODES]
+    out: list[GemmProblem] = []
+    seen: set[GemmProblem] = set()
+    while len(out) < n:
+        dtype, tf32, _ = rng.choices(MODES, modes)[0]
+        cls = [rng.choices(classes, weights)[0] for _ in range(3)]
+        m = (aligned_dim(rng, 1, 255, cls[0]) if rng.random() < 0.25 else aligned_dim(rng, 256, 65536, cls[0]))
+        p = GemmProblem(m=m, n=aligned_dim(rng, 16, 131072, cls[1]), k=aligned_dim(rng, 16, 65536, cls[2]),
+                        dtype=dtype, allow_tf32=tf32, transpose_left=rng.random() < 0.5,
+                        transpose_right=rng.random() < 0.5)
+        if p in seen or problem_id(p) in exclude or not within(p, spec, budget):
+            continue
+        seen.add(p)
+        out.append(p)
+    return out
