@@ -328,4 +328,8 @@ def make_loader(x: torch.Tensor, y: torch.Tensor, group: np.ndarray | None, prob
         sampler = ProblemBatches(np.asarray(group), problems_per_batch, shuffle, seed)
         return torch.utils.data.DataLoader(ds, batch_sampler=sampler, collate_fn=_collate)
     gen = torch.Generator().manual_seed(seed)
-    return torch.utils.data.DataLoader(ds, batch_size=batch_rows, shuffle=shuffle, generator=gen, collate_fn=_collate)
+    # A last training batch of one row cannot be batch-normalised: it is left out of that epoch (a shuffled
+    # loader leaves out another row each epoch). Any other size keeps every row.
+    drop_last = shuffle and len(y) % batch_rows == 1
+    return torch.utils.data.DataLoader(ds, batch_size=batch_rows, shuffle=shuffle, generator=gen, collate_fn=_collate,
+                                       drop_last=drop_last)

@@ -1,0 +1,214 @@
+"""`perfmodel cublas-head`: refit the cuBLAS (torch.mm) head of a model folder on every torch.mm time of
+its dataset -- the GEMM problems' times, the `cublas_only` problems' (`perfmodel gen cublas-only`: every
+alignment class, all four layouts, up to 1e13 FLOP) and the pad rows' unpadded times -- and rewrite the
+folder with it (weights, metadata, model.onnx).
+
+    perfmodel cublas-head --model models/h100 --data data/h100
+
+The GEMM problems alone keep to the compile groups of the Triton sweep: few of their dims are a multiple
+of 8 but not of 16, none has a column-major left operand. Those are the dims Inductor's pad_mm pass pads
+to, and the layouts of a backward pass; there a head fitted to the GEMM problems alone was off by a
+factor of e^0.66 on average (docs/model.md, "The cuBLAS head").
+
+The split: GEMM problems keep the model's (split_problems with its seed), so the held-out metrics stay
+comparable; the other rows are split the same way within their own kind (stratified by dtype mode), and
+a row whose problem is a held-out GEMM problem's is dropped. The head is fitted as `perfmodel train`
+fits it (the model's own settings: widths, members, epochs), on train rows, validated on val rows;
+the metadata's `cublas_metrics` are re-evaluated, and `cublas_head_metrics` gives the fit on each kind's
+held-out rows beside the previous head's.
+"""
+from __future__ import annotations
+
+import ast
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from perfmodel import artifact
+from perfmodel.features import PAD_COLUMNS, PROBLEM_COLUMNS
+from perfmodel.locations import default_data_dir, default_model_dir
+
+from .data import _mode, _problem_row, load_gemm, load_pad, split_problems
+
+KINDS = ("gemm", "cublas_only", "pad_orig")
+
+
+@dataclass
+class CublasHeadSettings:
+    model: Path = field(default_factory=default_model_dir)
+    data: Path = field(default_factory=default_data_dir)
+    epochs: int | None = None      # None: the model's small_head_epochs
+    members: int | None = None     # None: the model's cublas_members
+    hidden: tuple[int, ...] | None = None  # None: the model's cublas_hidden
+    threads: int = 0               # torch CPU threads (0: torch's default)
+
+
+@dataclass
+class CublasRows:
+    """torch.mm times of one dataset folder: problems (P, 8) PROBLEM_COLUMNS, log ms, split 0/1/2, kind."""
+
+    problems: np.ndarray
+    log_ms: np.ndarray
+    split: np.ndarray
+    kind: np.ndarray
+
+    def select(self, mask: np.ndarray) -> "CublasRows":
+        return CublasRows(self.problems[mask], self.log_ms[mask], self.split[mask], self.kind[mask])
+
+
+def extra_rows(folder: Path, seed: int, held_out: np.ndarray | None = None) -> CublasRows:
+    """The folder's torch.mm times beyond its GEMM problems': `cublas_only` rows and the pad rows'
+    unpadded (orig) times, each kind split by split_problems(modes, seed). held_out: problem rows
+    (PROBLEM_COLUMNS) of held-out GEMM problems; a row of one of them is dropped."""
+    from perfmodel.data_gen.cublas_sweep import ONLY_KIND
+    from perfmodel.data_gen.shards import read_dataset
+
+    parts = []
+    only = [r for r in read_dataset(Path(folder), ONLY_KIND)[0] if r["status"] == "ok"]
+    if only:
+        modes = np.array([_mode(r) for r in only])
+        parts.append((np.array([_problem_row(r) for r in only], dtype=np.float64),
+                      np.log([r["ms"] for r in only]), split_problems(modes, seed), "cublas_only"))
+    try:
+        pads = load_pad(folder)
+    except FileNotFoundError:
+        pads = None
+    if pads is not None and len(pads.orig_ms):
+        probs = pads.pads[:, [PAD_COLUMNS.index(c) for c in PROBLEM_COLUMNS]]  # the problem, unpadded
+        parts.append((probs, np.log(pads.orig_ms), split_problems(pads.modes, seed), "pad_orig"))
+    if not parts:
+        return CublasRows(np.zeros((0, 8)), np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=object))
+    out = CublasRows(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
+                     np.concatenate([p[2] for p in parts]),
+                     np.concatenate([np.full(len(p[0]), p[3], dtype=object) for p in parts]))
+    if held_out is not None and len(held_out):
+        known = {tuple(r) for r in held_out.tolist()}
+        out = out.select(np.array([tuple(r) not in known for r in out.problems.tolist()], dtype=bool))
+    return out
+
+
+def gemm_rows(folder: Path, seed: int) -> tuple[CublasRows, np.ndarray]:
+    """The GEMM problems' torch.mm times (the model's split), and the held-out (val and test) problems' rows."""
+    table = load_gemm(folder)
+    split = split_problems(table.modes, seed)
+    ok = np.isfinite(table.cublas_ms)
+    rows = CublasRows(table.problems[ok], np.log(table.cublas_ms[ok]), split[ok],
+                      np.full(int(ok.sum()), "gemm", dtype=object))
+    return rows, table.problems[split > 0]
+
+
+def all_rows(folder: Path, seed: int) -> CublasRows:
+    """Every torch.mm time of the folder (KINDS), for the cuBLAS head."""
+    g, held_out = gemm_rows(folder, seed)
+    e = extra_rows(folder, seed, held_out)
+    return CublasRows(np.concatenate([g.problems, e.problems]), np.concatenate([g.log_ms, e.log_ms]),
+                      np.concatenate([g.split, e.split]), np.concatenate([g.kind, e.kind]))
+
+
+def fit_metrics(log_pred: np.ndarray, rows: CublasRows, prefix: str = "") -> dict[str, float]:
+    """Per kind and split (val, test): rows, mean |log error| and the share within 10 %."""
+    out: dict[str, float] = {}
+    err = np.abs(log_pred - rows.log_ms)
+    for kind in KINDS:
+        for name, which in (("val", 1), ("test", 2)):
+            sel = (rows.kind == kind) & (rows.split == which)
+            if sel.any():
+                out[f"{prefix}{kind}/{name}/rows"] = int(sel.sum())
+                out[f"{prefix}{kind}/{name}/mean_abs_log_err"] = float(err[sel].mean())
+                out[f"{prefix}{kind}/{name}/within_10pct"] = float((np.abs(np.expm1(log_pred - rows.log_ms))[sel]
+                                                                    <= 0.10).mean())
+    return out
+
+
+def _train_settings(meta: dict[str, Any], s: CublasHeadSettings):
+    """The model's TrainSettings (metadata "settings"), with this command's overrides."""
+    from .pipeline import TrainSettings
+
+    saved = meta.get("settings", {})
+    known = TrainSettings.__dataclass_fields__
+    kw: dict[str, Any] = {}
+    for k in ("seed", "lr", "weight_decay", "problems_per_batch", "rank_tau", "norm", "cublas_hidden",
+              "cublas_members", "small_head_epochs"):
+        if k in saved and k in known:
+            v = saved[k]
+            kw[k] = ast.literal_eval(v) if isinstance(v, str) and v.startswith("(") else v
+    if s.epochs is not None:
+        kw["small_head_epochs"] = s.epochs
+    if s.members is not None:
+        kw["cublas_members"] = s.members
+    if s.hidden is not None:
+        kw["cublas_hidden"] = tuple(s.hidden)
+    return TrainSettings(data=(Path(s.data),), accelerator="cpu", progress=False, **kw)
+
+
+def run(s: CublasHeadSettings, log: Any = print) -> dict[str, Any]:
+    """Refit the cuBLAS head of s.model on every torch.mm time of s.data, measure it, and rewrite s.model."""
+    from perfmodel.model import MLPConfig, PerfMLP
+
+    from . import evaluate as ev
+    from perfmodel.model import floor_features
+
+    from .pipeline import _fit_members, write_model_folder
+    from .static_head import load_one_device
+
+    for name in ("epochs", "members"):
+        v = getattr(s, name)
+        if v is not None and v < 1:
+            raise ValueError(f"{name}: must be >= 1, got {v}")
+    t0 = time.perf_counter()
+    bundle = load_one_device(s.model, s.threads, "the cuBLAS head is")
+    if "cublas" not in bundle.heads:
+        raise ValueError(f"model: {s.model} has no cuBLAS head to refit")
+    settings = _train_settings(bundle.metadata, s)
+    rows = all_rows(s.data, settings.seed)
+    counts = {k: int((rows.kind == k).sum()) for k in KINDS}
+    log(f"cublas-head: {len(rows.log_ms)} torch.mm times ({', '.join(f'{k} {v}' for k, v in counts.items())})")
+    enc = bundle.encoders["cublas"]  # the call heads take the same features
+    with torch.inference_mode():
+        x = enc.encode(torch.from_numpy(rows.problems))
+        before = ev.head_outputs(bundle.heads["cublas"], x)[1]
+    y = torch.from_numpy(rows.log_ms).float()
+    head = _fit_members(lambda: PerfMLP(MLPConfig(len(enc), settings.cublas_hidden, settings.norm,
+                                                  floor_features=floor_features(enc.names, 1))),
+                        settings.cublas_members, x.clone(), y, rows.split, None, settings, False,
+                        settings.small_head_epochs, "cublas", 0.0)
+    with torch.inference_mode():
+        after = ev.head_outputs(head, x)[1]
+    metrics = {**fit_metrics(after, rows), **fit_metrics(before, rows, "before/"), "rows": counts,
+               "seconds": time.perf_counter() - t0}
+    for kind in KINDS:
+        k = f"{kind}/test/mean_abs_log_err"
+        if k in metrics:
+            log(f"cublas-head: {kind} test rows: mean |log error| {metrics['before/' + k]:.3f} -> {metrics[k]:.3f}, "
+                f"within 10 %: {metrics['before/' + kind + '/test/within_10pct']:.3f} -> "
+                f"{metrics[kind + '/test/within_10pct']:.3f}")
+    bundle.heads["cublas"] = head
+    meta = {**bundle.metadata, "cublas_head_metrics": metrics,
+            "cublas_head_settings": {"epochs": settings.small_head_epochs, "members": settings.cublas_members,
+                                     "hidden": list(settings.cublas_hidden), "data": str(s.data)}}
+    if "cublas_metrics" in meta:  # the held-out GEMM problems' figures, as perfmodel eval gives them
+        meta["cublas_metrics"] = {**meta["cublas_metrics"], **_gemm_test_metrics(bundle, s.data, settings.seed)}
+    bundle.metadata = meta
+    write_model_folder(bundle, meta, s.model)
+    return metrics
+
+
+def _gemm_test_metrics(bundle: artifact.ModelBundle, data: Path, seed: int) -> dict[str, float]:
+    """evaluate.cublas_metrics on the model's test GEMM problems (the call by the call head, if any)."""
+    from . import evaluate as ev
+
+    table = load_gemm(data)
+    test = table.subset(split_problems(table.modes, seed) == 2)
+    P, C = torch.from_numpy(test.problems[test.problem_idx]), torch.from_numpy(test.configs)
+    with torch.inference_mode():
+        pred = ev.head_outputs(bundle.heads["gemm"], bundle.encoders["gemm"].encode(P, C))[1]
+        best = np.full(len(test.problems), np.inf)
+        np.minimum.at(best, test.problem_idx, pred)
+        cx = bundle.encoders["cublas"].encode(torch.from_numpy(test.problems))
+        call = bundle.heads.get(artifact.CALL)
+        return ev.cublas_metrics(test, ev.head_outputs(bundle.heads["cublas"], cx)[1], best,
+                                 None if call is None else call.eval().score(cx).double().numpy())
