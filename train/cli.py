@@ -110,14 +110,16 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--hidden", type=_widths, default=cs.hidden, help="each member's hidden widths")
     _setting_arguments(t, cs, ("members", "epochs", "batch_rows", "lr", "weight_decay", "huber_beta", "seed",
                                "threads"))
+    from .cublas_head import CublasHeadSettings
+
+    bs = CublasHeadSettings()
     t = sub.add_parser("cublas-head", help="refit the cuBLAS (torch.mm) head of a model folder on every torch.mm time "
                        "of its dataset: GEMM problems, cublas_only problems, pad rows' unpadded times")
     t.add_argument("--model", type=Path, default=cs.model, help="model folder (of one device), rewritten in place")
     t.add_argument("--data", type=Path, default=cs.data, help=f"the model's dataset (default {cs.data})")
-    t.add_argument("--epochs", type=int, default=None, help="epochs per member (default: the model's small_head_epochs)")
-    t.add_argument("--members", type=int, default=None, help="seeds averaged (default: the model's cublas_members)")
-    t.add_argument("--hidden", type=_widths, default=None, help="hidden widths (default: the model's cublas_hidden)")
-    t.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    t.add_argument("--hidden", type=_widths, default=bs.hidden, help="each member's hidden widths")
+    _setting_arguments(t, bs, ("members", "epochs", "batch_rows", "lr", "weight_decay", "huber_beta", "seed",
+                               "threads"))
 
 
 def _setting_arguments(parser: argparse.ArgumentParser, settings: typing.Any, names: tuple[str, ...]) -> None:

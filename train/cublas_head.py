@@ -19,9 +19,9 @@ held-out rows beside the previous head's.
 """
 from __future__ import annotations
 
-import ast
+import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ import torch
 from perfmodel import artifact
 from perfmodel.features import PAD_COLUMNS, PROBLEM_COLUMNS
 from perfmodel.locations import default_data_dir, default_model_dir
+from perfmodel.model import PerfMLP
 
 from .data import _mode, _problem_row, load_gemm, load_pad, split_problems
 
@@ -41,9 +42,15 @@ KINDS = ("gemm", "cublas_only", "pad_orig")
 class CublasHeadSettings:
     model: Path = field(default_factory=default_model_dir)
     data: Path = field(default_factory=default_data_dir)
-    epochs: int | None = None      # None: the model's small_head_epochs
-    members: int | None = None     # None: the model's cublas_members
-    hidden: tuple[int, ...] | None = None  # None: the model's cublas_hidden
+    # chosen on the val rows of the three kinds (docs/model.md, "The cuBLAS head")
+    hidden: tuple[int, ...] = (256, 256, 256)
+    members: int = 5
+    epochs: int = 150
+    batch_rows: int = 256
+    lr: float = 2e-3
+    weight_decay: float = 1e-4
+    huber_beta: float = 0.05
+    seed: int = 0
     threads: int = 0               # torch CPU threads (0: torch's default)
 
 
@@ -124,58 +131,67 @@ def fit_metrics(log_pred: np.ndarray, rows: CublasRows, prefix: str = "") -> dic
     return out
 
 
-def _train_settings(meta: dict[str, Any], s: CublasHeadSettings):
-    """The model's TrainSettings (metadata "settings"), with this command's overrides."""
-    from .pipeline import TrainSettings
+def fit_member(x: torch.Tensor, y: torch.Tensor, s: CublasHeadSettings, seed: int, floor: tuple[int, ...],
+               log: Any = print) -> PerfMLP:
+    """One cuBLAS head (standardised inputs, no norm layers, the physical floor on the input column
+    `floor` and a learned overhead) fitted to the log ms y with smooth L1 on its floored output and
+    AdamW, one-cycle."""
+    from perfmodel.model import MLPConfig
 
-    saved = meta.get("settings", {})
-    known = TrainSettings.__dataclass_fields__
-    kw: dict[str, Any] = {}
-    for k in ("seed", "lr", "weight_decay", "problems_per_batch", "rank_tau", "norm", "cublas_hidden",
-              "cublas_members", "small_head_epochs"):
-        if k in saved and k in known:
-            v = saved[k]
-            kw[k] = ast.literal_eval(v) if isinstance(v, str) and v.startswith("(") else v
-    if s.epochs is not None:
-        kw["small_head_epochs"] = s.epochs
-    if s.members is not None:
-        kw["cublas_members"] = s.members
-    if s.hidden is not None:
-        kw["cublas_hidden"] = tuple(s.hidden)
-    return TrainSettings(data=(Path(s.data),), accelerator="cpu", progress=False, **kw)
+    torch.manual_seed(seed)
+    head = PerfMLP(MLPConfig(x.shape[1], tuple(s.hidden), "none", floor_features=floor))
+    head.set_normalisation(x.mean(0), x.std(0))
+    head.train()
+    opt = torch.optim.AdamW(head.parameters(), lr=s.lr, weight_decay=s.weight_decay)
+    gen = torch.Generator().manual_seed(seed)
+    steps = max(1, math.ceil(len(x) / s.batch_rows))
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=s.lr, total_steps=s.epochs * steps, pct_start=0.1)
+    for epoch in range(s.epochs):
+        order, total = torch.randperm(len(x), generator=gen), 0.0
+        for i in range(steps):
+            idx = order[i * s.batch_rows:(i + 1) * s.batch_rows]
+            loss = torch.nn.functional.smooth_l1_loss(head(x[idx]).reshape(-1), y[idx], beta=s.huber_beta)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+            total += float(loss.detach())
+        if (epoch + 1) % 50 == 0 or epoch + 1 == s.epochs:
+            log(f"cublas-head: seed {seed} epoch {epoch + 1}/{s.epochs} train loss {total / steps:.5f}")
+    return head.eval()
 
 
 def run(s: CublasHeadSettings, log: Any = print) -> dict[str, Any]:
     """Refit the cuBLAS head of s.model on every torch.mm time of s.data, measure it, and rewrite s.model."""
-    from perfmodel.model import MLPConfig, PerfMLP
-
-    from . import evaluate as ev
     from perfmodel.model import floor_features
 
-    from .pipeline import _fit_members, write_model_folder
+    from . import evaluate as ev
+    from .pipeline import write_model_folder
     from .static_head import load_one_device
 
-    for name in ("epochs", "members"):
+    for name in ("epochs", "members", "batch_rows"):
         v = getattr(s, name)
-        if v is not None and v < 1:
+        if v < 1:
             raise ValueError(f"{name}: must be >= 1, got {v}")
+    if not s.hidden or min(s.hidden) < 1:
+        raise ValueError(f"hidden: expected one or more widths >= 1, got {s.hidden}")
     t0 = time.perf_counter()
     bundle = load_one_device(s.model, s.threads, "the cuBLAS head is")
     if "cublas" not in bundle.heads:
         raise ValueError(f"model: {s.model} has no cuBLAS head to refit")
-    settings = _train_settings(bundle.metadata, s)
-    rows = all_rows(s.data, settings.seed)
+    seed = int(bundle.metadata.get("settings", {}).get("seed", 0))  # the model's split
+    rows = all_rows(s.data, seed)
     counts = {k: int((rows.kind == k).sum()) for k in KINDS}
     log(f"cublas-head: {len(rows.log_ms)} torch.mm times ({', '.join(f'{k} {v}' for k, v in counts.items())})")
     enc = bundle.encoders["cublas"]  # the call heads take the same features
     with torch.inference_mode():
-        x = enc.encode(torch.from_numpy(rows.problems))
+        x = enc.encode(torch.from_numpy(rows.problems)).clone()
         before = ev.head_outputs(bundle.heads["cublas"], x)[1]
     y = torch.from_numpy(rows.log_ms).float()
-    head = _fit_members(lambda: PerfMLP(MLPConfig(len(enc), settings.cublas_hidden, settings.norm,
-                                                  floor_features=floor_features(enc.names, 1))),
-                        settings.cublas_members, x.clone(), y, rows.split, None, settings, False,
-                        settings.small_head_epochs, "cublas", 0.0)
+    train = torch.from_numpy(rows.split == 0)
+    floor = floor_features(enc.names, 1)
+    members = [fit_member(x[train], y[train], s, s.seed + i, floor, log) for i in range(s.members)]
+    head = members[0] if len(members) == 1 else PerfMLP.ensemble(members, "before_floor")
     with torch.inference_mode():
         after = ev.head_outputs(head, x)[1]
     metrics = {**fit_metrics(after, rows), **fit_metrics(before, rows, "before/"), "rows": counts,
@@ -187,11 +203,11 @@ def run(s: CublasHeadSettings, log: Any = print) -> dict[str, Any]:
                 f"within 10 %: {metrics['before/' + kind + '/test/within_10pct']:.3f} -> "
                 f"{metrics[kind + '/test/within_10pct']:.3f}")
     bundle.heads["cublas"] = head
-    meta = {**bundle.metadata, "cublas_head_metrics": metrics,
-            "cublas_head_settings": {"epochs": settings.small_head_epochs, "members": settings.cublas_members,
-                                     "hidden": list(settings.cublas_hidden), "data": str(s.data)}}
+    settings = {k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v)
+                for k, v in asdict(s).items()}
+    meta = {**bundle.metadata, "cublas_head_metrics": metrics, "cublas_head_settings": settings}
     if "cublas_metrics" in meta:  # the held-out GEMM problems' figures, as perfmodel eval gives them
-        meta["cublas_metrics"] = {**meta["cublas_metrics"], **_gemm_test_metrics(bundle, s.data, settings.seed)}
+        meta["cublas_metrics"] = {**meta["cublas_metrics"], **_gemm_test_metrics(bundle, s.data, seed)}
     bundle.metadata = meta
     write_model_folder(bundle, meta, s.model)
     return metrics
