@@ -5,6 +5,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from .cublas_sweep import ONLY_KIND
 from .kernel import STATIC_KIND
 from .shards import cublas_times, read_dataset
 
@@ -19,13 +20,15 @@ def dataset_info(folder: Path) -> dict[str, Any]:
         problems.setdefault(r["unit"], r)
     retimed, retimed_headers = read_dataset(folder, "cublas")
     static, static_headers = read_dataset(folder, STATIC_KIND)
+    only, only_headers = read_dataset(folder, ONLY_KIND)
+    only_ok = [r for r in only if r["status"] == "ok"]
     static_ok = [r for r in static if r["kind"] == "triton" and r["status"] == "ok"]
     static_units = {r["unit"] for r in static}
     with_cublas = set(cublas_times(gemm, retimed))
     by_dtype = Counter(r["dtype"] for r in problems.values())
     fracs = [r["frac_peak"] for r in gemm if r.get("frac_peak") is not None and r["status"] == "ok"]
     fracs += [r["frac_peak"] for r in pad if r.get("frac_peak") is not None and r["status"] == "ok"]
-    fracs += [r["frac_peak"] for r in static if r.get("frac_peak") is not None and r["status"] == "ok"]
+    fracs += [r["frac_peak"] for r in static + only if r.get("frac_peak") is not None and r["status"] == "ok"]
     unaligned = sum(any(r[d] % 16 for d in ("m", "n", "k")) for r in problems.values())
     return {
         "device": headers[0]["device_name"] if headers else None,
@@ -45,7 +48,7 @@ def dataset_info(folder: Path) -> dict[str, Any]:
         "gemm_max_flops": max((2.0 * r["m"] * r["n"] * r["k"] for r in problems.values()), default=None),
         "gemm_problems_above_1e12_flops": sum(2.0 * r["m"] * r["n"] * r["k"] > 1e12 for r in problems.values()),
         "kernel_modes": sorted({h.get("kernel_mode", "v3 (M, N not specialised; no mode recorded)")
-                                for h in gemm_headers + pad_headers + retimed_headers + static_headers}),
+                                for h in gemm_headers + pad_headers + retimed_headers + static_headers + only_headers}),
         # rows timed with the static compile (Inductor's kernel mode) of some of the problems' configs
         "gemm_static_rows": len(static_ok),
         "gemm_static_problems": len(static_units),
@@ -57,7 +60,13 @@ def dataset_info(folder: Path) -> dict[str, Any]:
                                          for r in pad),
         "pad_max_flops": max((2.0 * r["padded_m"] * r["padded_n"] * r["padded_k"] for r in pad), default=None),
         "pad_rows_by_dtype": dict(Counter(r["dtype"] for r in pad if r["status"] == "ok")),
+        # torch.mm alone on problems of their own (perfmodel gen cublas-only), for the cuBLAS head
+        "cublas_only_rows": len(only_ok),
+        "cublas_only_rows_by_layout": dict(sorted(Counter(
+            f"{'T' if r['transpose_left'] else 'N'}{'T' if r['transpose_right'] else 'N'}" for r in only_ok).items())),
+        "cublas_only_dims_8_mod_16": sum(any(r[d] % 16 == 8 for d in ("m", "n", "k")) for r in only_ok),
+        "cublas_only_rows_above_1e12_flops": sum(2.0 * r["m"] * r["n"] * r["k"] > 1e12 for r in only_ok),
         "max_fraction_of_peak": max(fracs) if fracs else None,
-        "flagged_rows": sum(bool(r.get("flag")) for r in gemm + pad + static),
-        "parts": len(gemm_headers) + len(pad_headers) + len(retimed_headers) + len(static_headers),
+        "flagged_rows": sum(bool(r.get("flag")) for r in gemm + pad + static + only),
+        "parts": len(gemm_headers) + len(pad_headers) + len(retimed_headers) + len(static_headers) + len(only_headers),
     }

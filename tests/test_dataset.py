@@ -52,6 +52,23 @@ def test_size(info):
     assert info["gemm_problems_tf32"] > 0
 
 
+def test_cublas_only_rows(info, data_dir):
+    # torch.mm alone on problems of every alignment class and layout (perfmodel gen cublas-only)
+    from perfmodel.data_gen.cublas_sweep import ONLY_KIND
+
+    assert info["cublas_only_rows"] >= 14_000
+    assert set(info["cublas_only_rows_by_layout"]) == {"NN", "NT", "TN", "TT"}
+    assert info["cublas_only_dims_8_mod_16"] >= 0.3 * info["cublas_only_rows"]
+    assert info["cublas_only_rows_above_1e12_flops"] >= 100
+    rows, headers = read_dataset(data_dir, ONLY_KIND)
+    ok = [r for r in rows if r["status"] == "ok"]
+    assert all(0 < r["frac_peak"] <= 1.0 and r["ms"] > 0 for r in ok)
+    assert len({r["unit"] for r in rows}) == len(rows)  # one row a problem
+    gemm_units = {r["unit"] for r in read_dataset(data_dir, "gemm")[0]}
+    assert not gemm_units & {r["unit"] for r in rows}  # none is a GEMM problem
+    assert {h["device_spec"] for h in headers} == {"h100-sxm"}
+
+
 def test_layouts(info, gemm):
     assert {"NN", "NT"} <= set(info["gemm_problems_by_layout"])
     rows, _ = gemm

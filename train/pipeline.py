@@ -63,7 +63,7 @@ class TrainSettings:
     problems_per_batch: int = _setting(16)
     # ---- the cuBLAS and pad heads (a few thousand rows)
     small_head_epochs: int = _setting(150)
-    cublas_hidden: tuple[int, ...] = _setting((128, 128, 128), "hidden widths of the cuBLAS head")
+    cublas_hidden: tuple[int, ...] = _setting((256, 256, 256), "hidden widths of the cuBLAS head")
     pad_hidden: tuple[int, ...] = _setting((128, 128, 128), "hidden widths of each pad head member")
     # ---- the screen head: ranks every config cheaply for serving
     screen_hidden: tuple[int, ...] = _setting(
@@ -393,6 +393,40 @@ def load_data(settings: TrainSettings, datasets: list | None = None) -> TrainDat
                      problem_device, pad_device)
 
 
+def fit_cublas_head(settings: TrainSettings, d: TrainData, cenc: FeatureEncoder, logger) -> PerfMLP:
+    """The cuBLAS head, as `perfmodel cublas-head` fits it (train/cublas_head.py): on every torch.mm time of
+    each dataset folder -- its GEMM problems' (this run's split), its cublas_only problems' and its pad rows'
+    unpadded times (split within their kind; a row of a held-out GEMM problem left out; a device's
+    device_fraction applied to their train rows too) -- the average of cublas_members plain MLPs."""
+    from .cublas_head import CublasHeadSettings, extra_rows, fit_member
+
+    gemm = d.gemm
+    has_cb = np.isfinite(gemm.cublas_ms)
+    xs = [encode_by_device(d.specs, "cublas", d.problem_device[has_cb], torch.from_numpy(gemm.problems[has_cb]))]
+    ys, splits = [np.log(gemm.cublas_ms[has_cb])], [d.split[has_cb]]
+    fractions = parse_device_fractions(settings.device_fraction)
+    for ds in d.datasets:
+        mine = d.problem_device == ds.device
+        e = extra_rows(ds.folder, settings.seed, gemm.problems[mine & (d.split > 0)])
+        if not len(e.log_ms):
+            continue
+        modes = np.where(e.problems[:, 5] > 0, "tf32", np.where(e.problems[:, 3] == 2,
+                         np.where(e.problems[:, 4] > 0, "bfloat16", "float16"), "float32"))
+        dev = np.full(len(e.log_ms), ds.device, dtype=object)
+        xs.append(encode_by_device(d.specs, "cublas", dev, torch.from_numpy(e.problems)))
+        ys.append(e.log_ms)
+        splits.append(subsample_training(e.split, dev, modes, fractions, settings.seed))
+    x, y, split = torch.cat(xs), torch.from_numpy(np.concatenate(ys)).float(), np.concatenate(splits)
+    cs = CublasHeadSettings(hidden=tuple(settings.cublas_hidden), members=settings.cublas_members,
+                            epochs=1 if settings.fast_dev_run else settings.small_head_epochs, seed=settings.seed)
+    train = torch.from_numpy(split == 0)
+    floor = floor_features(cenc.names, 1)
+    log = (lambda *a: None) if not settings.progress else print
+    members = [fit_member(x[train], y[train], cs, cs.seed + i, floor, log) for i in range(cs.members)]
+    del logger  # the plain loop logs nothing to the run
+    return members[0] if len(members) == 1 else PerfMLP.ensemble(members, "before_floor")
+
+
 def fit_heads(settings: TrainSettings, d: TrainData, logger) -> artifact.ModelBundle:
     """The served heads (gemm, screen, cublas, pad) as a bundle, its metadata not yet written (but for
     the devices and their specs, which the evaluation's for_device needs)."""
@@ -412,16 +446,7 @@ def fit_heads(settings: TrainSettings, d: TrainData, logger) -> artifact.ModelBu
                                d.row_split, gemm.problem_idx, settings, logger, settings.screen_epochs, "screen_", 1.0)
 
     cenc = FeatureEncoder(d.spec, "cublas")
-    has_cb = np.isfinite(gemm.cublas_ms)
-    cx = encode_by_device(d.specs, "cublas", d.problem_device[has_cb], torch.from_numpy(gemm.problems[has_cb]))
-    cy = torch.from_numpy(np.log(gemm.cublas_ms[has_cb])).float()
-    # One cuBLAS head's call against the best Triton config moves with its seed (right on 0.879-0.913 of the
-    # held-out H100 problems over seeds 0-4, the shipped encoder); the average of the five is 0.896 with a
-    # lower MAPE (0.071 vs 0.075), and serves as one MLP.
-    heads["cublas"] = _fit_members(lambda: PerfMLP(MLPConfig(len(cenc), settings.cublas_hidden, settings.norm,
-                                                             floor_features=floor_features(cenc.names, 1))),
-                                   settings.cublas_members, cx, cy, d.split[has_cb], None, settings, logger,
-                                   settings.small_head_epochs, "cublas", 0.0)
+    heads["cublas"] = fit_cublas_head(settings, d, cenc, logger)
     encoders["cublas"] = cenc
 
     penc = FeatureEncoder(d.spec, "pad")
