@@ -43,7 +43,7 @@ class CublasHeadSettings:
     model: Path = field(default_factory=default_model_dir)
     data: Path = field(default_factory=default_data_dir)
     # chosen on the val rows of the three kinds (docs/model.md, "The cuBLAS head")
-    hidden: tuple[int, ...] = (256, 256, 256)
+    hidden: tuple[int, ...] = (128, 128, 128)
     members: int = 5
     epochs: int = 150
     batch_rows: int = 256

@@ -63,7 +63,7 @@ class TrainSettings:
     problems_per_batch: int = _setting(16)
     # ---- the cuBLAS and pad heads (a few thousand rows)
     small_head_epochs: int = _setting(150)
-    cublas_hidden: tuple[int, ...] = _setting((256, 256, 256), "hidden widths of the cuBLAS head")
+    cublas_hidden: tuple[int, ...] = _setting((128, 128, 128), "hidden widths of the cuBLAS head")
     pad_hidden: tuple[int, ...] = _setting((128, 128, 128), "hidden widths of each pad head member")
     # ---- the screen head: ranks every config cheaply for serving
     screen_hidden: tuple[int, ...] = _setting(
