@@ -138,27 +138,16 @@ def fit_member(x: torch.Tensor, y: torch.Tensor, s: CublasHeadSettings, seed: in
     AdamW, one-cycle."""
     from perfmodel.model import MLPConfig
 
+    from .static_head import fit_plain
+
     torch.manual_seed(seed)
     head = PerfMLP(MLPConfig(x.shape[1], tuple(s.hidden), "none", floor_features=floor))
-    head.set_normalisation(x.mean(0), x.std(0))
-    head.train()
-    opt = torch.optim.AdamW(head.parameters(), lr=s.lr, weight_decay=s.weight_decay)
-    gen = torch.Generator().manual_seed(seed)
-    steps = max(1, math.ceil(len(x) / s.batch_rows))
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=s.lr, total_steps=s.epochs * steps, pct_start=0.1)
-    for epoch in range(s.epochs):
-        order, total = torch.randperm(len(x), generator=gen), 0.0
-        for i in range(steps):
-            idx = order[i * s.batch_rows:(i + 1) * s.batch_rows]
-            loss = torch.nn.functional.smooth_l1_loss(head(x[idx]).reshape(-1), y[idx], beta=s.huber_beta)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            sched.step()
-            total += float(loss.detach())
-        if (epoch + 1) % 50 == 0 or epoch + 1 == s.epochs:
-            log(f"cublas-head: seed {seed} epoch {epoch + 1}/{s.epochs} train loss {total / steps:.5f}")
-    return head.eval()
+
+    def on_epoch(epoch: int, loss: float) -> None:
+        if epoch % 50 == 0 or epoch == s.epochs:
+            log(f"cublas-head: seed {seed} epoch {epoch}/{s.epochs} train loss {loss:.5f}")
+
+    return fit_plain(head, x, y, s, seed, head, on_epoch)
 
 
 def run(s: CublasHeadSettings, log: Any = print) -> dict[str, Any]:

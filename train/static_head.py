@@ -91,24 +91,37 @@ def fit(x: torch.Tensor, y: torch.Tensor, s: StaticHeadSettings, log: Any = prin
     torch.manual_seed(s.seed)
     head = PerfMLP(MLPConfig(x.shape[1], tuple(s.hidden), "none", floor_features=(-1,), learn_overhead=False,
                              init_overhead_ms=1e-9))
+
+    def on_epoch(epoch: int, loss: float) -> None:
+        if epoch % 10 == 0 or epoch == s.epochs:
+            log(f"static-head: epoch {epoch}/{s.epochs} train loss {loss:.5f}")
+
+    return fit_plain(head, x, y, s, s.seed, head.score, on_epoch)
+
+
+def fit_plain(head: PerfMLP, x: torch.Tensor, y: torch.Tensor, s: Any, seed: int, forward: Any,
+              on_epoch: Any = None) -> PerfMLP:
+    """head (inputs standardised on x) fitted so that forward(rows) matches y: smooth L1 (s.huber_beta),
+    AdamW (s.lr, s.weight_decay), one cycle over s.epochs epochs of s.batch_rows-row batches shuffled by
+    seed; on_epoch(epoch, mean train loss) after each epoch. The static, call and cuBLAS heads' loop."""
     head.set_normalisation(x.mean(0), x.std(0))
     head.train()
     opt = torch.optim.AdamW(head.parameters(), lr=s.lr, weight_decay=s.weight_decay)
-    gen = torch.Generator().manual_seed(s.seed)
+    gen = torch.Generator().manual_seed(seed)
     steps = max(1, math.ceil(len(x) / s.batch_rows))
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=s.lr, total_steps=s.epochs * steps, pct_start=0.1)
     for epoch in range(s.epochs):
         order, total = torch.randperm(len(x), generator=gen), 0.0
         for i in range(steps):
             idx = order[i * s.batch_rows:(i + 1) * s.batch_rows]
-            loss = torch.nn.functional.smooth_l1_loss(head.score(x[idx]), y[idx], beta=s.huber_beta)
+            loss = torch.nn.functional.smooth_l1_loss(forward(x[idx]).reshape(-1), y[idx], beta=s.huber_beta)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
             sched.step()
             total += float(loss.detach())
-        if (epoch + 1) % 10 == 0 or epoch + 1 == s.epochs:
-            log(f"static-head: epoch {epoch + 1}/{s.epochs} train loss {total / steps:.5f}")
+        if on_epoch is not None:
+            on_epoch(epoch + 1, total / steps)
     return head.eval()
 
 
