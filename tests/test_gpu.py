@@ -167,6 +167,20 @@ def test_gemm_sweep_end_to_end(tmp_path, spec):
     assert cublas_times(rows2, crows) == {r["unit"]: r["ms"] for r in crows}
     assert cublas_sweep.run(tmp_path, tmp_path, progress=False)["rows"] == 0
 
+    # torch.mm alone on problems of its own: none of the folder's GEMM problems, resumable, time-limited.
+    from perfmodel.data_gen.problems import cublas_only_problems, problem_id
+
+    ostats = cublas_sweep.run_only(tmp_path, 6, seed=5, progress=False, exclude_from=tmp_path)
+    assert ostats["problems"] == 6 and ostats["rows"] == 6 and not ostats["stopped_at_limit"]
+    orows, oheaders = read_dataset(tmp_path, cublas_sweep.ONLY_KIND)
+    assert {r["unit"] for r in orows} == {problem_id(p) for p in cublas_only_problems(6, spec, 5, exclude=frozenset(units2))}
+    assert not {r["unit"] for r in orows} & set(units2)
+    assert all(r["ms"] > 0 and 0 < r["frac_peak"] <= 1 for r in orows if r["status"] == "ok")
+    assert oheaders[0]["sweep"]["excluded"] == 4
+    more = cublas_sweep.run_only(tmp_path, 9, seed=5, progress=False, exclude_from=tmp_path, time_limit_s=0.0)
+    assert more["rows"] == 0 and more["stopped_at_limit"]  # the limit stops it before the first new problem
+    assert cublas_sweep.run_only(tmp_path, 9, seed=5, progress=False, exclude_from=tmp_path)["rows"] == 3
+
 
 def test_pad_sweep_end_to_end(tmp_path, spec):
     from perfmodel.data_gen.measure import TOLERANCE

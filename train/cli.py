@@ -89,37 +89,33 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--hidden", type=_widths, default=ds.hidden, help="the student's hidden widths")
     _setting_arguments(t, ds, ("epochs", "batch_rows", "lr", "weight_decay", "random_problems", "random_configs",
                                "seed", "device", "threads"))
+    from .call_head import CallHeadSettings
+    from .cublas_head import CublasHeadSettings
     from .static_head import StaticHeadSettings
 
-    ss = StaticHeadSettings()
-    t = sub.add_parser("static-head", help="fit the static head (the times of the kernel compiled for one shape, "
-                       "as Inductor compiles it: Predictor.load(kernel='inductor')) and add it to a model folder")
-    t.add_argument("--model", type=Path, default=ss.model, help="model folder (of one device), rewritten in place")
-    t.add_argument("--data", type=Path, default=ss.data,
-                   help=f"the model's dataset, with gemm_static parts (default {ss.data})")
-    t.add_argument("--hidden", type=_widths, default=ss.hidden, help="the head's hidden widths")
-    _setting_arguments(t, ss, ("epochs", "batch_rows", "lr", "weight_decay", "huber_beta", "seed", "threads"))
-    from .call_head import CallHeadSettings
+    _head_parser(sub, "static-head", "fit the static head (the times of the kernel compiled for one shape, as Inductor "
+                 "compiles it: Predictor.load(kernel='inductor')) and add it to a model folder", StaticHeadSettings(),
+                 "the model's dataset, with gemm_static parts", "the head's hidden widths",
+                 ("epochs", "batch_rows", "lr", "weight_decay", "huber_beta", "seed", "threads"))
+    head_settings = ("members", "epochs", "batch_rows", "lr", "weight_decay", "huber_beta", "seed", "threads")
+    _head_parser(sub, "call-head", "fit the cuBLAS call heads (does cuBLAS beat the best Triton config? "
+                 "Candidates.prefer_cublas, per kernel mode) and add them to a model folder", CallHeadSettings(),
+                 "the model's dataset; its gemm_static parts give the inductor mode's head", "each member's hidden widths",
+                 head_settings)
+    _head_parser(sub, "cublas-head", "refit the cuBLAS (torch.mm) head of a model folder on every torch.mm time of its "
+                 "dataset: GEMM problems, cublas_only problems, pad rows' unpadded times", CublasHeadSettings(),
+                 "the model's dataset", "each member's hidden widths", head_settings)
 
-    cs = CallHeadSettings()
-    t = sub.add_parser("call-head", help="fit the cuBLAS call heads (does cuBLAS beat the best Triton config? "
-                       "Candidates.prefer_cublas, per kernel mode) and add them to a model folder")
-    t.add_argument("--model", type=Path, default=cs.model, help="model folder (of one device), rewritten in place")
-    t.add_argument("--data", type=Path, default=cs.data,
-                   help=f"the model's dataset (default {cs.data}); its gemm_static parts give the inductor mode's head")
-    t.add_argument("--hidden", type=_widths, default=cs.hidden, help="each member's hidden widths")
-    _setting_arguments(t, cs, ("members", "epochs", "batch_rows", "lr", "weight_decay", "huber_beta", "seed",
-                               "threads"))
-    from .cublas_head import CublasHeadSettings
 
-    bs = CublasHeadSettings()
-    t = sub.add_parser("cublas-head", help="refit the cuBLAS (torch.mm) head of a model folder on every torch.mm time "
-                       "of its dataset: GEMM problems, cublas_only problems, pad rows' unpadded times")
-    t.add_argument("--model", type=Path, default=cs.model, help="model folder (of one device), rewritten in place")
-    t.add_argument("--data", type=Path, default=cs.data, help=f"the model's dataset (default {cs.data})")
-    t.add_argument("--hidden", type=_widths, default=bs.hidden, help="each member's hidden widths")
-    _setting_arguments(t, bs, ("members", "epochs", "batch_rows", "lr", "weight_decay", "huber_beta", "seed",
-                               "threads"))
+def _head_parser(sub: argparse._SubParsersAction, name: str, help: str, settings: typing.Any, data_help: str,
+                 hidden_help: str, names: tuple[str, ...]) -> None:
+    """A command that fits a head of a model folder of one device: --model, --data, --hidden and the
+    settings dataclass's scalar fields `names`."""
+    t = sub.add_parser(name, help=help)
+    t.add_argument("--model", type=Path, default=settings.model, help="model folder (of one device), rewritten in place")
+    t.add_argument("--data", type=Path, default=settings.data, help=f"{data_help} (default {settings.data})")
+    t.add_argument("--hidden", type=_widths, default=settings.hidden, help=hidden_help)
+    _setting_arguments(t, settings, names)
 
 
 def _setting_arguments(parser: argparse.ArgumentParser, settings: typing.Any, names: tuple[str, ...]) -> None:

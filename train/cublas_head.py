@@ -12,10 +12,10 @@ factor of e^0.66 on average (docs/model.md, "The cuBLAS head").
 
 The split: GEMM problems keep the model's (split_problems with its seed), so the held-out metrics stay
 comparable; the other rows are split the same way within their own kind (stratified by dtype mode), and
-a row whose problem is a held-out GEMM problem's is dropped. The head is fitted as `perfmodel train`
-fits it (the model's own settings: widths, members, epochs), on train rows, validated on val rows;
-the metadata's `cublas_metrics` are re-evaluated, and `cublas_head_metrics` gives the fit on each kind's
-held-out rows beside the previous head's.
+a row whose problem is a held-out GEMM problem's is dropped. The head (CublasHeadSettings: an average
+of `members` plain MLPs, the settings chosen on the val rows) is fitted on the train rows, as `perfmodel
+train` fits it too (pipeline.fit_cublas_head); the metadata's `cublas_metrics` are re-evaluated, and
+`cublas_head_metrics` gives the fit on each kind's val and test rows beside the previous head's.
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from perfmodel.features import PAD_COLUMNS, PROBLEM_COLUMNS
 from perfmodel.locations import default_data_dir, default_model_dir
 from perfmodel.model import PerfMLP
 
-from .data import _mode, _problem_row, load_gemm, load_pad, split_problems
+from .data import GemmTable, _mode, _problem_row, load_gemm, load_pad, split_problems
 
 KINDS = ("gemm", "cublas_only", "pad_orig")
 
@@ -56,15 +56,22 @@ class CublasHeadSettings:
 
 @dataclass
 class CublasRows:
-    """torch.mm times of one dataset folder: problems (P, 8) PROBLEM_COLUMNS, log ms, split 0/1/2, kind."""
+    """torch.mm times of one dataset folder: problems (P, 8) PROBLEM_COLUMNS, log ms, split 0/1/2, kind,
+    dtype mode (float16 / bfloat16 / tf32 / float32)."""
 
     problems: np.ndarray
     log_ms: np.ndarray
     split: np.ndarray
     kind: np.ndarray
+    modes: np.ndarray
 
     def select(self, mask: np.ndarray) -> "CublasRows":
-        return CublasRows(self.problems[mask], self.log_ms[mask], self.split[mask], self.kind[mask])
+        return CublasRows(self.problems[mask], self.log_ms[mask], self.split[mask], self.kind[mask], self.modes[mask])
+
+    @staticmethod
+    def concat(parts: list["CublasRows"]) -> "CublasRows":
+        return CublasRows(*(np.concatenate([getattr(p, f) for p in parts]) for f in
+                            ("problems", "log_ms", "split", "kind", "modes")))
 
 
 def extra_rows(folder: Path, seed: int, held_out: np.ndarray | None = None) -> CublasRows:
@@ -74,46 +81,39 @@ def extra_rows(folder: Path, seed: int, held_out: np.ndarray | None = None) -> C
     from perfmodel.data_gen.cublas_sweep import ONLY_KIND
     from perfmodel.data_gen.shards import read_dataset
 
-    parts = []
+    def part(problems: np.ndarray, log_ms: np.ndarray, modes: np.ndarray, kind: str) -> CublasRows:
+        return CublasRows(problems, log_ms, split_problems(modes, seed), np.full(len(modes), kind, dtype=object),
+                          modes)
+
+    parts = [CublasRows(np.zeros((0, len(PROBLEM_COLUMNS))), np.zeros(0), np.zeros(0, dtype=np.int64),
+                        np.zeros(0, dtype=object), np.zeros(0, dtype=object))]
     only = [r for r in read_dataset(Path(folder), ONLY_KIND)[0] if r["status"] == "ok"]
     if only:
-        modes = np.array([_mode(r) for r in only])
-        parts.append((np.array([_problem_row(r) for r in only], dtype=np.float64),
-                      np.log([r["ms"] for r in only]), split_problems(modes, seed), "cublas_only"))
+        parts.append(part(np.array([_problem_row(r) for r in only], dtype=np.float64), np.log([r["ms"] for r in only]),
+                          np.array([_mode(r) for r in only]), "cublas_only"))
     try:
         pads = load_pad(folder)
     except FileNotFoundError:
         pads = None
     if pads is not None and len(pads.orig_ms):
         probs = pads.pads[:, [PAD_COLUMNS.index(c) for c in PROBLEM_COLUMNS]]  # the problem, unpadded
-        parts.append((probs, np.log(pads.orig_ms), split_problems(pads.modes, seed), "pad_orig"))
-    if not parts:
-        return CublasRows(np.zeros((0, 8)), np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=object))
-    out = CublasRows(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
-                     np.concatenate([p[2] for p in parts]),
-                     np.concatenate([np.full(len(p[0]), p[3], dtype=object) for p in parts]))
+        parts.append(part(probs, np.log(pads.orig_ms), pads.modes, "pad_orig"))
+    out = CublasRows.concat(parts)
     if held_out is not None and len(held_out):
         known = {tuple(r) for r in held_out.tolist()}
         out = out.select(np.array([tuple(r) not in known for r in out.problems.tolist()], dtype=bool))
     return out
 
 
-def gemm_rows(folder: Path, seed: int) -> tuple[CublasRows, np.ndarray]:
-    """The GEMM problems' torch.mm times (the model's split), and the held-out (val and test) problems' rows."""
-    table = load_gemm(folder)
+def all_rows(folder: Path, seed: int, table: GemmTable | None = None) -> CublasRows:
+    """Every torch.mm time of the folder (KINDS), for the cuBLAS head: the GEMM problems' (the model's
+    split) first. table: the folder's load_gemm, when the caller has it."""
+    table = load_gemm(folder) if table is None else table
     split = split_problems(table.modes, seed)
     ok = np.isfinite(table.cublas_ms)
-    rows = CublasRows(table.problems[ok], np.log(table.cublas_ms[ok]), split[ok],
-                      np.full(int(ok.sum()), "gemm", dtype=object))
-    return rows, table.problems[split > 0]
-
-
-def all_rows(folder: Path, seed: int) -> CublasRows:
-    """Every torch.mm time of the folder (KINDS), for the cuBLAS head."""
-    g, held_out = gemm_rows(folder, seed)
-    e = extra_rows(folder, seed, held_out)
-    return CublasRows(np.concatenate([g.problems, e.problems]), np.concatenate([g.log_ms, e.log_ms]),
-                      np.concatenate([g.split, e.split]), np.concatenate([g.kind, e.kind]))
+    gemm = CublasRows(table.problems[ok], np.log(table.cublas_ms[ok]), split[ok],
+                      np.full(int(ok.sum()), "gemm", dtype=object), table.modes[ok])
+    return CublasRows.concat([gemm, extra_rows(folder, seed, table.problems[split > 0])])
 
 
 def fit_metrics(log_pred: np.ndarray, rows: CublasRows, prefix: str = "") -> dict[str, float]:
@@ -150,6 +150,13 @@ def fit_member(x: torch.Tensor, y: torch.Tensor, s: CublasHeadSettings, seed: in
     return fit_plain(head, x, y, s, seed, head, on_epoch)
 
 
+def fit_head(x: torch.Tensor, y: torch.Tensor, s: CublasHeadSettings, floor: tuple[int, ...],
+             log: Any = print) -> PerfMLP:
+    """The cuBLAS head: s.members members (seeds s.seed, s.seed + 1, ...) fitted to (x, y), averaged as one MLP."""
+    members = [fit_member(x, y, s, s.seed + i, floor, log) for i in range(s.members)]
+    return members[0] if len(members) == 1 else PerfMLP.ensemble(members, "before_floor")
+
+
 def run(s: CublasHeadSettings, log: Any = print) -> dict[str, Any]:
     """Refit the cuBLAS head of s.model on every torch.mm time of s.data, measure it, and rewrite s.model."""
     from perfmodel.model import floor_features
@@ -169,7 +176,8 @@ def run(s: CublasHeadSettings, log: Any = print) -> dict[str, Any]:
     if "cublas" not in bundle.heads:
         raise ValueError(f"model: {s.model} has no cuBLAS head to refit")
     seed = int(bundle.metadata.get("settings", {}).get("seed", 0))  # the model's split
-    rows = all_rows(s.data, seed)
+    table = load_gemm(s.data)
+    rows = all_rows(s.data, seed, table)
     counts = {k: int((rows.kind == k).sum()) for k in KINDS}
     log(f"cublas-head: {len(rows.log_ms)} torch.mm times ({', '.join(f'{k} {v}' for k, v in counts.items())})")
     enc = bundle.encoders["cublas"]  # the call heads take the same features
@@ -178,9 +186,7 @@ def run(s: CublasHeadSettings, log: Any = print) -> dict[str, Any]:
         before = ev.head_outputs(bundle.heads["cublas"], x)[1]
     y = torch.from_numpy(rows.log_ms).float()
     train = torch.from_numpy(rows.split == 0)
-    floor = floor_features(enc.names, 1)
-    members = [fit_member(x[train], y[train], s, s.seed + i, floor, log) for i in range(s.members)]
-    head = members[0] if len(members) == 1 else PerfMLP.ensemble(members, "before_floor")
+    head = fit_head(x[train], y[train], s, floor_features(enc.names, 1), log)
     with torch.inference_mode():
         after = ev.head_outputs(head, x)[1]
     metrics = {**fit_metrics(after, rows), **fit_metrics(before, rows, "before/"), "rows": counts,
@@ -196,17 +202,16 @@ def run(s: CublasHeadSettings, log: Any = print) -> dict[str, Any]:
                 for k, v in asdict(s).items()}
     meta = {**bundle.metadata, "cublas_head_metrics": metrics, "cublas_head_settings": settings}
     if "cublas_metrics" in meta:  # the held-out GEMM problems' figures, as perfmodel eval gives them
-        meta["cublas_metrics"] = {**meta["cublas_metrics"], **_gemm_test_metrics(bundle, s.data, seed)}
+        meta["cublas_metrics"] = {**meta["cublas_metrics"], **_gemm_test_metrics(bundle, table, seed)}
     bundle.metadata = meta
     write_model_folder(bundle, meta, s.model)
     return metrics
 
 
-def _gemm_test_metrics(bundle: artifact.ModelBundle, data: Path, seed: int) -> dict[str, float]:
+def _gemm_test_metrics(bundle: artifact.ModelBundle, table: GemmTable, seed: int) -> dict[str, float]:
     """evaluate.cublas_metrics on the model's test GEMM problems (the call by the call head, if any)."""
     from . import evaluate as ev
 
-    table = load_gemm(data)
     test = table.subset(split_problems(table.modes, seed) == 2)
     P, C = torch.from_numpy(test.problems[test.problem_idx]), torch.from_numpy(test.configs)
     with torch.inference_mode():

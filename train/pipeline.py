@@ -393,12 +393,12 @@ def load_data(settings: TrainSettings, datasets: list | None = None) -> TrainDat
                      problem_device, pad_device)
 
 
-def fit_cublas_head(settings: TrainSettings, d: TrainData, cenc: FeatureEncoder, logger) -> PerfMLP:
+def fit_cublas_head(settings: TrainSettings, d: TrainData, cenc: FeatureEncoder) -> PerfMLP:
     """The cuBLAS head, as `perfmodel cublas-head` fits it (train/cublas_head.py): on every torch.mm time of
     each dataset folder -- its GEMM problems' (this run's split), its cublas_only problems' and its pad rows'
     unpadded times (split within their kind; a row of a held-out GEMM problem left out; a device's
     device_fraction applied to their train rows too) -- the average of cublas_members plain MLPs."""
-    from .cublas_head import CublasHeadSettings, extra_rows, fit_member
+    from .cublas_head import CublasHeadSettings, extra_rows, fit_head
 
     gemm = d.gemm
     has_cb = np.isfinite(gemm.cublas_ms)
@@ -410,21 +410,16 @@ def fit_cublas_head(settings: TrainSettings, d: TrainData, cenc: FeatureEncoder,
         e = extra_rows(ds.folder, settings.seed, gemm.problems[mine & (d.split > 0)])
         if not len(e.log_ms):
             continue
-        modes = np.where(e.problems[:, 5] > 0, "tf32", np.where(e.problems[:, 3] == 2,
-                         np.where(e.problems[:, 4] > 0, "bfloat16", "float16"), "float32"))
         dev = np.full(len(e.log_ms), ds.device, dtype=object)
         xs.append(encode_by_device(d.specs, "cublas", dev, torch.from_numpy(e.problems)))
         ys.append(e.log_ms)
-        splits.append(subsample_training(e.split, dev, modes, fractions, settings.seed))
+        splits.append(subsample_training(e.split, dev, e.modes, fractions, settings.seed))
     x, y, split = torch.cat(xs), torch.from_numpy(np.concatenate(ys)).float(), np.concatenate(splits)
     cs = CublasHeadSettings(hidden=tuple(settings.cublas_hidden), members=settings.cublas_members,
                             epochs=1 if settings.fast_dev_run else settings.small_head_epochs, seed=settings.seed)
     train = torch.from_numpy(split == 0)
-    floor = floor_features(cenc.names, 1)
-    log = (lambda *a: None) if not settings.progress else print
-    members = [fit_member(x[train], y[train], cs, cs.seed + i, floor, log) for i in range(cs.members)]
-    del logger  # the plain loop logs nothing to the run
-    return members[0] if len(members) == 1 else PerfMLP.ensemble(members, "before_floor")
+    log = print if settings.progress else (lambda *a: None)
+    return fit_head(x[train], y[train], cs, floor_features(cenc.names, 1), log)
 
 
 def fit_heads(settings: TrainSettings, d: TrainData, logger) -> artifact.ModelBundle:
@@ -446,7 +441,7 @@ def fit_heads(settings: TrainSettings, d: TrainData, logger) -> artifact.ModelBu
                                d.row_split, gemm.problem_idx, settings, logger, settings.screen_epochs, "screen_", 1.0)
 
     cenc = FeatureEncoder(d.spec, "cublas")
-    heads["cublas"] = fit_cublas_head(settings, d, cenc, logger)
+    heads["cublas"] = fit_cublas_head(settings, d, cenc)
     encoders["cublas"] = cenc
 
     penc = FeatureEncoder(d.spec, "pad")
