@@ -107,3 +107,35 @@ def test_refit_errors_name_the_field(tmp_path, repo_root, capsys):
         from perfmodel.train.cublas_head import CublasHeadSettings, run
 
         run(CublasHeadSettings(model=tmp_path / "none", data=repo_root / "data" / "h100"))
+
+
+def test_refit_of_a_model_of_two_devices(tmp_path, repo_root, monkeypatch):
+    # models/h200 serves the H100 and the H200: each device's folder gives its rows, encoded with its spec
+    from perfmodel import artifact
+    from perfmodel.train.cublas_head import CublasHeadSettings, run
+
+    model = tmp_path / "m"
+    shutil.copytree(repo_root / "models" / "h200", model)
+    old = artifact.load(model)
+    data = (repo_root / "data" / "h100", repo_root / "data" / "h200")
+    with pytest.raises(ValueError, match="^data: .*one per device"):  # folders out of the model's device order
+        run(CublasHeadSettings(model=model, data=data[::-1], epochs=1, members=1, hidden=(8,)), log=lambda *a: None)
+    with pytest.raises(ValueError, match="^data: .*one per device"):  # one device's folder only
+        run(CublasHeadSettings(model=model, data=data[1], epochs=1, members=1, hidden=(8,)), log=lambda *a: None)
+    monkeypatch.chdir(repo_root)  # no --data: the folders the model's metadata names (relative to the repo)
+    metrics = run(CublasHeadSettings(model=model, epochs=2, members=1, hidden=(16,), threads=1), log=lambda *a: None)
+    by = metrics["by_device"]
+    assert set(by) == {"h100-sxm", "h200"} and metrics["rows"] == by["h100-sxm"]["rows"]
+    for dev in by:
+        assert by[dev]["rows"]["cublas_only"] > 1000 and by[dev]["rows"]["gemm"] > 1000
+    meta = json.loads((model / "metadata.json").read_text())
+    assert meta["cublas_head_settings"]["data"] == ["data/h100", "data/h200"]
+    new = artifact.load(model)
+    assert new.devices == old.devices
+    for name in set(old.heads) - {"cublas"}:
+        a, b = old.heads[name].state_dict(), new.heads[name].state_dict()
+        assert all(torch.equal(a[k], b[k]) for k in a), name
+    # the per-device held-out call figures were recomputed with the new head
+    for dev in by:
+        assert meta["metrics_by_device"][dev]["cublas"]["cublas/mape"] != \
+            old.metadata["metrics_by_device"][dev]["cublas"]["cublas/mape"]

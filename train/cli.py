@@ -104,16 +104,24 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                  head_settings)
     _head_parser(sub, "cublas-head", "refit the cuBLAS (torch.mm) head of a model folder on every torch.mm time of its "
                  "dataset: GEMM problems, cublas_only problems, pad rows' unpadded times", CublasHeadSettings(),
-                 "the model's dataset", "each member's hidden widths", head_settings)
+                 "the model's dataset; a model of several devices: repeat, one folder per device in the model's "
+                 "device order", "each member's hidden widths", head_settings, several_devices=True)
 
 
 def _head_parser(sub: argparse._SubParsersAction, name: str, help: str, settings: typing.Any, data_help: str,
-                 hidden_help: str, names: tuple[str, ...]) -> None:
-    """A command that fits a head of a model folder of one device: --model, --data, --hidden and the
-    settings dataclass's scalar fields `names`."""
+                 hidden_help: str, names: tuple[str, ...], several_devices: bool = False) -> None:
+    """A command that fits a head of a model folder: --model, --data, --hidden and the settings
+    dataclass's scalar fields `names`. several_devices: the model may serve several devices, --data is
+    repeated (none given: the folders the model was trained on)."""
     t = sub.add_parser(name, help=help)
-    t.add_argument("--model", type=Path, default=settings.model, help="model folder (of one device), rewritten in place")
-    t.add_argument("--data", type=Path, default=settings.data, help=f"{data_help} (default {settings.data})")
+    if several_devices:
+        t.add_argument("--model", type=Path, default=settings.model, help="model folder, rewritten in place")
+        t.add_argument("--data", type=Path, action="append", default=None,
+                       help=f"{data_help} (default: the folders named in the model's metadata)")
+    else:
+        t.add_argument("--model", type=Path, default=settings.model,
+                       help="model folder (of one device), rewritten in place")
+        t.add_argument("--data", type=Path, default=settings.data, help=f"{data_help} (default {settings.data})")
     t.add_argument("--hidden", type=_widths, default=settings.hidden, help=hidden_help)
     _setting_arguments(t, settings, names)
 

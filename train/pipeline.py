@@ -277,13 +277,19 @@ def _cublas_line(meta: dict[str, Any]) -> str:
     m = meta.get("cublas_head_metrics")
     if not m:
         return ""
-    parts = [f"{what} {m['before/' + k + '/test/mean_abs_log_err']:.3f} -> {m[k + '/test/mean_abs_log_err']:.3f}"
-             for k, what in (("gemm", "GEMM problems"), ("cublas_only", "cuBLAS-only problems"),
-                             ("pad_orig", "pad rows' unpadded problems")) if f"{k}/test/mean_abs_log_err" in m]
-    rows = m.get("rows", {})
-    return (f"- cuBLAS head (`perfmodel cublas-head`): fitted on {sum(rows.values())} torch.mm times (GEMM problems, "
-            f"problems of every alignment class and layout timed for cuBLAS alone, pad rows' unpadded times); mean "
-            f"|log error| on each kind's test rows, the head before it -> this one: {'; '.join(parts)}.\n")
+
+    def errors(d: dict[str, Any]) -> str:
+        return "; ".join(f"{what} {d['before/' + k + '/test/mean_abs_log_err']:.3f} -> {d[k + '/test/mean_abs_log_err']:.3f}"
+                         for k, what in (("gemm", "GEMM problems"), ("cublas_only", "cuBLAS-only problems"),
+                                         ("pad_orig", "pad rows' unpadded problems"))
+                         if f"{k}/test/mean_abs_log_err" in d)
+
+    by = m.get("by_device") or {}
+    n = sum(sum(d.get("rows", {}).values()) for d in by.values()) if by else sum(m.get("rows", {}).values())
+    per = " ".join(f"{dev}: {errors(d)}." for dev, d in by.items()) if by else errors(m) + "."
+    return (f"- cuBLAS head (`perfmodel cublas-head`): fitted on {n} torch.mm times{f' of {len(by)} devices' if by else ''} "
+            f"(GEMM problems, problems of every alignment class and layout timed for cuBLAS alone, pad rows' unpadded "
+            f"times); mean |log error| on each kind's test rows, the head before it -> this one: {per}\n")
 
 
 def _call_line(meta: dict[str, Any]) -> str:
@@ -398,23 +404,13 @@ def fit_cublas_head(settings: TrainSettings, d: TrainData, cenc: FeatureEncoder)
     each dataset folder -- its GEMM problems' (this run's split), its cublas_only problems' and its pad rows'
     unpadded times (split within their kind; a row of a held-out GEMM problem left out; a device's
     device_fraction applied to their train rows too) -- the average of cublas_members plain MLPs."""
-    from .cublas_head import CublasHeadSettings, extra_rows, fit_head
+    from .cublas_head import CublasHeadSettings, CublasRows, fit_head, folder_rows, thin_extra_rows
 
-    gemm = d.gemm
-    has_cb = np.isfinite(gemm.cublas_ms)
-    xs = [encode_by_device(d.specs, "cublas", d.problem_device[has_cb], torch.from_numpy(gemm.problems[has_cb]))]
-    ys, splits = [np.log(gemm.cublas_ms[has_cb])], [d.split[has_cb]]
-    fractions = parse_device_fractions(settings.device_fraction)
-    for ds in d.datasets:
-        mine = d.problem_device == ds.device
-        e = extra_rows(ds.folder, settings.seed, gemm.problems[mine & (d.split > 0)])
-        if not len(e.log_ms):
-            continue
-        dev = np.full(len(e.log_ms), ds.device, dtype=object)
-        xs.append(encode_by_device(d.specs, "cublas", dev, torch.from_numpy(e.problems)))
-        ys.append(e.log_ms)
-        splits.append(subsample_training(e.split, dev, e.modes, fractions, settings.seed))
-    x, y, split = torch.cat(xs), torch.from_numpy(np.concatenate(ys)).float(), np.concatenate(splits)
+    rows = CublasRows.concat([folder_rows(ds.folder, ds.gemm, d.split[d.problem_device == ds.device], settings.seed,
+                                          ds.device) for ds in d.datasets])
+    split = thin_extra_rows(rows, parse_device_fractions(settings.device_fraction), settings.seed)
+    x = encode_by_device(d.specs, "cublas", rows.device, torch.from_numpy(rows.problems))
+    y = torch.from_numpy(rows.log_ms).float()
     cs = CublasHeadSettings(hidden=tuple(settings.cublas_hidden), members=settings.cublas_members,
                             epochs=1 if settings.fast_dev_run else settings.small_head_epochs, seed=settings.seed)
     train = torch.from_numpy(split == 0)
