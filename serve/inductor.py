@@ -34,7 +34,7 @@ import warnings
 from dataclasses import replace
 from typing import Any, Iterator, Sequence
 
-from perfmodel.schema import GemmConfig, GemmProblem, PadDecision, PadProblem, is_column_major
+from perfmodel.schema import DTYPE_BYTES, GemmConfig, GemmProblem, PadDecision, PadProblem, is_column_major
 from perfmodel.configs import inductor_default_configs
 
 from .predictor import Predictor, _check_top_k
@@ -208,6 +208,31 @@ PAD_TRITON_MARGIN = 0.1
 CUBLAS_MARGIN = -0.05
 
 
+def pad_copy_floor_ms(pp: PadProblem, dram_bw_gbs: float) -> float:
+    """The least time the pad copies of pp can take: each padded operand (not prepadded) read once and
+    written once at its padded size, at DRAM bandwidth."""
+    mp, kp, np_ = pp.padded_dims()
+    elems = 0
+    if (mp, kp) != (pp.m, pp.k) and not pp.prepadded_left:
+        elems += pp.m * pp.k + mp * kp
+    if (kp, np_) != (pp.k, pp.n) and not pp.prepadded_right:
+        elems += pp.k * pp.n + kp * np_
+    return elems * DTYPE_BYTES[pp.dtype] / (dram_bw_gbs * 1e6)
+
+
+def padded_path_ms(predictor: Predictor, pp: PadProblem, decision: PadDecision) -> float:
+    """The padded cuBLAS path's predicted time as Inductor runs it: the pad head's padded_ms or, where the
+    model has a cuBLAS head, that head's time on the padded problem plus the pad copies at DRAM bandwidth
+    (pad_copy_floor_ms), whichever is less. The pad head learned from padding timed with eager F.pad;
+    Inductor pads each operand with one generated kernel. GPT-2's lm head (1024x768x50257 fp16, NN) on
+    the H100: pad head 0.273 ms, cuBLAS head 0.138 + copies 0.046 = 0.184 ms; Inductor's padded path ran
+    0.193 ms."""
+    if not getattr(predictor, "has_cublas", False):
+        return decision.padded_ms
+    est = predictor.predict_cublas(pp.gemm(padded=True)) + pad_copy_floor_ms(pp, predictor.spec.dram_bw_gbs)
+    return min(decision.padded_ms, est)
+
+
 def unpadded_triton_instead(predictor: Predictor, pp: PadProblem, decision: PadDecision,
                             configs: Sequence[GemmConfig] | None = None,
                             margin: float = PAD_TRITON_MARGIN) -> PadDecision:
@@ -220,7 +245,7 @@ def unpadded_triton_instead(predictor: Predictor, pp: PadProblem, decision: PadD
     that are not offered kept GPT-2's 50257-wide lm head unpadded under the DEFAULT space on the H100,
     where Inductor's best offered Triton config ran 0.385 ms and stock's padded cuBLAS 0.197 ms."""
     best = predictor.rank(pp.gemm(padded=False), configs, top_k=1)
-    if best and best[0][1] * (1.0 + margin) < decision.padded_ms:
+    if best and best[0][1] * (1.0 + margin) < padded_path_ms(predictor, pp, decision):
         return replace(decision, should_pad=False)
     return decision
 

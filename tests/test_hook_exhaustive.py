@@ -120,3 +120,36 @@ def test_hook_keeps_ranks_choice_with_the_shipped_model():
         prob = si.problem_from_kernel_inputs(_Inputs(m, n, k, torch.float16))
         out = si.filter_template_choices([aten, *tri], _Inputs(m, n, k, torch.float16), "mm", shipped, top_k=5)
         assert {si.kwargs_to_gemm(t.params.to_kwargs()) for t in out[1:]} == {c for c, _ in shipped.rank(prob, gemm, 5)}
+
+
+class _CublasStub(_RankStub):
+    """_RankStub with a cuBLAS head (synthetic times, for the rule): every problem takes `cublas_ms`."""
+
+    def __init__(self, ms: float, cublas_ms: float) -> None:
+        super().__init__(ms)
+        self.cublas_ms = cublas_ms
+        self.has_cublas = True
+        self.spec = get_spec("h100-sxm")
+
+    def predict_cublas(self, prob):
+        assert prob.n % 8 == 0  # asked about the padded problem
+        return self.cublas_ms
+
+
+def test_padded_path_is_the_cublas_head_plus_the_pad_copies_where_that_is_less():
+    # GPT-2's lm head under EXHAUSTIVE on the H100: the whole space's best Triton config predicted 0.220 ms,
+    # the pad head's padded time 0.273 ms (timed with eager F.pad), the cuBLAS head's padded mm 0.138 ms;
+    # the padded path ran 0.193 ms, the unpadded Triton configs kept 0.325 ms
+    from perfmodel import PadDecision, PadProblem
+
+    pp = PadProblem(m=1024, k=768, n=50257, dtype="float16")
+    copies = (768 * 50257 + 768 * 50264) * 2 / (3350.0 * 1e6)  # B read and written once at 3,350 GB/s
+    assert si.pad_copy_floor_ms(pp, 3350.0) == pytest.approx(copies) and 0.04 < copies < 0.05
+    assert si.pad_copy_floor_ms(PadProblem(m=1024, k=768, n=50257, prepadded_right=True), 3350.0) == 0.0
+    pad = PadDecision(should_pad=True, orig_ms=0.45, padded_ms=0.273)
+    assert si.unpadded_triton_instead(_RankStub(0.220), pp, pad) == PadDecision(False, 0.45, 0.273)  # the pad head alone
+    assert si.padded_path_ms(_CublasStub(0.220, 0.138), pp, pad) == pytest.approx(0.138 + copies)
+    assert si.unpadded_triton_instead(_CublasStub(0.220, 0.138), pp, pad) is pad
+    # a cuBLAS head slower than the pad head's time changes nothing
+    assert si.padded_path_ms(_CublasStub(0.220, 0.5), pp, pad) == 0.273
+    assert si.unpadded_triton_instead(_CublasStub(0.220, 0.5), pp, pad) == PadDecision(False, 0.45, 0.273)
