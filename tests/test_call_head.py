@@ -101,9 +101,16 @@ def test_a_given_list_of_slow_configs_prefers_cublas():
     assert not pred.candidates(prob).prefer_cublas
 
 
-def test_a_model_without_call_heads_compares_times(repo_root):
-    # models/h200 has no call head: prefer_cublas is the cuBLAS head's time below the best config's
-    pred = Predictor.load(repo_root / "models" / "h200")
+def test_a_model_without_call_heads_compares_times(repo_root, tmp_path):
+    # a copy of the shipped model without its call heads: prefer_cublas is the cuBLAS head's time below
+    # the best config's
+    from perfmodel import artifact
+
+    bundle = artifact.load(repo_root / "models" / "h100")
+    for name in (CALL, CALL_STATIC):
+        bundle.heads.pop(name), bundle.encoders.pop(name)
+    artifact.save(bundle, tmp_path / "m")
+    pred = Predictor.load(tmp_path / "m", backend="torch")
     assert CALL not in pred.bundle.heads
     probs = [GemmProblem(m=m, n=4096, k=4096, dtype="bfloat16") for m in (16, 256, 4096)]
     best = np.array([r[0][1] for r in pred.rank_many(probs, top_k=1)])
@@ -145,5 +152,37 @@ def test_cli_call_head_rewrites_a_copy(repo_root, tmp_path, capsys):
     assert Predictor.load(model, backend="onnx").candidates(GemmProblem(m=64, n=64, k=64, dtype="float16")).cublas_ms > 0
     assert main(["call-head", "--model", str(model), "--members", "0"]) == 2
     assert "members" in capsys.readouterr().err
-    assert main(["call-head", "--model", str(repo_root / "models" / "h200")]) == 2
-    assert "model" in capsys.readouterr().err
+    assert main(["call-head", "--model", str(model), "--data", str(repo_root / "data" / "h200")]) == 2
+    assert "data:" in capsys.readouterr().err  # an H200 folder for a model of the H100
+
+
+def test_call_heads_of_a_model_of_two_devices(repo_root, tmp_path, monkeypatch):
+    # models/h200 serves the H100 and the H200: one call head learns from both devices' train problems
+    # (each encoded with its device's spec) and is measured on each device's test problems
+    from perfmodel import artifact
+    from perfmodel.train.call_head import CallHeadSettings, run
+
+    model = tmp_path / "m"
+    shutil.copytree(repo_root / "models" / "h200", model)
+    old = artifact.load(model)
+    data = (repo_root / "data" / "h100", repo_root / "data" / "h200")
+    with pytest.raises(ValueError, match="^data: .*one per device"):
+        run(CallHeadSettings(model=model, data=data[::-1], members=1, epochs=1), log=lambda *a: None)
+    monkeypatch.chdir(repo_root)  # no --data: the folders the model's metadata names
+    m = run(CallHeadSettings(model=model, members=1, epochs=2, threads=2), log=lambda *a: None)
+    assert set(m["by_device"]) == {"h100-sxm", "h200"}
+    assert m["call/test/problems"] == m["by_device"]["h100-sxm"]["call/test/problems"] == 173
+    assert m["by_device"]["h200"]["call/test/problems"] == 173
+    assert "call_static/test/problems" not in m  # data/h200 has no static rows
+    new = artifact.load(model)
+    assert CALL in new.heads and CALL_STATIC not in new.heads
+    for name in set(old.heads) - {CALL}:
+        a, b = old.heads[name].state_dict(), new.heads[name].state_dict()
+        assert all(torch.equal(a[k], b[k]) for k in a), name
+    meta = json.loads((model / "metadata.json").read_text())
+    assert meta["metrics_by_device"]["h200"]["cublas"]["cublas/choice_accuracy"] == \
+        m["by_device"]["h200"]["call/test/choice_accuracy"]
+    probs = [GemmProblem(m=m_, n=4096, k=4096, dtype="bfloat16") for m_ in (16, 256, 4096)]
+    for device in ("h100-sxm", "h200"):
+        a, b = (Predictor.load(model, backend=be, device=device).prefers_cublas_many(probs) for be in ("torch", "onnx"))
+        assert (np.asarray(a) == np.asarray(b)).all()

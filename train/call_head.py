@@ -3,6 +3,7 @@ config of a problem's config space -- the call behind `Candidates.prefer_cublas`
 cuBLAS call").
 
     perfmodel call-head --model models/h100 --data data/h100
+    perfmodel call-head --model models/h200 --data data/h100 --data data/h200   # a model of two devices
 
 Comparing the cuBLAS head's time with the gemm head's best predicted time gets the call wrong where the
 two are close, and the minimum of many predicted times is biased low. A call head is fitted to the quantity
@@ -16,8 +17,11 @@ mode (docs/design.md, "Kernel modes"):
 
 Each is the average of `members` small MLPs of different seeds. The split is the model's (split_problems
 with its seed): train problems fit, validation problems chose the settings, test problems report, beside
-the call the model made before (cuBLAS head against the gemm head's best). The folder is then rewritten
-(weights, metadata, model.onnx) with the heads added. Needs no Lightning and no MLflow.
+the call the model made before (cuBLAS head against the gemm head's best). A model of several devices
+learns from each device's folder (its joint split; each problem encoded with its device's spec) and
+reports each device's figures ("by_device"); `call_static` is fitted only when every folder has static
+rows. The folder is then rewritten (weights, metadata, model.onnx) with the heads added. Needs no
+Lightning and no MLflow.
 """
 from __future__ import annotations
 
@@ -30,11 +34,11 @@ import numpy as np
 import torch
 
 from perfmodel import artifact
-from perfmodel.locations import default_data_dir, default_model_dir
+from perfmodel.locations import default_model_dir
 from perfmodel.model import PerfMLP
 
-from .data import GemmTable, load_gemm, split_problems
-from .static_head import StaticHeadSettings, fit, has_static_rows, load_one_device, load_static, static_outputs
+from .data import GemmTable
+from .static_head import StaticHeadSettings, fit, has_static_rows, load_static, static_outputs
 
 CALL, CALL_STATIC = artifact.CALL, artifact.CALL_STATIC
 
@@ -42,7 +46,9 @@ CALL, CALL_STATIC = artifact.CALL, artifact.CALL_STATIC
 @dataclass
 class CallHeadSettings:
     model: Path = field(default_factory=default_model_dir)
-    data: Path = field(default_factory=default_data_dir)
+    # one folder per device of the model, its default device's first; None: the folders the model was
+    # trained on (its metadata's, where they exist), else the default dataset
+    data: Path | tuple[Path, ...] | None = None
     # chosen on the val problems' call accuracy (mean of the two heads) among four settings: docs/model.md
     hidden: tuple[int, ...] = (64, 64)
     members: int = 5
@@ -99,58 +105,95 @@ def _part(table: GemmTable, keys: dict[str, int], split: np.ndarray) -> np.ndarr
 
 def run(s: CallHeadSettings, log: Any = print) -> dict[str, Any]:
     """Fit the call heads on the model's train problems, measure them, and rewrite s.model with them."""
+    from .cublas_head import data_folders
+    from .data import joint_split, load_device_datasets
     from .pipeline import write_model_folder
 
     if s.members < 1:
         raise ValueError(f"members: must be >= 1, got {s.members}")
     t0 = time.perf_counter()
-    bundle = load_one_device(s.model, s.threads, "the call heads are")
+    if s.threads > 0:
+        torch.set_num_threads(s.threads)
+    bundle = artifact.load(s.model)
     if "cublas" not in bundle.heads:
         raise ValueError(f"model: {s.model} has no cuBLAS head, so it makes no cuBLAS call")
-    table = load_gemm(s.data)
+    datasets = load_device_datasets(data_folders(s, bundle))
+    if [ds.device for ds in datasets] != list(bundle.devices):
+        raise ValueError(f"data: {s.model} serves {', '.join(bundle.devices)}; the folders given hold "
+                         f"{', '.join(f'{ds.folder}: {ds.device}' for ds in datasets)} (one per device, in that order)")
     seed = int(bundle.metadata.get("settings", {}).get("seed", 0))
-    split = split_problems(table.modes, seed)
-    keys = {k: i for i, k in enumerate(table.problem_keys)}
-    tables = {CALL: (table, None)}
-    if has_static_rows(s.data):
-        tables[CALL_STATIC] = (load_static(s.data), bundle.heads.get(artifact.STATIC))
-    metrics: dict[str, Any] = {}
-    for name, (tab, static) in tables.items():
-        ok, y = call_targets(tab)
-        part = _part(tab, keys, split)
-        train = ok & (part == 0)
-        if not train.any():
-            raise ValueError(f"data: {s.data} has no train problem with both cuBLAS and Triton times for {name}")
+    splits, _ = joint_split(datasets, seed)
+    names = [CALL]
+    if all(has_static_rows(ds.folder) for ds in datasets):
+        names.append(CALL_STATIC)
+    elif any(has_static_rows(ds.folder) for ds in datasets):
+        log(f"call-head: not every device's folder has static rows: no {CALL_STATIC} head")
+    by_device: dict[str, dict[str, Any]] = {ds.device: {} for ds in datasets}
+    for name in names:
+        static = bundle.heads.get(artifact.STATIC) if name == CALL_STATIC else None
+        parts = []  # per device: (device bundle, table, has both times, target, split)
+        for ds, split in zip(datasets, splits):
+            tab = ds.gemm if name == CALL else load_static(ds.folder)
+            keys = {k: i for i, k in enumerate(ds.gemm.problem_keys)}
+            ok, y = call_targets(tab)
+            parts.append((bundle.for_device(ds.device), tab, ok, y, _part(tab, keys, split)))
         with torch.inference_mode():
-            x = bundle.encoders["cublas"].encode(torch.from_numpy(tab.problems))
-        head = fit_call(x[torch.from_numpy(train)], torch.from_numpy(y[train]).float(), s, log)
-        pred = call_scores(bundle, head, tab)
-        before = times_call(bundle, tab, static) if (name == CALL or static is not None) else None
-        truth = y < 0
-        for split_name, which in (("train", 0), ("val", 1), ("test", 2)):
-            sel = ok & (part == which)
-            if not sel.any():
-                continue
-            metrics[f"{name}/{split_name}/problems"] = int(sel.sum())
-            metrics[f"{name}/{split_name}/choice_accuracy"] = float(((pred < 0) == truth)[sel].mean())
-            metrics[f"{name}/{split_name}/mae_log_ratio"] = float(np.abs(pred - y)[sel].mean())
-            metrics[f"{name}/{split_name}/cublas_wins_frac"] = float(truth[sel].mean())
-            if before is not None:
-                metrics[f"{name}/{split_name}/choice_accuracy_times"] = float(((before < 0) == truth)[sel].mean())
-        t = f"{name}/test/"
-        if t + "choice_accuracy" in metrics:
-            was = metrics.get(t + "choice_accuracy_times")
-            log(f"call-head: {name}: test problems' cuBLAS call right on {metrics[t + 'choice_accuracy']:.4f}"
-                + (f" (cuBLAS head against the gemm head's best: {was:.4f})" if was is not None else ""))
+            xs = [b.encoders["cublas"].encode(torch.from_numpy(tab.problems)) for b, tab, *_ in parts]
+        train = [ok & (part == 0) for _, _, ok, _, part in parts]
+        if not any(t.any() for t in train):
+            raise ValueError(f"data: {', '.join(str(ds.folder) for ds in datasets)} has no train problem with both "
+                             f"cuBLAS and Triton times for {name}")
+        x = torch.cat([xi[torch.from_numpy(t)] for xi, t in zip(xs, train)])
+        y_train = torch.from_numpy(np.concatenate([y[t] for (_, _, _, y, _), t in zip(parts, train)])).float()
+        head = fit_call(x, y_train, s, log)
+        for ds, (b, tab, ok, y, part) in zip(datasets, parts):
+            pred = call_scores(b, head, tab)
+            before = times_call(b, tab, static) if (name == CALL or static is not None) else None
+            _call_figures(by_device[ds.device], name, pred, before, ok, y, part)
+        for ds in datasets:
+            m = by_device[ds.device]
+            t = f"{name}/test/"
+            if t + "choice_accuracy" in m:
+                was = m.get(t + "choice_accuracy_times")
+                log(f"call-head: {name}{f' ({ds.device})' if len(datasets) > 1 else ''}: test problems' cuBLAS call "
+                    f"right on {m[t + 'choice_accuracy']:.4f}"
+                    + (f" (cuBLAS head against the gemm head's best: {was:.4f})" if was is not None else ""))
         bundle.heads[name], bundle.encoders[name] = head, bundle.encoders["cublas"]
+    metrics: dict[str, Any] = dict(by_device[datasets[0].device])
+    if len(datasets) > 1:
+        metrics["by_device"] = by_device
     metrics["seconds"] = time.perf_counter() - t0
-    settings = {k: (str(v) if isinstance(v, (Path, tuple)) else v) for k, v in asdict(s).items()}
+    settings = {k: (str(v) if isinstance(v, (Path, tuple)) else v) for k, v in asdict(s).items() if k != "data"}
+    settings["data"] = [str(ds.folder) for ds in datasets]
     meta = {**bundle.metadata, "call_metrics": metrics, "call_settings": settings}
-    if "cublas_metrics" in meta and f"{CALL}/test/choice_accuracy" in metrics:
-        # the model's cuBLAS call on its held-out problems is now the call head's (train.evaluate.cublas_metrics)
-        meta["cublas_metrics"] = {**meta["cublas_metrics"],
-                                  "cublas/choice_accuracy": metrics[f"{CALL}/test/choice_accuracy"],
-                                  "cublas/choice_accuracy_times": metrics[f"{CALL}/test/choice_accuracy_times"]}
+    # the model's cuBLAS call on its held-out problems is now the call head's (train.evaluate.cublas_metrics)
+    for ds in datasets:
+        m = by_device[ds.device]
+        if f"{CALL}/test/choice_accuracy" not in m:
+            continue
+        got = {"cublas/choice_accuracy": m[f"{CALL}/test/choice_accuracy"],
+               "cublas/choice_accuracy_times": m[f"{CALL}/test/choice_accuracy_times"]}
+        if ds is datasets[0] and "cublas_metrics" in meta:
+            meta["cublas_metrics"] = {**meta["cublas_metrics"], **got}
+        by = meta.get("metrics_by_device", {}).get(ds.device)
+        if by is not None and "cublas" in by:
+            by["cublas"] = {**by["cublas"], **got}
     bundle.metadata = meta
     write_model_folder(bundle, bundle.metadata, s.model)
     return metrics
+
+
+def _call_figures(out: dict[str, Any], name: str, pred: np.ndarray, before: np.ndarray | None, ok: np.ndarray,
+                  y: np.ndarray, part: np.ndarray) -> None:
+    """A call head's figures on one device's problems, per split, into out."""
+    truth = y < 0
+    for split_name, which in (("train", 0), ("val", 1), ("test", 2)):
+        sel = ok & (part == which)
+        if not sel.any():
+            continue
+        out[f"{name}/{split_name}/problems"] = int(sel.sum())
+        out[f"{name}/{split_name}/choice_accuracy"] = float(((pred < 0) == truth)[sel].mean())
+        out[f"{name}/{split_name}/mae_log_ratio"] = float(np.abs(pred - y)[sel].mean())
+        out[f"{name}/{split_name}/cublas_wins_frac"] = float(truth[sel].mean())
+        if before is not None:
+            out[f"{name}/{split_name}/choice_accuracy_times"] = float(((before < 0) == truth)[sel].mean())

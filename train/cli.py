@@ -100,8 +100,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     head_settings = ("members", "epochs", "batch_rows", "lr", "weight_decay", "huber_beta", "seed", "threads")
     _head_parser(sub, "call-head", "fit the cuBLAS call heads (does cuBLAS beat the best Triton config? "
                  "Candidates.prefer_cublas, per kernel mode) and add them to a model folder", CallHeadSettings(),
-                 "the model's dataset; its gemm_static parts give the inductor mode's head", "each member's hidden widths",
-                 head_settings)
+                 "the model's dataset; its gemm_static parts give the inductor mode's head; a model of several "
+                 "devices: repeat, one folder per device in the model's device order", "each member's hidden widths",
+                 head_settings, several_devices=True)
     _head_parser(sub, "cublas-head", "refit the cuBLAS (torch.mm) head of a model folder on every torch.mm time of its "
                  "dataset: GEMM problems, cublas_only problems, pad rows' unpadded times", CublasHeadSettings(),
                  "the model's dataset; a model of several devices: repeat, one folder per device in the model's "

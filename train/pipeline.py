@@ -297,14 +297,20 @@ def _call_line(meta: dict[str, Any]) -> str:
     m = meta.get("call_metrics")
     if not m:
         return ""
-    parts = []
-    for name, what in (("call", "`kernel=\"autotune\"`, against the dataset's times"),
-                       ("call_static", "`kernel=\"inductor\"`, against the static times")):
-        if f"{name}/test/choice_accuracy" in m:
-            parts.append(f"{m[name + '/test/choice_accuracy']:.3f} ({what}; the cuBLAS head against the gemm "
-                         f"head's best: {m[name + '/test/choice_accuracy_times']:.3f})")
+
+    def right(d: dict[str, Any]) -> str:
+        parts = []
+        for name, what in (("call", "`kernel=\"autotune\"`, against the dataset's times"),
+                           ("call_static", "`kernel=\"inductor\"`, against the static times")):
+            if f"{name}/test/choice_accuracy" in d:
+                parts.append(f"{d[name + '/test/choice_accuracy']:.3f} ({what}; the cuBLAS head against the gemm "
+                             f"head's best: {d[name + '/test/choice_accuracy_times']:.3f})")
+        return f"{' and '.join(parts)} of the {d.get('call/test/problems', '-')} test problems"
+
+    by = m.get("by_device") or {}
+    where = "; ".join(f"{dev}: {right(d)}" for dev, d in by.items()) if by else right(m)
     return (f"- cuBLAS call heads (`perfmodel call-head`; `prefer_cublas`): the call whether cuBLAS beats the best "
-            f"Triton config is right on {' and '.join(parts)} of the {m.get('call/test/problems', '-')} test problems.\n")
+            f"Triton config is right on {where}.\n")
 
 
 def _student_by_device(meta: dict[str, Any]) -> str:
