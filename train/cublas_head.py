@@ -15,9 +15,9 @@ The split: GEMM problems keep the model's (split_problems with its seed; a model
 train/data.joint_split), so the held-out metrics stay comparable; the other rows are split the same way
 within their own kind (stratified by dtype mode), and a row whose problem is a held-out GEMM problem's
 is dropped. A model of several devices learns from each device's folder, each row encoded with its
-device's spec, and the model's device_fraction thins each device's train rows as `perfmodel train` did. The head (CublasHeadSettings: an average
-of `members` plain MLPs, the settings chosen on the val rows) is fitted on the train rows, as `perfmodel
-train` fits it too (pipeline.fit_cublas_head); the metadata's `cublas_metrics` are re-evaluated, and
+device's spec, and the model's device_fraction thins each device's train rows as `perfmodel train` did.
+The head (CublasHeadSettings: an average of `members` plain MLPs, the settings chosen on the val rows)
+is fitted on the train rows, as `perfmodel train` fits it too (pipeline.fit_cublas_head); the metadata's `cublas_metrics` are re-evaluated, and
 `cublas_head_metrics` gives the fit on each kind's val and test rows beside the previous head's (the
 model's default device's rows; "by_device" adds each device's).
 """
@@ -185,8 +185,10 @@ def thin_extra_rows(rows: CublasRows, fractions: dict[str, float], seed: int) ->
     return split
 
 
-def data_folders(s: CublasHeadSettings, bundle: artifact.ModelBundle) -> list[Path]:
-    """s.data as a list of folders, one per device of the model in its order (see CublasHeadSettings)."""
+def data_folders(s: Any, bundle: artifact.ModelBundle) -> list[Path]:
+    """s.data (s: CublasHeadSettings or CallHeadSettings) as a list of folders, one per device of the model
+    in its order: None gives the folders the model's metadata names where they exist (else, for a model of
+    one device, the default dataset)."""
     if s.data is None:
         known = [Path(d["path"]) for d in bundle.metadata.get("datasets") or [] if d.get("path")]
         if len(known) == len(bundle.devices) and all(p.is_dir() for p in known):
