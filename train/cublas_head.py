@@ -17,9 +17,9 @@ within their own kind (stratified by dtype mode), and a row whose problem is a h
 is dropped. A model of several devices learns from each device's folder, each row encoded with its
 device's spec, and the model's device_fraction thins each device's train rows as `perfmodel train` did.
 The head (CublasHeadSettings: an average of `members` plain MLPs, the settings chosen on the val rows)
-is fitted on the train rows, as `perfmodel train` fits it too (pipeline.fit_cublas_head); the metadata's `cublas_metrics` are re-evaluated, and
-`cublas_head_metrics` gives the fit on each kind's val and test rows beside the previous head's (the
-model's default device's rows; "by_device" adds each device's).
+is fitted on the train rows, as `perfmodel train` fits it too (pipeline.fit_cublas_head); the metadata's
+`cublas_metrics` are re-evaluated, and `cublas_head_metrics` gives the fit on each kind's val and test
+rows beside the previous head's (the model's default device's rows; "by_device" adds each device's).
 """
 from __future__ import annotations
 
