@@ -105,24 +105,13 @@ def _part(table: GemmTable, keys: dict[str, int], split: np.ndarray) -> np.ndarr
 
 def run(s: CallHeadSettings, log: Any = print) -> dict[str, Any]:
     """Fit the call heads on the model's train problems, measure them, and rewrite s.model with them."""
-    from .cublas_head import data_folders
-    from .data import joint_split, load_device_datasets
+    from .cublas_head import load_model_and_data, merge_cublas_metrics
     from .pipeline import write_model_folder
 
     if s.members < 1:
         raise ValueError(f"members: must be >= 1, got {s.members}")
     t0 = time.perf_counter()
-    if s.threads > 0:
-        torch.set_num_threads(s.threads)
-    bundle = artifact.load(s.model)
-    if "cublas" not in bundle.heads:
-        raise ValueError(f"model: {s.model} has no cuBLAS head, so it makes no cuBLAS call")
-    datasets = load_device_datasets(data_folders(s, bundle))
-    if [ds.device for ds in datasets] != list(bundle.devices):
-        raise ValueError(f"data: {s.model} serves {', '.join(bundle.devices)}; the folders given hold "
-                         f"{', '.join(f'{ds.folder}: {ds.device}' for ds in datasets)} (one per device, in that order)")
-    seed = int(bundle.metadata.get("settings", {}).get("seed", 0))
-    splits, _ = joint_split(datasets, seed)
+    bundle, datasets, _, splits = load_model_and_data(s, ", so it makes no cuBLAS call")
     names = [CALL]
     if all(has_static_rows(ds.folder) for ds in datasets):
         names.append(CALL_STATIC)
@@ -167,17 +156,10 @@ def run(s: CallHeadSettings, log: Any = print) -> dict[str, Any]:
     settings["data"] = [str(ds.folder) for ds in datasets]
     meta = {**bundle.metadata, "call_metrics": metrics, "call_settings": settings}
     # the model's cuBLAS call on its held-out problems is now the call head's (train.evaluate.cublas_metrics)
-    for ds in datasets:
-        m = by_device[ds.device]
-        if f"{CALL}/test/choice_accuracy" not in m:
-            continue
-        got = {"cublas/choice_accuracy": m[f"{CALL}/test/choice_accuracy"],
-               "cublas/choice_accuracy_times": m[f"{CALL}/test/choice_accuracy_times"]}
-        if ds is datasets[0] and "cublas_metrics" in meta:
-            meta["cublas_metrics"] = {**meta["cublas_metrics"], **got}
-        by = meta.get("metrics_by_device", {}).get(ds.device)
-        if by is not None and "cublas" in by:
-            by["cublas"] = {**by["cublas"], **got}
+    merge_cublas_metrics(meta, [ds.device for ds in datasets], {
+        dev: {"cublas/choice_accuracy": m[f"{CALL}/test/choice_accuracy"],
+              "cublas/choice_accuracy_times": m[f"{CALL}/test/choice_accuracy_times"]}
+        for dev, m in by_device.items() if f"{CALL}/test/choice_accuracy" in m})
     bundle.metadata = meta
     write_model_folder(bundle, bundle.metadata, s.model)
     return metrics

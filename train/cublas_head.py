@@ -23,7 +23,6 @@ rows beside the previous head's (the model's default device's rows; "by_device" 
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -200,12 +199,46 @@ def data_folders(s: Any, bundle: artifact.ModelBundle) -> list[Path]:
     return [Path(s.data)] if isinstance(s.data, (str, Path)) else [Path(p) for p in s.data]
 
 
+def load_model_and_data(s: Any, without_cublas: str) -> tuple[artifact.ModelBundle, list, int, list[np.ndarray]]:
+    """What `perfmodel cublas-head` and `perfmodel call-head` start from (s: their settings): the model
+    (torch's CPU threads set first, s.threads > 0), its DeviceDatasets (data_folders, one per device in its
+    order), the model's seed and the joint split of each dataset's GEMM problems. ValueError naming model
+    for a model without a cuBLAS head (without_cublas ends the message), data for folders that are not
+    one per device in the model's order."""
+    from .data import joint_split, load_device_datasets
+
+    if s.threads > 0:
+        torch.set_num_threads(s.threads)
+    bundle = artifact.load(s.model)
+    if "cublas" not in bundle.heads:
+        raise ValueError(f"model: {s.model} has no cuBLAS head{without_cublas}")
+    datasets = load_device_datasets(data_folders(s, bundle))
+    if [ds.device for ds in datasets] != list(bundle.devices):
+        raise ValueError(f"data: {s.model} serves {', '.join(bundle.devices)}; the folders given hold "
+                         f"{', '.join(f'{ds.folder}: {ds.device}' for ds in datasets)} (one per device, in that order)")
+    seed = int(bundle.metadata.get("settings", {}).get("seed", 0))  # the model's split
+    return bundle, datasets, seed, joint_split(datasets, seed)[0]
+
+
+def merge_cublas_metrics(meta: dict[str, Any], devices: list[str], got: dict[str, dict[str, float]]) -> None:
+    """Merge each device's new held-out cuBLAS figures (got) into the metadata: `cublas_metrics` takes the
+    first (the model's default) device's, `metrics_by_device[device]["cublas"]` each device's."""
+    for i, device in enumerate(devices):
+        if device not in got:
+            continue
+        if i == 0 and "cublas_metrics" in meta:
+            meta["cublas_metrics"] = {**meta["cublas_metrics"], **got[device]}
+        by = meta.get("metrics_by_device", {}).get(device)
+        if by is not None and "cublas" in by:
+            by["cublas"] = {**by["cublas"], **got[device]}
+
+
 def run(s: CublasHeadSettings, log: Any = print) -> dict[str, Any]:
     """Refit the cuBLAS head of s.model on every torch.mm time of s.data, measure it, and rewrite s.model."""
     from perfmodel.model import floor_features
 
     from . import evaluate as ev
-    from .data import joint_split, load_device_datasets, parse_device_fractions, subsample_training
+    from .data import parse_device_fractions, subsample_training
     from .pipeline import write_model_folder
 
     for name in ("epochs", "members", "batch_rows"):
@@ -215,18 +248,8 @@ def run(s: CublasHeadSettings, log: Any = print) -> dict[str, Any]:
     if not s.hidden or min(s.hidden) < 1:
         raise ValueError(f"hidden: expected one or more widths >= 1, got {s.hidden}")
     t0 = time.perf_counter()
-    if s.threads > 0:
-        torch.set_num_threads(s.threads)
-    bundle = artifact.load(s.model)
-    if "cublas" not in bundle.heads:
-        raise ValueError(f"model: {s.model} has no cuBLAS head to refit")
-    datasets = load_device_datasets(data_folders(s, bundle))
-    if [ds.device for ds in datasets] != list(bundle.devices):
-        raise ValueError(f"data: {s.model} serves {', '.join(bundle.devices)}; the folders given hold "
-                         f"{', '.join(f'{ds.folder}: {ds.device}' for ds in datasets)} (one per device, in that order)")
+    bundle, datasets, seed, gemm_splits = load_model_and_data(s, "to refit")
     settings = bundle.metadata.get("settings", {})
-    seed = int(settings.get("seed", 0))  # the model's split
-    gemm_splits, _ = joint_split(datasets, seed)
     # perfmodel train thinned each device's train rows by its device_fraction: the GEMM problems as the
     # pipeline does, the other kinds within their kind (pipeline.fit_cublas_head)
     fractions = parse_device_fractions(str(settings.get("device_fraction") or ""))
@@ -269,13 +292,9 @@ def run(s: CublasHeadSettings, log: Any = print) -> dict[str, Any]:
     saved["data"] = [str(ds.folder) for ds in datasets]
     meta = {**bundle.metadata, "cublas_head_metrics": metrics, "cublas_head_settings": saved}
     # the held-out GEMM problems' figures, as perfmodel eval gives them, per device
-    for ds, split_ in zip(datasets, gemm_splits):
-        got = _gemm_test_metrics(bundle.for_device(ds.device), ds.gemm, split_)
-        if ds is datasets[0] and "cublas_metrics" in meta:
-            meta["cublas_metrics"] = {**meta["cublas_metrics"], **got}
-        by = meta.get("metrics_by_device", {}).get(ds.device)
-        if by is not None and "cublas" in by:
-            by["cublas"] = {**by["cublas"], **got}
+    merge_cublas_metrics(meta, [ds.device for ds in datasets], {
+        ds.device: _gemm_test_metrics(bundle.for_device(ds.device), ds.gemm, split_)
+        for ds, split_ in zip(datasets, gemm_splits)})
     bundle.metadata = meta
     write_model_folder(bundle, meta, s.model)
     return metrics
