@@ -1,0 +1,566 @@
+"""Whole models under torch.compile: default mode, stock max-autotune and perfmodel's set-up, side by side (GPU).
+
+Each workload is one line of WORKLOADS (a user adds theirs in one line): a model built from its config with
+random weights (transformers / torchvision; nothing is downloaded), its inputs, its dtype, and whether any
+perfmodel rule was tuned on it. Every workload runs in a fresh worker process; inside it the variants run one
+after the other, each after torch._dynamo.reset() in a fresh Inductor cache:
+
+  default          torch.compile(mode="reduce-overhead")       (default mode with CUDA graphs)
+  max-autotune     torch.compile(mode="max-autotune")          (stock: every GEMM/bmm/conv config benchmarked,
+                                                                 coordinate descent on pointwise kernels)
+  perfmodel        perfmodel.serve.compile.compile(model)       (the recommended set-up: Policy())
+  perfmodel-aten   the same options, the model never keeps Triton (a check: default mode's choices under the
+                   set-up's options)
+  perfmodel-zero   Triton alone where predicted >= 10 % faster: no GEMM benchmark at all
+
+Per variant: compile time = the first call's wall time, split into GEMM autotuning (Inductor's mm/addmm
+template precompiling and autotuning timers, plus pad_mm's padding decision), other autotuning (bmm,
+convolution and other templates' timers, coordinate-descent tuning and config benchmarking of pointwise and
+reduction kernels) and the rest; step time = the median GPU time of 30 CUDA-graph replays (CUDA events, L2
+flushed before each, a GPU spin ahead of each so that the host's launch work is not timed); the output
+checked against eager (relative Frobenius error; a training step: the loss and one weight's gradient).
+Inductor's own benchmark timings of every autotuned op are kept (select_algorithm's feedback saver), and
+perfmodel's decisions for its variants.
+
+    python benchmarks/model_bench.py [--workloads NAME,...] [--variants default,max-autotune,perfmodel]
+        [--out benchmarks/results/model_bench_h100.json] [--time-limit 560] [--model models/h100]
+
+Results merge into --out by (workload, variant): a run resumes where the last one stopped (--force re-runs).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+
+# ---------------------------------------------------------------------------------------------- workloads
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    build: Callable[[Any], tuple[Any, tuple, Callable]]   # device -> (module, inputs, forward(module, *inputs))
+    dtype: str
+    train: bool = False
+    tuned: bool = False      # a perfmodel rule was tuned on this workload (the issue's five are "tuned")
+
+
+def _hf(cls_name: str, cfg_name: str, **cfg: Any) -> Callable:
+    def make(dtype: Any) -> Any:
+        import transformers
+
+        config = getattr(transformers, cfg_name)(**cfg)
+        return getattr(transformers, cls_name)(config).to(dtype=dtype)
+    return make
+
+
+def _ids(vocab: int, *shape: int) -> Callable:
+    return lambda dev: __import__("torch").randint(0, vocab, shape, device=dev)
+
+
+def _lm(make: Callable, dtype: str, ids: Callable, key: str = "logits") -> Callable:
+    def build(dev: Any):
+        import torch
+
+        m = make(getattr(torch, dtype)).to(dev).eval()
+        return m, (ids(dev),), lambda mod, x: getattr(mod(input_ids=x), key)
+    return build
+
+
+def _vision(name: str, dtype: str, batch: int) -> Callable:
+    def build(dev: Any):
+        import torch
+        import torchvision
+
+        m = getattr(torchvision.models, name)().to(dev, getattr(torch, dtype)).eval()
+        return m, (torch.randn(batch, 3, 224, 224, device=dev, dtype=getattr(torch, dtype)),), lambda mod, x: mod(x)
+    return build
+
+
+def _t5(dtype: str, batch: int, src: int, tgt: int) -> Callable:
+    def build(dev: Any):
+        import torch
+
+        m = _hf("T5ForConditionalGeneration", "T5Config", d_model=768, d_ff=3072, num_layers=12,
+                num_decoder_layers=12, num_heads=12, use_cache=False)(getattr(torch, dtype)).to(dev).eval()
+        return m, (_ids(32128, batch, src)(dev), _ids(32128, batch, tgt)(dev)), \
+            lambda mod, x, y: mod(input_ids=x, decoder_input_ids=y).logits
+    return build
+
+
+def _gpt2_train(dtype: str, batch: int, seq: int, layers: int) -> Callable:
+    def build(dev: Any):
+        import torch
+
+        m = _hf("GPT2LMHeadModel", "GPT2Config", n_layer=layers, use_cache=False, resid_pdrop=0.0,
+                embd_pdrop=0.0, attn_pdrop=0.0)(getattr(torch, dtype)).to(dev).train()
+        return m, (_ids(50257, batch, seq)(dev),), lambda mod, x: mod(input_ids=x).logits
+    return build
+
+
+_LLAMA = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=2, num_attention_heads=32,
+              num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192, use_cache=False)
+_QWEN2 = dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=2, num_attention_heads=28,
+              num_key_value_heads=4, vocab_size=152064, max_position_embeddings=8192, use_cache=False)
+_BERT_L = dict(hidden_size=1024, num_hidden_layers=4, num_attention_heads=16, intermediate_size=4096)
+
+# One line a workload. tuned=True: the workloads of the issue that the set-up's rules were studied on.
+WORKLOADS = [
+    Workload("GPT-2 124M, fp16, 8x512", _lm(_hf("GPT2LMHeadModel", "GPT2Config", use_cache=False), "float16",
+                                           _ids(50257, 8, 512)), "float16", tuned=True),
+    Workload("BERT-large (4 layers), fp16, 16x384", _lm(_hf("BertModel", "BertConfig", **_BERT_L), "float16",
+                                                       _ids(30522, 16, 384), "last_hidden_state"), "float16",
+             tuned=True),
+    Workload("ViT-B/16, fp16, batch 32", _vision("vit_b_16", "float16", 32), "float16", tuned=True),
+    Workload("Llama-3-8B widths (2 layers), bf16, prefill 1x2048", _lm(_hf("LlamaForCausalLM", "LlamaConfig", **_LLAMA),
+                                                                     "bfloat16", _ids(128256, 1, 2048)), "bfloat16",
+             tuned=True),
+    Workload("Llama-3-8B widths (2 layers), bf16, decode 8x1", _lm(_hf("LlamaForCausalLM", "LlamaConfig", **_LLAMA),
+                                                                  "bfloat16", _ids(128256, 8, 1)), "bfloat16",
+             tuned=True),
+    Workload("Qwen2-7B widths (2 layers), bf16, 4x512", _lm(_hf("Qwen2ForCausalLM", "Qwen2Config", **_QWEN2),
+                                                           "bfloat16", _ids(152064, 4, 512)), "bfloat16"),
+    Workload("T5-base, bf16, 8x512 -> 128", _t5("bfloat16", 8, 512, 128), "bfloat16"),
+    Workload("ResNet-50, fp16, batch 64", _vision("resnet50", "float16", 64), "float16"),
+    Workload("GPT-2 (6 layers) training step, bf16, 8x512", _gpt2_train("bfloat16", 8, 512, 6), "bfloat16",
+             train=True),
+]
+VARIANTS = ("default", "max-autotune", "perfmodel", "perfmodel-aten", "perfmodel-zero")
+BASELINES = ("default", "max-autotune")
+TIMED_RUNS = 30
+REL_TOL = 0.05   # relative Frobenius error against eager allowed for a fp16/bf16 model with random weights
+
+GEMM_OPS = ("mm", "addmm", "mm_plus_mm", "_int_mm", "scaled_mm")
+_TIMER_SUFFIXES = ("_template_precompiling", "_template_autotuning")
+_POINTWISE_TUNING = ("CachingAutotuner.coordinate_descent_tuning", "CachingAutotuner.benchmark_all_configs")
+
+
+# ------------------------------------------------------------------------------------------------- worker
+def _policy(variant: str) -> Any:
+    from perfmodel.serve.compile import Policy
+
+    return {"perfmodel": Policy(),
+            "perfmodel-aten": Policy(triton_gain=float("inf")),
+            "perfmodel-zero": Policy(triton_gain=0.10, top_k=1, keep_aten=False)}[variant]
+
+
+def _compile(variant: str, module: Any, predictor: Any) -> tuple[Any, Any]:
+    """(compiled module, the context its calls run in). The perfmodel variants are
+    perfmodel.serve.compile.compile()'s options and its recommended() context, held open around the whole
+    variant (compile.compile() enters it on every call) so that the pad-decision clock can wrap its hook."""
+    import contextlib
+
+    import torch
+
+    if variant == "default":
+        return torch.compile(module, mode="reduce-overhead"), contextlib.nullcontext()
+    if variant == "max-autotune":
+        return torch.compile(module, mode="max-autotune"), contextlib.nullcontext()
+    from perfmodel.serve import compile as pc
+
+    return (torch.compile(module, options=dict(pc.OPTIONS)),
+            pc.recommended(predictor, policy=_policy(variant), pad=True))
+
+
+def _timer_sums() -> dict[str, float]:
+    from torch._dynamo.utils import compilation_time_metrics
+
+    return {k: float(sum(v)) for k, v in compilation_time_metrics.items()}
+
+
+def _split(before: dict[str, float], after: dict[str, float], pad_s: float) -> dict[str, Any]:
+    diff = {k: after[k] - before.get(k, 0.0) for k in after if after[k] - before.get(k, 0.0) > 0}
+    gemm = pad_s
+    other = 0.0
+    for k, v in diff.items():
+        if k.endswith(_TIMER_SUFFIXES):
+            op = k[: -len(next(s for s in _TIMER_SUFFIXES if k.endswith(s)))]
+            if op in GEMM_OPS:
+                gemm += v
+            else:
+                other += v
+        elif k in _POINTWISE_TUNING:
+            other += v
+    return {"gemm_tuning_s": gemm, "other_tuning_s": other, "pad_decision_s": pad_s,
+            "timers": {k: round(v, 4) for k, v in sorted(diff.items()) if v >= 0.01}}
+
+
+class _PadClock:
+    """Time spent inside pad_mm's padding decision (stock benchmarks padded vs unpadded mm there)."""
+
+    def __init__(self) -> None:
+        from torch._inductor.fx_passes import pad_mm
+
+        self.mod, self.s = pad_mm, 0.0
+        clock = self
+
+        def timed(*a: Any, **kw: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return clock.mod._perfmodel_bench_inner(*a, **kw)
+            finally:
+                clock.s += time.perf_counter() - t0
+        self.timed = timed
+
+    def __enter__(self) -> "_PadClock":
+        # wraps whatever decision is installed now (the perfmodel set-up's, inside its recommended() block)
+        self.mod._perfmodel_bench_inner = self.mod._should_pad
+        self.mod._should_pad = self.timed
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.mod._should_pad = self.mod._perfmodel_bench_inner
+
+
+class _Feedback:
+    """Inductor's benchmark timings of every autotuned op (select_algorithm.add_feedback_saver)."""
+
+    def __init__(self) -> None:
+        from torch._inductor import select_algorithm
+
+        self.rows: list[dict[str, Any]] = []
+        select_algorithm.add_feedback_saver(self)
+
+    @staticmethod
+    def _dims(xs: Any) -> list:
+        out = []
+        for x in xs:
+            try:
+                out.append(int(x))
+            except (TypeError, ValueError):
+                out.append(str(x))
+        return out
+
+    def __call__(self, timings: dict, name: str, input_nodes: list, choices: list, *rest: Any) -> None:
+        try:
+            inputs = [[self._dims(n.get_size()), self._dims(n.get_stride()), str(n.get_dtype())] for n in input_nodes]
+            times = {}
+            for c, t in timings.items():
+                label = getattr(c, "description", "") or ""
+                times[f"{getattr(c, 'name', type(c).__name__)} {label}"[:160]] = float(t)
+            self.rows.append({"op": name, "inputs": inputs, "ms": times,
+                              "winner": min(times, key=times.get) if times else None})
+        except Exception as exc:  # noqa: BLE001 -- a record lost must not break the benchmark's compile
+            self.rows.append({"op": name, "error": f"{type(exc).__name__}: {exc}"})
+
+
+def _flat(out: Any) -> Any:
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+def _rel_err(a: Any, b: Any) -> float:
+    a, b = a.float(), b.float()
+    den = b.norm().item()
+    return float((a - b).norm().item() / den) if den > 0 else float((a - b).norm().item())
+
+
+def _spin_cycles_per_ms() -> float:
+    import torch
+
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(1_000_000)
+    s.record()
+    torch.cuda._sleep(10_000_000)
+    e.record()
+    torch.cuda.synchronize()
+    return 10_000_000 / s.elapsed_time(e)
+
+
+def _run_variant(variant: str, wl: Workload, module: Any, inputs: tuple, fwd: Callable, ref: dict, predictor: Any,
+                 flush: Any, cycles_per_ms: float, feedback: _Feedback) -> dict[str, Any]:
+    import torch
+    import torch._dynamo
+    from torch._inductor import utils as ind_utils
+
+    fresh = getattr(ind_utils, "fresh_cache", None) or getattr(ind_utils, "fresh_inductor_cache")
+    torch._dynamo.reset()
+    row: dict[str, Any] = {"variant": variant}
+    params = [p for p in module.parameters() if p.requires_grad] if wl.train else []
+    grad_param = params[0] if params else None
+    if variant.startswith("perfmodel"):
+        from perfmodel.serve import compile as pc
+
+        pc.reset()
+    feedback.rows = []
+    compiled, ctx = _compile(variant, module, predictor)
+    with fresh(), ctx:
+
+        def step() -> Any:
+            torch.compiler.cudagraph_mark_step_begin()
+            if wl.train:
+                for p in params:
+                    p.grad = None
+                out = _flat(fwd(compiled, *inputs))
+                loss = torch.nn.functional.cross_entropy(out.float().flatten(0, -2), inputs[0].flatten())
+                loss.backward()
+                return loss
+            return _flat(fwd(compiled, *inputs))
+
+        before = _timer_sums()
+        with _PadClock() as pad_clock:
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            step()
+            torch.cuda.synchronize()
+            row["compile_s"] = time.perf_counter() - t0
+            row.update(_split(before, _timer_sums(), pad_clock.s))
+            row["rest_s"] = row["compile_s"] - row["gemm_tuning_s"] - row["other_tuning_s"]
+            for _ in range(4):  # CUDA-graph trees record on the second or third call
+                step()
+            torch.cuda.synchronize()
+            # correctness against eager
+            out = step()
+            if wl.train:
+                row["rel_err"] = abs(out.item() - ref["loss"]) / max(abs(ref["loss"]), 1e-12)
+                row["grad_rel_err"] = _rel_err(grad_param.grad, ref["grad"])
+                row["ok"] = row["rel_err"] < REL_TOL and row["grad_rel_err"] < REL_TOL
+            else:
+                row["rel_err"] = _rel_err(out.clone(), ref["out"])
+                row["ok"] = row["rel_err"] < REL_TOL
+            torch.cuda.synchronize()
+            # host time of one step: the spin ahead of each timed step covers twice that
+            t0 = time.perf_counter()
+            step()
+            host_ms = (time.perf_counter() - t0) * 1e3
+            torch.cuda.synchronize()
+            spin = int(max(1.0, min(2.0 * host_ms, 50.0)) * cycles_per_ms)
+            starts = [torch.cuda.Event(enable_timing=True) for _ in range(TIMED_RUNS)]
+            ends = [torch.cuda.Event(enable_timing=True) for _ in range(TIMED_RUNS)]
+            for s, e in zip(starts, ends):
+                flush.zero_()
+                torch.cuda._sleep(spin)
+                s.record()
+                step()
+                e.record()
+            torch.cuda.synchronize()
+        ms = [s.elapsed_time(e) for s, e in zip(starts, ends)]
+        row.update(step_ms=statistics.median(ms), step_ms_min=min(ms), step_ms_max=max(ms), host_ms=host_ms)
+    row["autotuned_ops"] = feedback.rows
+    feedback.rows = []
+    if variant.startswith("perfmodel"):
+        from dataclasses import asdict
+
+        from perfmodel.serve import compile as pc
+
+        row["decisions"] = [asdict(d) for d in pc.decisions()]
+        row["summary"] = pc.summary()
+    counters = torch._dynamo.utils.counters
+    row["graphs"] = int(counters["stats"].get("unique_graphs", 0))
+    del compiled
+    torch._dynamo.reset()
+    if wl.train:
+        for p in params:
+            p.grad = None
+    torch.cuda.empty_cache()
+    return row
+
+
+def _worker(name: str, variants: list[str], model: str | None, res_file: Path) -> None:
+    import torch
+
+    wl = next(w for w in WORKLOADS if w.name == name)
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    module, inputs, fwd = wl.build(dev)
+    result: dict[str, Any] = {"workload": name, "variants": {}}
+
+    def save() -> None:
+        res_file.write_text(json.dumps(result, indent=1))
+
+    # eager reference
+    if wl.train:
+        out = _flat(fwd(module, *inputs))
+        loss = torch.nn.functional.cross_entropy(out.float().flatten(0, -2), inputs[0].flatten())
+        loss.backward()
+        p0 = next(p for p in module.parameters() if p.requires_grad)
+        ref = {"loss": loss.item(), "grad": p0.grad.detach().clone()}
+        for p in module.parameters():
+            p.grad = None
+    else:
+        with torch.no_grad():
+            ref = {"out": _flat(fwd(module, *inputs)).detach().clone()}
+    result["attn_implementation"] = str(getattr(getattr(module, "config", None), "_attn_implementation", None))
+    # process-wide warm-up (compile workers, CUDA context, cuBLAS), untimed
+    from torch._inductor import utils as ind_utils
+
+    fresh = getattr(ind_utils, "fresh_cache", None) or getattr(ind_utils, "fresh_inductor_cache")
+    with fresh():
+        a = torch.randn(256, 256, device=dev, dtype=getattr(torch, wl.dtype))
+        torch.compile(lambda x: (x @ x).relu() + 1)(a)
+    torch._dynamo.reset()
+    predictor = None
+    if any(v.startswith("perfmodel") for v in variants):
+        from perfmodel.serve.predictor import Predictor
+
+        t0 = time.perf_counter()
+        predictor = Predictor.load(model)
+        result["predictor"] = {"source": str(Path(predictor.source).name), "backend": predictor.backend,
+                               "device": predictor.device, "load_s": time.perf_counter() - t0}
+    flush = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device=dev)
+    cycles_per_ms = _spin_cycles_per_ms()
+    feedback = _Feedback()
+    grad_ctx = torch.enable_grad if wl.train else torch.no_grad
+    for v in variants:
+        try:
+            with grad_ctx():
+                result["variants"][v] = _run_variant(v, wl, module, inputs, fwd, ref, predictor, flush,
+                                                     cycles_per_ms, feedback)
+        except Exception as exc:  # noqa: BLE001 -- one variant's failure must not lose the others
+            result["variants"][v] = {"variant": v, "error": f"{type(exc).__name__}: {exc}",
+                                     "traceback": traceback.format_exc()[-3000:]}
+            torch._dynamo.reset()
+            torch.cuda.empty_cache()
+        save()
+    save()
+
+
+# ------------------------------------------------------------------------------------------------- driver
+def geomean(xs: list[float]) -> float:
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
+
+
+def markdown(results: dict[str, Any]) -> str:
+    rows = results.get("workloads", {})
+    variants = [v for v in VARIANTS if any(v in r.get("variants", {}) for r in rows.values())]
+    ours = [v for v in variants if v not in BASELINES]
+    head = "| workload | " + " | ".join(f"{v}: step ms / compile s" for v in variants)
+    head += "".join(f" | {v}: step vs best baseline, compile vs default" for v in ours)
+    lines = [f"Device: {results.get('device', '?')}; torch {results.get('torch', '?')}. Step = median GPU time "
+             f"of {TIMED_RUNS} CUDA-graph replays, L2 flushed; compile = the first call's wall time. "
+             "held out = no perfmodel rule was tuned on it.", "", head + " |",
+             "|---|" + "---|" * (len(variants) + len(ours))]
+    ratios: dict[str, list[tuple[float, float]]] = {v: [] for v in ours}
+    for name, r in rows.items():
+        vs = r.get("variants", {})
+        cells = []
+        for v in variants:
+            x = vs.get(v, {})
+            if "step_ms" in x:
+                cells.append(f"{x['step_ms']:.3f} / {x['compile_s']:.1f}" + ("" if x.get("ok") else " (output off)"))
+            else:
+                cells.append("error" if "error" in x else "-")
+        base = [vs[b]["step_ms"] for b in BASELINES if "step_ms" in vs.get(b, {})]
+        for v in ours:
+            x = vs.get(v, {})
+            if "step_ms" in x and len(base) == len(BASELINES) and "compile_s" in vs.get("default", {}):
+                sp, cp = min(base) / x["step_ms"], x["compile_s"] / vs["default"]["compile_s"]
+                ratios[v].append((sp, cp))
+                cells.append(f"{sp:.3f} / {cp:.2f}x")
+            else:
+                cells.append("-")
+        tag = "" if r.get("tuned") else " (held out)"
+        lines.append(f"| {name}{tag} | " + " | ".join(cells) + " |")
+    lines.append("")
+    for v in ours:
+        if ratios[v]:
+            sp, cp = [a for a, _ in ratios[v]], [b for _, b in ratios[v]]
+            lines.append(f"- {v}: step time vs the better of default and max-autotune, geomean {geomean(sp):.3f} "
+                         f"(worst {min(sp):.3f}); compile vs default geomean {geomean(cp):.2f}x (worst "
+                         f"{max(cp):.2f}x), over {len(sp)} workloads")
+    lines += ["", "| workload | variant | compile s | GEMM tuning s | other tuning s | rest s |", "|---|---|---|---|---|---|"]
+    for name, r in rows.items():
+        for v, x in r.get("variants", {}).items():
+            if "compile_s" in x:
+                lines.append(f"| {name} | {v} | {x['compile_s']:.1f} | {x['gemm_tuning_s']:.1f} | "
+                             f"{x['other_tuning_s']:.1f} | {x['rest_s']:.1f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--workloads", default=None, help="comma-separated names or name prefixes (default: all)")
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--out", type=Path, default=REPO / "benchmarks/results/model_bench_h100.json")
+    ap.add_argument("--model", default=None, help="model folder for the perfmodel variants (default: shipped)")
+    ap.add_argument("--time-limit", type=float, default=560.0, help="seconds; no workload starts past it")
+    ap.add_argument("--min-left", type=float, default=None,
+                    help="start a workload only with this many seconds left (default 200 with max-autotune, else 90)")
+    ap.add_argument("--force", action="store_true", help="re-run (workload, variant) pairs already in --out")
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--res", type=Path, default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    bad = [v for v in variants if v not in VARIANTS]
+    if bad:
+        ap.error(f"--variants: unknown {bad}; choose from {', '.join(VARIANTS)}")
+    if args.worker:
+        _worker(args.worker, variants, args.model, args.res)
+        return 0
+    wanted = WORKLOADS
+    if args.workloads:
+        keys = [k.strip() for k in args.workloads.split(",") if k.strip()]
+        wanted = [w for w in WORKLOADS if any(w.name.startswith(k) for k in keys)]
+        if not wanted:
+            ap.error(f"--workloads: none of {keys} names a workload")
+    import torch
+
+    if not torch.cuda.is_available():
+        print("model_bench.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    results = json.loads(args.out.read_text()) if args.out.is_file() else {"workloads": {}}
+    results.update(device=torch.cuda.get_device_name(0), torch=torch.__version__)
+    import triton
+
+    results["triton"] = triton.__version__
+    min_left = args.min_left if args.min_left is not None else (200.0 if "max-autotune" in variants else 90.0)
+    t_start = time.perf_counter()
+    for wl in wanted:
+        prev = results["workloads"].get(wl.name, {})
+        todo = [v for v in variants if args.force or "step_ms" not in prev.get("variants", {}).get(v, {})]
+        if not todo:
+            continue
+        left = args.time_limit - (time.perf_counter() - t_start)
+        if left < min_left:
+            print(f"[model_bench] {left:.0f} s left: {wl.name} and later workloads are left for the next run")
+            break
+        with tempfile.TemporaryDirectory() as tmp:
+            res = Path(tmp) / "res.json"
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", wl.name, "--variants", ",".join(todo),
+                   "--res", str(res)] + (["--model", args.model] if args.model else [])
+            t0 = time.perf_counter()
+            print(f"[model_bench] {wl.name}: {', '.join(todo)}", flush=True)
+            try:
+                r = subprocess.run(cmd, capture_output=True, text=True, timeout=max(left, 30.0))
+                err = None if r.returncode == 0 else f"worker exited {r.returncode}: {r.stderr[-3000:]}"
+            except subprocess.TimeoutExpired:
+                err = f"timed out after {left:.0f} s"
+            out = json.loads(res.read_text()) if res.is_file() else {"variants": {}}
+        merged = {**prev.get("variants", {}), **out.get("variants", {})}
+        entry = {**prev, **{k: v for k, v in out.items() if k != "variants"}, "variants": merged,
+                 "tuned": wl.tuned, "dtype": wl.dtype, "train": wl.train,
+                 "process_s": time.perf_counter() - t0}
+        if err:
+            entry["error"] = err
+            print(f"[model_bench]   {err[-600:]}", flush=True)
+        results["workloads"][wl.name] = entry
+        for v in todo:
+            x = merged.get(v, {})
+            print(f"[model_bench]   {v}: " + (f"step {x['step_ms']:.3f} ms, compile {x['compile_s']:.1f} s "
+                                             f"(GEMM {x['gemm_tuning_s']:.1f}, other {x['other_tuning_s']:.1f}), "
+                                             f"rel err {x['rel_err']:.2e}" if "step_ms" in x
+                                             else x.get("error", "missing")[:300]), flush=True)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(results, indent=1))
+    text = markdown(results)
+    args.out.with_suffix(".md").write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    if "--worker" not in sys.argv:
+        os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())

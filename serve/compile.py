@@ -1,0 +1,316 @@
+"""Whole-model torch.compile with perfmodel: default mode's lowering, GEMM autotuning only where the model
+expects a gain.
+
+    import perfmodel.serve.compile as pc
+    compiled = pc.compile(model)              # like torch.compile(model, mode="reduce-overhead"), plus the model
+    compiled(x)                               # the first call compiles
+    print(pc.summary())                       # what the model decided, GEMM by GEMM
+
+Stock max-autotune benchmarks every Triton config of every GEMM, bmm and convolution, and coordinate-descent
+tunes every pointwise and reduction kernel at its first run; on whole models most of that buys nothing over
+default mode (docs/benchmarks.md, "Whole models"). The set-up here compiles as default mode does
+(CUDA graphs, no coordinate descent, no pointwise/reduction autotuning) with Inductor's GEMM templates
+enabled (`max_autotune_gemm`), and an InductorChoices handler that decides, per mm/addmm:
+
+- the model's best Triton config (its kernel as Inductor compiles it) predicted faster than cuBLAS by
+  `triton_gain` or more: keep the model's top_k Triton configs, beside aten's choice when keep_aten (Inductor
+  then benchmarks those few) -- or alone (no benchmark at all);
+- otherwise: aten's own choice alone, as default mode lowers it (no benchmark).
+
+Every other templated op (bmm, baddbmm, convolution, mm_plus_mm, ...) keeps aten's choice alone, as default
+mode has it. With pad=True the pad_mm pass's padding benchmark is the model's pad decision too.
+
+Private Inductor APIs move between releases: the handler checks them (serve.inductor.check_torch_api) and a
+failure inside it falls back to Inductor's choices with one warning.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterator, Sequence
+
+from perfmodel.configs import inductor_default_configs
+from perfmodel.schema import GemmConfig, GemmProblem
+
+from .predictor import Predictor, _check_top_k
+from .triton_hook import kwargs_to_gemm, rank_positions
+
+RANKED_OPS = ("mm", "addmm")
+TRITON_MM = "triton::mm"
+# The aten choice default mode lowers each op to (aten::bias_addmm, a cuBLASLt variant that max-autotune
+# adds beside aten::addmm, is not default mode's and would make Inductor benchmark).
+DEFAULT_ATEN = {"mm": "aten::mm", "addmm": "aten::addmm", "bmm": "aten::bmm", "baddbmm": "aten::baddbmm"}
+
+# Inductor options of the set-up: default mode (reduce-overhead's CUDA graphs) plus the GEMM templates.
+OPTIONS = {
+    "triton.cudagraphs": True,
+    "max_autotune": False,
+    "max_autotune_pointwise": False,
+    "coordinate_descent_tuning": False,
+    "max_autotune_gemm": True,
+    "max_autotune_gemm_backends": "ATEN,TRITON",
+    # convolutions keep aten's kernel, as in default mode (their Triton template would be benchmarked)
+    "max_autotune_conv_backends": "ATEN",
+}
+
+# Keep Triton only where the model predicts its best config at least this much faster than cuBLAS
+# (a fraction): 0 keeps it wherever it is predicted faster at all.
+TRITON_GAIN = 0.0
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How the handler decides. triton_gain: keep Triton where predicted >= this fraction faster than cuBLAS
+    (inf: never). top_k: Triton configs kept. keep_aten: keep aten's choice beside them (Inductor benchmarks
+    the few kept) or not (no benchmark: the model's top-1 is used as it is)."""
+
+    triton_gain: float = TRITON_GAIN
+    top_k: int = 1
+    keep_aten: bool = True
+
+    def __post_init__(self) -> None:
+        _check_top_k(self.top_k)
+        if isinstance(self.triton_gain, bool) or not isinstance(self.triton_gain, (int, float)) \
+                or not self.triton_gain > -1.0:
+            raise ValueError(f"triton_gain: expected a number > -1 (or inf), got {self.triton_gain!r}")
+        if not isinstance(self.keep_aten, bool):
+            raise TypeError(f"keep_aten: expected a bool, got {type(self.keep_aten).__name__}")
+        if not self.keep_aten and self.top_k != 1:
+            raise ValueError("top_k: without keep_aten only the model's top-1 config can be used (top_k=1)")
+
+
+@dataclass
+class GemmDecision:
+    """One mm/addmm the handler saw: the problem, the model's times, what it kept."""
+
+    op: str
+    problem: dict[str, Any]
+    cublas_ms: float | None
+    triton_ms: float | None
+    triton: bool                       # Triton configs kept
+    configs: list[str] = field(default_factory=list)   # the kept configs, fastest predicted first
+    choices_in: int = 0                # choices Inductor offered (all of this op's calls)
+    choices_kept: int = 0
+
+
+def decide(predictor: Predictor, prob: GemmProblem, configs: Sequence[GemmConfig] | None,
+           policy: Policy) -> tuple[bool, list[tuple[int, float]], float | None]:
+    """(keep Triton, the top_k (position in configs, predicted ms), cuBLAS predicted ms) for one GEMM.
+    configs: the Triton configs Inductor offers (None: Inductor's default list)."""
+    cfgs = list(configs) if configs is not None else list(inductor_default_configs())
+    best = rank_positions(predictor, prob, cfgs, policy.top_k) if cfgs else []
+    if not best or best[0][1] == float("inf"):
+        return False, [], None
+    cublas = predictor.predict_cublas(prob) if predictor.has_cublas else None
+    if cublas is None:
+        return policy.triton_gain <= 0.0, best, None
+    keep = best[0][1] * (1.0 + policy.triton_gain) <= cublas if policy.triton_gain != float("inf") else False
+    return keep, best, cublas
+
+
+def _uid(choice: Any) -> str:
+    return str(getattr(getattr(choice, "template", None), "uid", None) or "")
+
+
+def filter_choices(choices: list, op_name: str, keep_triton: bool, positions: Sequence[int], policy: Policy) -> list:
+    """The KernelTemplateChoices of one _finalize_template_configs call that the set-up keeps: the triton::mm
+    choices at `positions` (among this call's triton::mm choices) when keep_triton and the op is ranked;
+    default mode's aten choice, unless this call keeps Triton without keep_aten; nothing else (decompose-k,
+    TMA/persistent and contiguous-subgraph templates, aten::bias_addmm, other ops' Triton templates).
+    Never returns an empty list from a non-empty one: then Inductor's choices are left as they are."""
+    default_aten = DEFAULT_ATEN.get(op_name)
+    tri = [c for c in choices if _uid(c) == TRITON_MM] if op_name in RANKED_OPS and keep_triton else []
+    kept_tri = [c for j, c in enumerate(tri) if j in set(positions)]
+    out = []
+    for c in choices:
+        uid = _uid(c)
+        if uid == TRITON_MM:
+            if any(c is k for k in kept_tri):
+                out.append(c)
+        elif uid.startswith("aten::") and (default_aten is None or uid == default_aten):
+            if policy.keep_aten or not kept_tri:
+                out.append(c)
+    return out if out else choices
+
+
+class _State:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.decisions: dict[tuple[str, GemmProblem], GemmDecision] = {}
+        self.other_ops: dict[str, int] = {}
+        self.errors: list[str] = []
+
+
+_state = _State()
+
+
+def _handler_class() -> type:
+    from torch._inductor.choices import InductorChoices
+
+    from .inductor import problem_from_kernel_inputs
+
+    class RecommendedChoices(InductorChoices):
+        """InductorChoices of perfmodel.serve.compile: see the module docstring."""
+
+        def __init__(self, predictor: Predictor, policy: Policy) -> None:
+            super().__init__()
+            self.perfmodel = predictor
+            self.policy = policy
+
+        def _decide(self, op_name: str, kernel_inputs: Any, cfgs: list[GemmConfig]) -> tuple[GemmDecision, list[int]]:
+            """The decision for this call's Triton configs cfgs (recorded for summary()), and the kept
+            configs' positions in cfgs. A call without Triton choices (addmm's aten call) records the
+            model's view on Inductor's default list unless the op's Triton call was seen already."""
+            prob = problem_from_kernel_inputs(kernel_inputs)
+            key = (op_name, prob)
+            keep, best, cublas = decide(self.perfmodel, prob, cfgs or None, self.policy)
+            listed = cfgs or list(inductor_default_configs())
+            d = GemmDecision(op=op_name, problem=asdict(prob), cublas_ms=cublas,
+                             triton_ms=best[0][1] if best else None, triton=keep and bool(cfgs),
+                             configs=[str(listed[i]) for i, _ in best] if keep and cfgs else [])
+            with _state.lock:
+                old = _state.decisions.get(key)
+                if old is None or cfgs:
+                    if old is not None:
+                        d.choices_in, d.choices_kept = old.choices_in, old.choices_kept
+                    _state.decisions[key] = d
+                else:
+                    d = old
+            return d, ([i for i, _ in best] if keep and cfgs else [])
+
+        def _finalize_template_configs(self, template_choices, kernel_inputs, templates, op_name,
+                                       kwarg_overrides=None):
+            choices = super()._finalize_template_configs(template_choices, kernel_inputs, templates, op_name,
+                                                         kwarg_overrides)
+            try:
+                if op_name not in RANKED_OPS:
+                    with _state.lock:
+                        _state.other_ops[op_name] = _state.other_ops.get(op_name, 0) + 1
+                    return filter_choices(choices, op_name, False, [], self.policy)
+                tri = [c for c in choices if _uid(c) == TRITON_MM]
+                cfgs: list[GemmConfig] = []
+                for c in tri:
+                    try:
+                        cfgs.append(kwargs_to_gemm(c.params.to_kwargs()))
+                    except (ValueError, TypeError):
+                        # outside the model's space: this call is left as default mode would have it
+                        return filter_choices(choices, op_name, False, [], self.policy)
+                try:
+                    d, positions = self._decide(op_name, kernel_inputs, cfgs)
+                except ValueError:  # a problem the model does not cover: default mode's choice
+                    return filter_choices(choices, op_name, False, [], self.policy)
+                out = filter_choices(choices, op_name, bool(positions), positions, self.policy)
+                with _state.lock:
+                    d.choices_in += len(choices)
+                    d.choices_kept += len(out)
+                return out
+            except (AttributeError, TypeError, KeyError, IndexError, ValueError, AssertionError,
+                    RuntimeError) as exc:
+                with _state.lock:
+                    _state.errors.append(f"{op_name}: {type(exc).__name__}: {exc}")
+                from .inductor import _warn_once
+
+                _warn_once(f"compile:{type(exc).__name__}", f"could not decide {op_name} with the model "
+                                                            f"({type(exc).__name__}: {exc}); Inductor's choices kept")
+                return choices
+
+    return RecommendedChoices
+
+
+@contextlib.contextmanager
+def recommended(predictor: Predictor | None = None, *, policy: Policy | None = None, pad: bool = True,
+                model: Any = None, backend: str | None = None) -> Iterator[Predictor]:
+    """Install the set-up's choices handler (this thread) and, with pad, the model's pad_mm decision
+    (process-wide) for the block; Inductor's options are torch.compile's (see compile(), OPTIONS)."""
+    from torch._inductor.virtualized import V
+
+    from . import inductor
+
+    problem = inductor.check_torch_api()
+    if problem is not None:
+        raise RuntimeError(f"perfmodel.serve.compile: {problem}")
+    policy = policy or Policy()
+    if predictor is None:
+        predictor = Predictor.load(model, backend=backend)
+    elif not isinstance(predictor, Predictor):
+        raise TypeError(f"predictor: expected a serve.Predictor, got {type(predictor).__name__}")
+    if predictor.has_static:
+        predictor = predictor.with_kernel("inductor")
+    if pad and not predictor.has_pad:
+        raise ValueError(f"pad: the model {predictor.source} has no pad head")
+    prior = V.choices
+    V.set_choices_handler(_handler_class()(predictor, policy))
+    from torch._inductor.fx_passes import pad_mm
+
+    pad_prior = pad_mm._should_pad
+    if pad:
+        pad_mm._should_pad = inductor._pad_hook(predictor, pad_prior)
+    try:
+        yield predictor
+    finally:
+        V.set_choices_handler(prior)
+        pad_mm._should_pad = pad_prior
+
+
+def compile(model: Any, *, predictor: Predictor | None = None, policy: Policy | None = None, pad: bool = True,
+            options: dict[str, Any] | None = None, **compile_kwargs: Any) -> Any:
+    """torch.compile(model) with the set-up: OPTIONS (plus `options`), the choices handler and the pad
+    decision active whenever the returned callable compiles (its first call, and any recompile)."""
+    import functools
+
+    import torch
+
+    if "mode" in compile_kwargs:
+        raise ValueError("mode: perfmodel.serve.compile sets Inductor's options itself (pass options=...)")
+    opts = {**OPTIONS, **(options or {})}
+    known = torch._inductor.config.get_config_copy()
+    unknown = [k for k in opts if k not in known]
+    if unknown:
+        raise ValueError(f"options: this torch's Inductor has no {unknown}")
+    compiled = torch.compile(model, options=opts, **compile_kwargs)
+    pred = predictor if predictor is not None else Predictor.load()
+    pol = policy or Policy()
+
+    @functools.wraps(compiled)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with recommended(pred, policy=pol, pad=pad):
+            return compiled(*args, **kwargs)
+
+    run._orig_mod = getattr(compiled, "_orig_mod", model)  # type: ignore[attr-defined]
+    return run
+
+
+def decisions() -> list[GemmDecision]:
+    """The mm/addmm decisions made since the last reset(), in the order first seen."""
+    with _state.lock:
+        return list(_state.decisions.values())
+
+
+def reset() -> None:
+    with _state.lock:
+        _state.decisions.clear()
+        _state.other_ops.clear()
+        _state.errors.clear()
+
+
+def summary() -> str:
+    """What the set-up decided: one line per GEMM shape, and the ops left to aten."""
+    ds = decisions()
+    with _state.lock:
+        other, errors = dict(_state.other_ops), list(_state.errors)
+    lines = [f"perfmodel: {len(ds)} GEMM shapes; Triton kept on {sum(d.triton for d in ds)}, "
+             f"aten (cuBLAS) alone on {sum(not d.triton for d in ds)}"]
+    for d in ds:
+        p = d.problem
+        lay = ("T" if p["transpose_left"] else "N") + ("T" if p["transpose_right"] else "N")
+        times = (f"cuBLAS {d.cublas_ms:.4f} ms, best Triton {d.triton_ms:.4f} ms" if d.cublas_ms is not None
+                 and d.triton_ms is not None else "no prediction")
+        what = f"Triton {', '.join(d.configs)}" + (" + aten" if d.choices_kept > len(d.configs) else "") \
+            if d.triton else "aten"
+        lines.append(f"  {d.op} {p['m']}x{p['k']}x{p['n']} {p['dtype']} {lay}: {times} -> {what}")
+    if other:
+        lines.append("  aten alone (not ranked): " + ", ".join(f"{k} x{v}" for k, v in sorted(other.items())))
+    if errors:
+        lines.append(f"  {len(errors)} fallbacks: {errors[0]}")
+    return "\n".join(lines)
