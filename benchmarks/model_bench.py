@@ -149,12 +149,17 @@ _POINTWISE_TUNING = ("CachingAutotuner.coordinate_descent_tuning", "CachingAutot
 
 
 # ------------------------------------------------------------------------------------------------- worker
+def _base(variant: str) -> str:
+    """A variant's name without its repeat tag ("default@2" is default run again in the same process)."""
+    return variant.split("@", 1)[0]
+
+
 def _policy(variant: str) -> Any:
     from perfmodel.serve.compile import Policy
 
     return {"perfmodel": Policy(),
             "perfmodel-aten": Policy(triton_gain=float("inf")),
-            "perfmodel-zero": Policy(triton_gain=0.10, top_k=1, keep_aten=False)}[variant]
+            "perfmodel-zero": Policy(triton_gain=0.10, top_k=1, keep_aten=False)}[_base(variant)]
 
 
 def _compile(variant: str, module: Any, predictor: Any) -> tuple[Any, Any]:
@@ -165,6 +170,7 @@ def _compile(variant: str, module: Any, predictor: Any) -> tuple[Any, Any]:
 
     import torch
 
+    variant = _base(variant)
     if variant == "default":
         return torch.compile(module, mode="reduce-overhead"), contextlib.nullcontext()
     if variant == "max-autotune":
@@ -279,6 +285,41 @@ def _spin_cycles_per_ms() -> float:
     return 10_000_000 / s.elapsed_time(e)
 
 
+PROFILE = os.environ.get("MODEL_BENCH_PROFILE") == "1"
+
+
+def _reset() -> None:
+    """Forget compiled graphs, CUDA-graph trees and dynamo's counters between variants."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    try:
+        from torch._inductor.cudagraph_trees import reset_cudagraph_trees
+
+        reset_cudagraph_trees()
+    except ImportError:
+        pass
+    torch._dynamo.utils.counters.clear()
+
+
+def _top_kernels(step: Callable, n: int = 25) -> list:
+    """The GPU kernels of 3 steps by total time (torch.profiler), a diagnosis of where two variants differ."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    try:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(3):
+                step()
+            torch.cuda.synchronize()
+        rows = [(e.key[:100], e.device_time_total / 3, e.count / 3) for e in prof.key_averages()
+                if e.device_time_total > 0]
+        rows.sort(key=lambda r: -r[1])
+        return [{"kernel": k, "us_per_step": round(t, 1), "per_step": c} for k, t, c in rows[:n]]
+    except Exception as exc:  # noqa: BLE001 -- a diagnosis only
+        return [{"error": f"{type(exc).__name__}: {exc}"}]
+
+
 def _run_variant(variant: str, wl: Workload, module: Any, inputs: tuple, fwd: Callable, ref: dict, predictor: Any,
                  flush: Any, cycles_per_ms: float, feedback: _Feedback) -> dict[str, Any]:
     import torch
@@ -286,7 +327,7 @@ def _run_variant(variant: str, wl: Workload, module: Any, inputs: tuple, fwd: Ca
     from torch._inductor import utils as ind_utils
 
     fresh = getattr(ind_utils, "fresh_cache", None) or getattr(ind_utils, "fresh_inductor_cache")
-    torch._dynamo.reset()
+    _reset()
     row: dict[str, Any] = {"variant": variant}
     params = [p for p in module.parameters() if p.requires_grad] if wl.train else []
     grad_param = params[0] if params else None
@@ -348,6 +389,8 @@ def _run_variant(variant: str, wl: Workload, module: Any, inputs: tuple, fwd: Ca
             torch.cuda.synchronize()
         ms = [s.elapsed_time(e) for s, e in zip(starts, ends)]
         row.update(step_ms=statistics.median(ms), step_ms_min=min(ms), step_ms_max=max(ms), host_ms=host_ms)
+        if PROFILE:
+            row["kernels"] = _top_kernels(step)
     row["autotuned_ops"] = feedback.rows
     feedback.rows = []
     if variant.startswith("perfmodel"):
@@ -360,7 +403,7 @@ def _run_variant(variant: str, wl: Workload, module: Any, inputs: tuple, fwd: Ca
     counters = torch._dynamo.utils.counters
     row["graphs"] = int(counters["stats"].get("unique_graphs", 0))
     del compiled
-    torch._dynamo.reset()
+    _reset()
     if wl.train:
         for p in params:
             p.grad = None
@@ -493,7 +536,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--res", type=Path, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-    bad = [v for v in variants if v not in VARIANTS]
+    bad = [v for v in variants if _base(v) not in VARIANTS]
     if bad:
         ap.error(f"--variants: unknown {bad}; choose from {', '.join(VARIANTS)}")
     if args.worker:
