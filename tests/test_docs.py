@@ -7,11 +7,19 @@ and run by the gpu-marked test where a GPU is visible. Mark a new GPU snippet th
 Paths: markdown link targets and `code spans` that look like repo paths (they start with one of the repo's
 top-level folders, or are a top-level file) must exist; a glob (`*`) must match something. Paths in
 docs/*.md may be written relative to docs/ (e.g. img/x.png).
+
+Figures: each row of README.md's results table is matched to a function of RESULTS (below) that
+recomputes its **bold** figures from the committed source (a model's metadata.json, a
+benchmarks/results/*.json); every bold figure must be that value rounded as printed. A row without a
+function fails: add one when adding a row.
 """
 from __future__ import annotations
 
+import json
+import math
 import re
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -107,3 +115,108 @@ def test_docs_pages_name_their_commands():
             continue
         text = doc.read_text()
         assert re.search(r"^    (perfmodel|python) ", text, re.M), f"{doc.name} shows no command to reproduce it"
+
+
+# ---------------------------------------------------------------- README's results table
+
+def _json(path: str) -> dict:
+    return json.loads((ROOT / path).read_text())
+
+
+def _meta(model: str) -> dict:
+    return _json(f"models/{model}/metadata.json")
+
+
+# "fp16 / bf16 / fp32" in the README: fp32 is both fp32 modes (ieee and tf32), as `perfmodel eval` reports it
+MODES = ("float16", "bfloat16", "fp32_all")
+
+
+def _inductor_bench(path: str) -> dict[str, float]:
+    """benchmarks/inductor_bench.py's result: the hook's (perfmodel-pad) GEMM tuning and whole compile
+    summed over the shapes, and the kernel speed, stock kernel ms / the hook's per shape: geomean, worst."""
+    runs = {v["variant"]: {s["name"]: s for s in v["shapes"]} for v in _json(path)["variants"]}
+    stock, ours = runs["stock"], runs["perfmodel-pad"]
+    speed = [stock[n]["kernel_ms"] / ours[n]["kernel_ms"] for n in stock]
+    return {"gemm_tuning_s": sum(s["gemm_tuning_s"] for s in ours.values()),
+            "compile_s": sum(s["compile_s"] for s in ours.values()),
+            "speed_geomean": math.exp(sum(map(math.log, speed)) / len(speed)), "speed_worst": min(speed)}
+
+
+INDUCTOR_H100, INDUCTOR_H200 = ("benchmarks/results/inductor_bench_h100_unseen_v8.json",
+                                "benchmarks/results/inductor_bench_h200_unseen_v5.json")
+
+
+def _serve_latency() -> list[float]:
+    """p50 ms of the onnx backend (the default): rank one problem / 100; predict one / 100."""
+    ours = _json("benchmarks/results/serve_latency_cpu2_v12.json")["results"]["ours, onnx"]
+    return [ours[k]["p50_ms"] for k in ("one", "many", "predict_one", "predict_many")]
+
+
+def _h200() -> list[float]:
+    m = _meta("h200")["metrics_by_device"]["h200"]
+    return [m["results"][f"{d}/top1_eff"] for d in MODES] + [m["pad"]["pad/total_vs_oracle"]]
+
+
+# Row key (a row's first cell, or the name of the <!-- marker --> it starts with) -> its bold figures,
+# recomputed, in the order printed. A key matches the rows whose key starts with it.
+RESULTS: dict[str, Callable[[], list[float]]] = {
+    "config ranking, top-1 efficiency": lambda: [_meta("h100")["metrics"][f"{d}/top1_eff"] for d in MODES],
+    "config ranking, top-5 efficiency": lambda: [_meta("h100")["metrics"][f"{d}/top5_eff"] for d in MODES],
+    "pad decisions, total time / the oracle's": lambda: [_meta("h100")["pad_metrics"]["pad/total_vs_oracle"]],
+    "cuBLAS or Triton": lambda: [_meta("h100")["call_metrics"][f"{h}/test/choice_accuracy"] for h in ("call", "call_static")],
+    "H200 (`models/h200`": _h200,
+    "config ranking for the kernel as Inductor compiles it":
+        lambda: [_meta("h100")["static_metrics"][f"test_static/static_head/{d}/top1_eff"] for d in MODES],
+    "torch.compile max-autotune": lambda: [v for path in (INDUCTOR_H100, INDUCTOR_H200)
+                                           for v in (_inductor_bench(path)["gemm_tuning_s"],
+                                                     _inductor_bench(path)["compile_s"])],
+    "the same: kernel speed": lambda: [v for path in (INDUCTOR_H100, INDUCTOR_H200)
+                                       for v in (_inductor_bench(path)["speed_geomean"],
+                                                 _inductor_bench(path)["speed_worst"])],
+    "Triton `@autotune`": lambda: [sum(s["autotune_s"] for s in v["shapes"])
+                                   for v in _json("benchmarks/results/triton_hook_bench_h100_v9.json")["variants"]
+                                   if v["variant"] == "pruned"],
+    "serve-latency": _serve_latency,
+}
+
+
+def _results_rows() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    section = re.split(r"^## Results.*$", text, maxsplit=1, flags=re.M)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("|")]
+    assert len(rows) > 2 and set(rows[1].replace("|", "")) <= {"-", ":", " "}, "README's results table moved"
+    return rows[2:]  # after the header and its separator
+
+
+def _row_key(row: str) -> str:
+    first = row.split("|")[1]
+    marker = re.match(r"\s*<!--\s*([\w-]+)\s*-->", first)
+    return marker.group(1) if marker else first.strip()
+
+
+def test_results_table_is_found():
+    assert len(_results_rows()) >= len(RESULTS) - 1
+
+
+@pytest.mark.parametrize("row", _results_rows(), ids=lambda r: _row_key(r)[:32])
+def test_results_row_figures_are_the_sources(row):
+    key = _row_key(row)
+    keys = [k for k in RESULTS if key.startswith(k)]
+    assert len(keys) == 1, (f"README results row {key!r} has {'no' if not keys else 'more than one'} recompute "
+                            "function: add one to RESULTS in tests/test_docs.py (its source file and how its bold "
+                            "figures come out of it)")
+    printed = [n for bold in re.findall(r"\*\*(.+?)\*\*", row) for n in re.findall(r"\d+(?:\.\d+)?", bold)]
+    values = RESULTS[keys[0]]()
+    assert len(printed) == len(values), f"{key!r}: {len(printed)} bold figures, {len(values)} recomputed"
+    wrong = []
+    for text, value in zip(printed, values):
+        decimals = len(text.split(".")[1]) if "." in text else 0
+        if f"{value:.{decimals}f}" != text:
+            wrong.append(f"README says {text}, the source {value:.{decimals + 3}f}")
+    assert not wrong, f"{key!r}: " + "; ".join(wrong)
+
+
+def test_every_results_function_has_its_row():
+    keys = [_row_key(r) for r in _results_rows()]
+    stale = [k for k in RESULTS if not any(key.startswith(k) for key in keys)]
+    assert not stale, f"RESULTS in tests/test_docs.py has functions for rows README.md no longer has: {stale}"

@@ -183,14 +183,32 @@ def test_columns_match_schema_tensors():
     assert pad_tensor([PadProblem(m=5, k=6, n=7, dtype="bfloat16")])[0, PAD_COLUMNS.index("alignment")].item() == 8
 
 
-def test_cases_cover_the_brief():
-    ps = [p for p, _ in CASES]
-    assert any(p.m == 1 for p in ps)
-    assert any(p.m % 2 == 1 and p.m > 1 for p in ps) and any(p.n % 2 == 1 and p.n > 1 for p in ps)
-    assert {(p.dtype, p.allow_tf32) for p in ps} >= {("float16", False), ("bfloat16", False),
-                                                    ("float32", False), ("float32", True)}
-    assert any(p.transpose_left and p.transpose_right for p in ps)
-    assert any(not p.transpose_left and not p.transpose_right for p in ps)
+def test_each_problem_attribute_moves_only_its_features():
+    # one attribute of a (compute-bound) problem changed at a time: the features that depend on it move,
+    # every other feature keeps its value (a transpose or a dtype flag leaking into another column would
+    # show here)
+    from dataclasses import replace
+
+    enc = FeatureEncoder(SPEC, "cublas")
+    sizes = {"log_total_gb", "log_total_gflop", "log_flops_per_byte", "log_roofline_ms", "log_compute_ms",
+             "log_memory_ms"}
+    fp16 = GemmProblem(m=4096, n=4096, k=4096, dtype="float16")
+    fp32 = replace(fp16, dtype="float32")
+    cases = [
+        (fp16, replace(fp16, transpose_left=True), {"transpose_left"}),
+        (fp16, replace(fp16, transpose_right=True), {"transpose_right"}),
+        (fp16, replace(fp16, dtype="bfloat16"), {"is_bf16"}),
+        (fp16, replace(fp16, m=4095), {"log_m", "m_mod16", "m_mod8"} | sizes),
+        (fp16, replace(fp16, n=4104), {"log_n", "n_mod16"} | sizes),            # 4104: a multiple of 8, not 16
+        (fp16, replace(fp16, k=4097), {"log_k", "k_mod16", "k_mod8"} | sizes),
+        (fp32, replace(fp32, allow_tf32=True), {"allow_tf32", "fp32_ieee", "log_peak_tflops", "log_compute_ms",
+                                                "log_roofline_ms"}),
+        (fp16, fp32, {"dtype_bytes", "fp32_ieee", "log_peak_tflops"} | sizes - {"log_total_gflop"}),
+    ]
+    for a, b, moved in cases:
+        x = enc.encode(problems_tensor([a, b]))
+        got = {name for j, name in enumerate(enc.names) if x[0, j] != x[1, j]}
+        assert got == moved, (b, got ^ moved)
 
 
 @pytest.mark.parametrize("kind", ["gemm", "cublas", "pad", "pr156851"])

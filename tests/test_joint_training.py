@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,7 +15,8 @@ from perfmodel.data_gen.shards import ShardMismatchError, ShardWriter
 from perfmodel.train.data import (joint_split, load_device_dataset, load_device_datasets, parse_device_fractions,
                                   split_problems, subsample_training)
 from tests._synthetic import synthetic_header, write_synthetic_dataset
-from tests.test_train import REPO, isolated  # noqa: F401  (the fixture)
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +150,7 @@ def test_train_cli_takes_several_data_folders():
 # ---- a model of two devices, end to end (tiny epochs)
 
 @pytest.fixture(scope="module")
-def joint(two, isolated, tmp_path_factory):  # noqa: F811
+def joint(two, isolated, tmp_path_factory):
     from perfmodel.train.pipeline import TrainSettings, run
 
     tmp = tmp_path_factory.mktemp("joint")

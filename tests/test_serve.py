@@ -275,7 +275,8 @@ def test_predict_many_equals_stacked_predict(pt: Predictor, ox: Predictor) -> No
     for p in (pt, ox):
         many = p.predict_many(probs, CFGS)
         assert many.shape == (len(probs), len(CFGS))
-        np.testing.assert_allclose(many, np.stack([p.predict(q, CFGS) for q in probs]), rtol=1e-6)
+        # other batch shapes: the float32 matmuls may sum in another order (~1e-6 relative, tests/_tolerance.py)
+        np.testing.assert_allclose(many, np.stack([p.predict(q, CFGS) for q in probs]), rtol=1e-5)
         assert p.predict_many(probs).shape == (len(probs), len(p.default_configs("float16")))
 
 
@@ -586,7 +587,7 @@ def test_torch_score_and_floor_match_the_head(pt: Predictor) -> None:
 def test_config_cache_serves_each_set_its_own(pt: Predictor) -> None:
     a, b = CFGS, list(reversed(CFGS))
     first = pt.predict(PROB, a)
-    np.testing.assert_allclose(pt.predict(PROB, b), first[::-1], rtol=1e-6)
+    np.testing.assert_allclose(pt.predict(PROB, b), first[::-1], rtol=1e-5)  # rows in another order: ~1e-6 rounding
     np.testing.assert_array_equal(pt.predict(PROB, a), first)
     for i in range(40):  # more sets than the cache holds
         pt.predict(PROB, CFGS[: 1 + i % len(CFGS)] + [GemmConfig(16, 16, 16, 1 + 0 * i, 1 + i % 5, 2)])

@@ -26,25 +26,22 @@ def static_test(repo_root, shipped):
     return table, split_static(table, static, split)
 
 
-def test_shipped_model_has_static_head(shipped):
-    assert STATIC in shipped.heads
-    m = shipped.metadata["static_metrics"]
-    assert m["test_static/problems"] == 173
-    # the head is what moves the ranking towards the static times (the figures docs/model.md quotes)
-    assert m["test_static/static_head/all/top1_eff"] > m["test_static/without/all/top1_eff"] + 0.01
-
-
 def test_metrics_reproduce_from_the_data(shipped, static_test):
-    # the metadata's test figures are recomputed here from the shipped weights and the committed rows
+    # the metadata's test figures are recomputed here from the shipped weights and the committed rows, to
+    # the tolerance of float32 outputs on another CPU (tests/_tolerance.py: one problem's pick may flip)
     from perfmodel.train.static_head import ranking_metrics
+    from tests._tolerance import efficiency
 
     _, st = static_test
     m = shipped.metadata["static_metrics"]
+    assert len(st.problems) == m["test_static/problems"]
     got = ranking_metrics(shipped, shipped.heads[STATIC], st)
     base = ranking_metrics(shipped, None, st)
     for k in ("all/top1_eff", "float16/top1_eff", "bfloat16/top1_eff", "fp32_all/top1_eff", "all/top5_eff"):
-        assert got[k] == pytest.approx(m[f"test_static/static_head/{k}"], abs=1e-9)
-        assert base[k] == pytest.approx(m[f"test_static/without/{k}"], abs=1e-9)
+        assert m[f"test_static/static_head/{k}"] == efficiency(got[k], got, k, st.modes), k
+        assert m[f"test_static/without/{k}"] == efficiency(base[k], base, k, st.modes), k
+    # the head is what moves the ranking towards the static times (the figures docs/model.md quotes)
+    assert got["all/top1_eff"] > base["all/top1_eff"] + 0.01
     assert got["all/top1_eff"] >= 0.96 and got["all/top5_eff"] >= 0.995
 
 
@@ -136,13 +133,23 @@ def test_cli_rank_kernel(repo_root, capsys):
     assert "kernel" in capsys.readouterr().err
 
 
-def test_eval_reports_both_kernel_modes(repo_root, shipped):
+def test_eval_reports_both_kernel_modes(repo_root, shipped, static_test):
     # `perfmodel eval` ranks the statically timed test problems per kernel mode, as `perfmodel static-head` did
     from perfmodel.train.data import load_device_datasets
     from perfmodel.train.eval_cmd import evaluate_datasets
 
+    from perfmodel.train.static_head import ranking_metrics
+    from tests._tolerance import efficiency
+
     (res,) = evaluate_datasets(shipped, load_device_datasets([repo_root / "data" / "h100"]), full_space=False)
+    _, st = static_test
+    assert res["static"]["problems"] == len(st.problems)
+    for mode, head in (("inductor", shipped.heads[STATIC]), ("autotune", None)):
+        want = ranking_metrics(shipped, head, st)  # the same computation in this process: equal
+        for k in ("all/top1_eff", "all/top5_eff", "fp32_all/top1_eff"):
+            assert res["static"][mode][k] == pytest.approx(want[k], rel=1e-12), (mode, k)
+    # and the metadata's figures, to another CPU's float32 rounding
     m = shipped.metadata["static_metrics"]
-    assert res["static"]["problems"] == 173
     for mode, key in (("inductor", "static_head"), ("autotune", "without")):
-        assert res["static"][mode]["all/top1_eff"] == pytest.approx(m[f"test_static/{key}/all/top1_eff"], abs=1e-9)
+        got = res["static"][mode]
+        assert m[f"test_static/{key}/all/top1_eff"] == efficiency(got["all/top1_eff"], got, "all/top1_eff", st.modes)

@@ -25,8 +25,13 @@ def test_static_retime_compare_reproduces_the_documented_figures(tmp_path, capsy
     res = json.loads(out.read_text())
     assert res["problems"] == 173 and res["problems_not_fully_retimed"] == 0
     dataset, static = res["dataset rows (v4)"], res["re-timed rows (--compare)"]
-    # against the dataset's rows: the shipped model's held-out metrics; against the static times: lower
-    assert dataset["all/top1_eff"] == pytest.approx(0.9764, abs=6e-4)
-    assert static["all/top1_eff"] == pytest.approx(0.9522, abs=6e-4)
+    # against the dataset's rows: the shipped model's held-out metrics; against the static times: lower.
+    # The figures docs/data.md quotes (4 decimals, as the script rounds them), to one problem's flip of the
+    # model's pick on another CPU (tests/_tolerance.py)
+    from tests._tolerance import geomean_one_flip
+
+    for got, quoted in ((dataset, 0.9764), (static, 0.9522)):
+        assert quoted == geomean_one_flip(got["all/top1_eff"], res["problems"], got["all/worst_top1"], printed=5e-5)
     assert static["all/top1_eff"] < dataset["all/top1_eff"] - 0.02
-    assert res["per_problem/all"]["v4_oracle_pick_eff_geomean"] == pytest.approx(0.9635, abs=6e-4)
+    # from the two sets of timings alone (no network): as quoted, to its 4 decimals
+    assert res["per_problem/all"]["v4_oracle_pick_eff_geomean"] == pytest.approx(0.9635, abs=5e-5)

@@ -16,7 +16,6 @@ import torch
 from perfmodel import GemmConfig, GemmProblem, PadProblem
 from perfmodel.train import evaluate as ev
 from perfmodel.train.data import GemmTable, PadTable, split_problems
-from perfmodel.train.module import within_problem_loss
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -87,8 +86,17 @@ def _loss_reference(pred: list[float], y: list[float], group: list[int], tau: fl
     return num / den
 
 
+@pytest.fixture(scope="module")
+def within_problem_loss():
+    """train/module.py's loss: that module is the LightningModule's, so these tests need the train extra."""
+    pytest.importorskip("lightning", reason="train/module.py needs lightning (pip install 'perfmodel[train]')")
+    from perfmodel.train.module import within_problem_loss
+
+    return within_problem_loss
+
+
 @pytest.mark.parametrize("tau", [0.3, 1.0, 0.0])
-def test_within_problem_loss_matches_reference(tau):
+def test_within_problem_loss_matches_reference(within_problem_loss, tau):
     rng = random.Random(11)
     group = [rng.choice([12, 3, 7, 40, 5]) for _ in range(60)]  # non-dense ids, rows interleaved
     y = [rng.uniform(-4, 2) for _ in group]
@@ -98,7 +106,7 @@ def test_within_problem_loss_matches_reference(tau):
     assert got.item() == pytest.approx(_loss_reference(pred, y, group, tau), rel=1e-10)
 
 
-def test_within_problem_loss_ignores_a_per_problem_shift():
+def test_within_problem_loss_ignores_a_per_problem_shift(within_problem_loss):
     gen = torch.Generator().manual_seed(0)
     group = torch.randint(0, 6, (80,), generator=gen)
     y = torch.randn(80, generator=gen, dtype=torch.float64)
@@ -240,28 +248,6 @@ def _settings(tmp: Path, out: Path, **kw):
                 progress=False, baselines=True, hidden=(32, 32), student_hidden=(16,),
                 command="pytest tests/test_train.py")
     return TrainSettings(**{**base, **kw})
-
-
-@pytest.fixture(scope="module")
-def isolated():
-    """MLflow keeps the tracking URI and active experiment process-wide, and Lightning's
-    deterministic=True switches torch to deterministic algorithms: restore all of it afterwards."""
-    mlflow = pytest.importorskip("mlflow")
-    pytest.importorskip("lightning")
-    from mlflow.tracking import _tracking_service, fluent
-
-    mp = pytest.MonkeyPatch()
-    for var in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI", "MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME",
-                "CUBLAS_WORKSPACE_CONFIG"):
-        mp.delenv(var, raising=False)  # recorded here, restored by undo() (mlflow.set_* write them)
-    mp.setattr(_tracking_service.utils, "_tracking_uri", _tracking_service.utils._tracking_uri)
-    mp.setattr(fluent, "_active_experiment_id", fluent._active_experiment_id)
-    deterministic = torch.are_deterministic_algorithms_enabled()
-    yield mlflow
-    if mlflow.active_run() is not None:
-        mlflow.end_run()
-    mp.undo()
-    torch.use_deterministic_algorithms(deterministic)
 
 
 @pytest.fixture(scope="module")

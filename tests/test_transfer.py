@@ -10,13 +10,12 @@ from pathlib import Path
 import pytest
 
 from tests._synthetic import write_synthetic_dataset, write_synthetic_model
-from tests.test_train import isolated  # noqa: F401  (restores torch's determinism flag after Lightning)
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.slow
-def test_transfer_quick(tmp_path, isolated):  # noqa: F811
+def test_transfer_quick(tmp_path, isolated):  # isolated (conftest): restores torch's determinism flag after Lightning
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
         import transfer

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import shlex
 import sys
@@ -139,8 +140,21 @@ def _from_args(cls: typing.Any, args: argparse.Namespace) -> typing.Any:
     return cls(**{k: getattr(args, k) for k in cls.__dataclass_fields__})
 
 
+def require_extra(what: str, modules: tuple[str, ...]) -> None:
+    """RuntimeError (the CLI prints it) naming the modules of the `train` extra that `what` needs and this
+    install lacks. Training needs Lightning and MLflow; evaluating, distilling and fitting the other heads
+    need neither."""
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        raise RuntimeError(f"{what} needs {' and '.join(missing)}, not installed here "
+                           "(pip install 'perfmodel[train]')")
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.command == "eval" and args.log_mlflow:  # before the evaluation, not after it
+        require_extra("--log-mlflow", ("mlflow",))
     if args.command == "train":
+        require_extra("training", ("lightning", "mlflow"))
         s = settings_from_args(args, "perfmodel " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
         from .pipeline import run as train_run
 

@@ -86,8 +86,7 @@ def extra_rows(folder: Path, seed: int, held_out: np.ndarray | None = None, devi
     """The folder's torch.mm times beyond its GEMM problems': `cublas_only` rows and the pad rows'
     unpadded (orig) times, each kind split by split_problems(modes, seed). held_out: problem rows
     (PROBLEM_COLUMNS) of held-out GEMM problems; a row of one of them is dropped."""
-    from perfmodel.data_gen.cublas_sweep import ONLY_KIND
-    from perfmodel.data_gen.shards import read_dataset
+    from perfmodel.data_gen.shards import ONLY_KIND, read_dataset
 
     def part(problems: np.ndarray, log_ms: np.ndarray, modes: np.ndarray, kind: str) -> CublasRows:
         n = len(modes)

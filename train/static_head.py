@@ -51,16 +51,14 @@ class StaticHeadSettings:
 
 def has_static_rows(folder: Path) -> bool:
     """Whether the dataset folder has gemm_static parts (load_static's rows)."""
-    from perfmodel.data_gen.kernel import STATIC_KIND
-    from perfmodel.data_gen.shards import part_files
+    from perfmodel.data_gen.shards import STATIC_KIND, part_files
 
     return bool(part_files(Path(folder), STATIC_KIND))
 
 
 def load_static(folder: Path) -> GemmTable:
     """The folder's `gemm_static` rows as a GemmTable (cublas_ms: torch.mm timed in the same run)."""
-    from perfmodel.data_gen.kernel import STATIC_KIND
-    from perfmodel.data_gen.shards import read_dataset
+    from perfmodel.data_gen.shards import STATIC_KIND, read_dataset
 
     rows, _ = read_dataset(Path(folder), STATIC_KIND)
     if not rows:
