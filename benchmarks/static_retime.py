@@ -4,7 +4,7 @@ Inductor compiles its mm template; one compile per problem and config), beside t
 (kernel v4: Triton's default specialisation, one compile per specialisation key), and the shipped
 model's ranking judged against both.
 
-benchmarks/kernel_fidelity.py showed, on six shapes, that the static compile orders configs as Inductor
+benchmarks/archive/kernel_fidelity.py showed, on six shapes, that the static compile orders configs as Inductor
 does where v4 does not (Spearman 0.97-0.98 against 0.37-0.86). This measures what that costs the
 model's picks on the project's own held-out problems, to decide between one kernel for the dataset and
 a kernel mode per row (docs/data.md).
