@@ -1,4 +1,4 @@
-"""The Inductor hook's cublas_margin, chosen on held-out problems (CPU): how often the Triton mm choices are
+"""The Inductor hook's cublas_margin on held-out problems (CPU): how often the Triton mm choices are
 kept (each kept set costs compiles) and what dropping them costs in kernel time.
 
 For each held-out problem of a dataset (the model's split) the hook drops every Triton choice when the

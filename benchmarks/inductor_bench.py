@@ -60,9 +60,13 @@ SHAPES = [
     ("odd fp32 777x1234x555", 777, 1234, 555, "float32"),
     ("odd bf16 3000x4095x2049", 3000, 4095, 2049, "bfloat16"),
 ]
-# Shapes no model or hook setting was tuned on (added with dataset v4): vision, speech and LLM
-# training/prefill GEMMs up to 2e12 FLOP, decode, a vocabulary projection that cuBLAS must pad.
-UNSEEN_SHAPES = [
+# Shapes added with dataset v4 (--shapes v4): vision, speech and LLM training/prefill GEMMs up to 2e12
+# FLOP, decode, a vocabulary projection that cuBLAS must pad. None is a data/h100 problem as benchmarked
+# here (NN); Llama-3 8B qkv, Llama-3 8B lm head decode, Mixtral decode and Qwen2 o_proj are train problems
+# in NT layout. Not held out from the hook's settings: GPT-2's lm head set the pad rule
+# (serve/inductor.py: unpadded_triton_instead, PAD_TRITON_MARGIN, padded_path_ms), and an H200 run of all
+# 12 at cublas_margin 0 and -0.05 was beside the choice of CUBLAS_MARGIN (docs/benchmarks.md).
+V4_SHAPES = [
     ("ViT-B/16 qkv (64 img)", 12608, 768, 2304, "float16"),
     ("ViT-L/16 mlp up (64 img)", 12608, 1024, 4096, "bfloat16"),
     ("GPT-2 lm head", 1024, 768, 50257, "float16"),
@@ -76,7 +80,8 @@ UNSEEN_SHAPES = [
     ("BERT-large fp32 ffn", 4096, 1024, 4096, "float32"),
     ("T5 odd fp16 1500x1023x3001", 1500, 1023, 3001, "float16"),
 ]
-SHAPE_SETS = {"tuned": SHAPES, "unseen": UNSEEN_SHAPES, "all": SHAPES + UNSEEN_SHAPES}
+SHAPE_SETS = {"tuned": SHAPES, "v4": V4_SHAPES, "all": SHAPES + V4_SHAPES}
+OLD_SET_NAMES = {"unseen": "v4"}  # what results written before the rename call a set
 VARIANTS = ("stock", "perfmodel", "perfmodel-cublas", "perfmodel-pad")
 _BLOCK_RE = [re.compile(rf"{name}\s*:\s*tl\.constexpr\s*=\s*(\d+)") for name in
              ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")]
@@ -247,7 +252,8 @@ def markdown(results: dict[str, Any]) -> str:
     by_v = {v["variant"]: v for v in results["variants"]}
     stock = {r["name"]: r for r in by_v.get("stock", {}).get("shapes", [])}
     ran = {r["name"] for v in by_v.values() for r in v.get("shapes", [])}
-    for name, m, k, n, dtype in SHAPE_SETS[results.get("shapes", "tuned")]:
+    shape_set = results.get("shapes", "tuned")
+    for name, m, k, n, dtype in SHAPE_SETS[OLD_SET_NAMES.get(shape_set, shape_set)]:
         if ran and name not in ran:
             continue  # left out with --only
         for variant in VARIANTS:
@@ -298,7 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of " + ",".join(VARIANTS))
     ap.add_argument("--only", action="append", help="run only this shape name (repeatable)")
     ap.add_argument("--shapes", choices=sorted(SHAPE_SETS), default="tuned",
-                    help="tuned: the shapes the hook was developed on; unseen: shapes added with dataset v4")
+                    help="tuned: the 14 shapes the hook was developed on; v4: the 12 added with dataset v4 "
+                         "(GPT-2's lm head among them set the pad rule)")
     ap.add_argument("--search-space", choices=("DEFAULT", "EXHAUSTIVE"), default="DEFAULT",
                     help="Inductor's max_autotune_gemm_search_space")
     ap.add_argument("--timeout", type=float, default=540, help="seconds per variant process")

@@ -1,5 +1,5 @@
 """The model's ranking judged on Inductor's own timings: the configs Inductor compiled and benchmarked
-under max-autotune for the 26 shapes of benchmarks/kernel_fidelity.py (captured on the H100 through its
+under max-autotune for the 26 shapes of benchmarks/archive/kernel_fidelity.py (captured on the H100 through its
 feedback saver), ranked by the shipped model for each kernel mode side by side -- kernel="autotune" (the
 dataset kernel's times) and kernel="inductor" (with the static head). CPU only; reads the committed
 capture.

@@ -1,7 +1,7 @@
 """The plots of README.md and docs/, made from committed results only (CPU; needs the `bench` extra).
 
     python benchmarks/plots.py [--out docs/img] [--model models/h100] [--data data/h100]
-                               [--inductor benchmarks/results/inductor_bench_h100_unseen_v4.json]
+                               [--inductor benchmarks/results/inductor_bench_h100_unseen_v8.json]
                                [--triton benchmarks/results/triton_hook_bench_h100_v9.json]
 
 Model quality (`perfmodel eval --plots DIR` writes the same files): the shipped model evaluated on the
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "img")
     ap.add_argument("--model", type=Path, default=ROOT / "models" / "h100")
     ap.add_argument("--data", type=Path, default=ROOT / "data" / "h100")
-    ap.add_argument("--inductor", type=Path, default=ROOT / "benchmarks/results/inductor_bench_h100_unseen_v4.json")
+    ap.add_argument("--inductor", type=Path, default=ROOT / "benchmarks/results/inductor_bench_h100_unseen_v8.json")
     ap.add_argument("--triton", type=Path, default=ROOT / "benchmarks/results/triton_hook_bench_h100_v9.json")
     ap.add_argument("--no-model", action="store_true", help="only the hook plots (skips the ~1 min evaluation)")
     args = ap.parse_args(argv)

@@ -4,7 +4,7 @@ Inductor compiles its mm template; one compile per problem and config), beside t
 (kernel v4: Triton's default specialisation, one compile per specialisation key), and the shipped
 model's ranking judged against both.
 
-benchmarks/kernel_fidelity.py showed, on six shapes, that the static compile orders configs as Inductor
+benchmarks/archive/kernel_fidelity.py showed, on six shapes, that the static compile orders configs as Inductor
 does where v4 does not (Spearman 0.97-0.98 against 0.37-0.86). This measures what that costs the
 model's picks on the project's own held-out problems, to decide between one kernel for the dataset and
 a kernel mode per row (docs/data.md).
@@ -16,6 +16,8 @@ a kernel mode per row (docs/data.md).
     # CPU: compare with the dataset's rows and rank with a model (FOLDER, or a rows file of that format:
     # e.g. the same problems re-timed with the dataset's own kernel, for the noise floor)
     python benchmarks/static_retime.py --compare FOLDER_OR_ROWS_FILE... [--data data/h100] [--model models/h100]
+    # CPU: the runs' rows into the dataset as gemm_static parts (data generation, data_gen/static_gen.py)
+    perfmodel gen static FOLDER... --out data/h100
 
 The timing is the GEMM sweep's (data_gen.gemm_sweep.measure_problem: correctness on the first timed
 run, L2 flush, GPU spin, stall check, slow configs kept at one run); compiles run in worker processes,
@@ -217,36 +219,6 @@ def run_compare(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_to_shards(args: argparse.Namespace) -> int:
-    """Write GPU runs' rows (folders or rows files) into the dataset folder args.data as `gemm_static`
-    parts: one unit per problem, its Triton and cuBLAS rows as timed, under the dataset's own gemm header
-    (device, versions, kernel source hash) with the static kernel mode. Units already there are left."""
-    from perfmodel.data_gen.kernel import STATIC_KIND, static_kernel_mode
-    from perfmodel.data_gen.shards import ShardWriter, compress_parts, read_dataset
-
-    _, headers = read_dataset(args.data, "gemm")
-    if not headers:
-        raise SystemExit(f"--data: {args.data} has no gemm shards to take the header from")
-    header = {k: v for k, v in headers[0].items() if k not in ("_header", "kind", "sweep")}
-    header.update(kernel_mode=static_kernel_mode(), source="benchmarks/static_retime.py")
-    by_unit: dict[str, list[dict]] = {}
-    for path in args.to_shards:
-        with gzip.open(path if path.is_file() else path / "static_rows.jsonl.gz", "rt") as fh:
-            for line in fh:
-                r = json.loads(line)
-                r.pop("kernel", None)
-                by_unit.setdefault(r.pop("unit"), []).append(r)
-    written = 0
-    with ShardWriter(args.data, STATIC_KIND, header) as w:
-        for unit, rows in sorted(by_unit.items()):
-            if unit not in w.done:
-                w.write_unit(unit, rows)
-                written += 1
-    compress_parts(args.data)
-    print(f"{written} problems ({sum(len(by_unit[u]) for u in by_unit)} rows read) into {args.data}")
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", type=Path, default=REPO / "data" / "h100")
@@ -261,14 +233,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="GPU: the output folder; --compare: a JSON file")
     ap.add_argument("--compare", type=Path, nargs="+", default=None,
                     help="CPU: compare GPU runs' folders (or rows files in their format) with --data")
-    ap.add_argument("--to-shards", type=Path, nargs="+", default=None,
-                    help="CPU: write these runs' rows into --data as gemm_static parts")
     ap.add_argument("--model", type=Path, default=None)
     args = ap.parse_args(argv)
     if args.compare is not None:
         return run_compare(args)
-    if args.to_shards is not None:
-        return run_to_shards(args)
     if args.out is None:
         ap.error("--out: the output folder of the GPU run")
     return run_gpu(args)

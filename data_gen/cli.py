@@ -1,4 +1,4 @@
-"""`perfmodel gen gemm|pad|cublas|cublas-only` and `perfmodel data info` (argument parsing; work is imported lazily)."""
+"""`perfmodel gen gemm|pad|cublas|cublas-only|static` and `perfmodel data info` (argument parsing; work is imported lazily)."""
 from __future__ import annotations
 
 import argparse
@@ -31,7 +31,7 @@ def _dataset_spec(folder: Path) -> str:
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
-    gen = sub.add_parser("gen", help="benchmark on the GPU and write dataset shards")
+    gen = sub.add_parser("gen", help="time on the GPU and write dataset shards (static: rows already timed)")
     gsub = gen.add_subparsers(dest="gen_kind", required=True)
     helps = {"cublas": "re-time torch.mm for every GEMM problem of --source, in a quiet process",
              "cublas-only": "time torch.mm alone on problems of its own (every alignment class, up to 1e13 FLOP)"}
@@ -92,6 +92,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
             g.add_argument("--exclude-from", type=Path, default=None,
                            help="leave out this dataset folder's GEMM problems (default: --out's, if it has any)")
             g.add_argument("--time-limit", type=float, default=None, help="stop cleanly after this many seconds")
+    st = gsub.add_parser("static", help="CPU: write static-compile runs' rows into a dataset folder as gemm_static parts")
+    st.add_argument("runs", type=Path, nargs="+",
+                    help="GPU runs of benchmarks/static_retime.py: their --out folders, or rows files of that format")
+    st.add_argument("--out", type=Path, default=Path("data/h100"),
+                    help="dataset folder (its gemm header is reused; problems already there are left)")
     data = sub.add_parser("data", help="dataset tools")
     dsub = data.add_subparsers(dest="data_cmd", required=True)
     info = dsub.add_parser("info", help="counts of a dataset folder")
@@ -139,6 +144,12 @@ def run(args: argparse.Namespace) -> int:
         else:
             for k, v in info.items():
                 print(f"{k:28s} {v}")
+        return 0
+    if args.gen_kind == "static":  # no GPU: rows already timed
+        from .static_gen import write_static
+
+        stats = write_static(args.out, args.runs)
+        print(f"{stats['written']} problems ({stats['rows']} rows read) into {args.out}")
         return 0
     import torch
 

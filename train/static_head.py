@@ -62,7 +62,7 @@ def load_static(folder: Path) -> GemmTable:
 
     rows, _ = read_dataset(Path(folder), STATIC_KIND)
     if not rows:
-        raise FileNotFoundError(f"data: no {STATIC_KIND} shards in {folder} (benchmarks/static_retime.py --to-shards)")
+        raise FileNotFoundError(f"data: no {STATIC_KIND} shards in {folder} (perfmodel gen static)")
     return _gemm_table(rows, [])
 
 

@@ -1,7 +1,7 @@
 """Best measured Triton config vs cuBLAS (torch.mm), in TFLOP/s, for problems of the shipped dataset.
 
 Both from the same GPU and dataset: Triton from the sweep, cuBLAS from its quiet re-time (`gen cublas`).
-    python benchmarks/triton_vs_cublas.py [--data data/h100] [--all]
+    python benchmarks/archive/triton_vs_cublas.py [--data data/h100] [--all]
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from perfmodel.data_gen.problems import SEED_SHAPES  # noqa: E402
 from perfmodel.locations import default_data_dir  # noqa: E402

@@ -5,7 +5,7 @@ transposed operand), reads its rows from the dataset and runs perfmodel.data_gen
 on the same configs, `--passes` times, in this process (L2 flush, GPU spin, median, correctness
 check as in the sweep). Prints the dataset's ms next to each pass's, and a JSON file with --out.
 
-    python benchmarks/retime_problem.py 58496,16,18,tf32,0,1 [--data data/h100] [--passes 2] [--out r.json]
+    python benchmarks/archive/retime_problem.py 58496,16,18,tf32,0,1 [--data data/h100] [--passes 2] [--out r.json]
 
 --stress N runs N niced busy-loop processes meanwhile (a stand-in for the sweep's compile workers), and
 --no-stall-check keeps the runs the GPU reached before the host had enqueued them, as the sweeps
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from perfmodel.data_gen.gemm_sweep import measure_problem  # noqa: E402

@@ -1,8 +1,8 @@
 """GPU: the Triton source Inductor generates for its mm template on a few shapes (max-autotune, Triton
 only, static shapes, pad_mm off), to read next to the dataset kernel (data_gen/kernel.py) where
-benchmarks/kernel_fidelity.py finds their config orders differ.
+benchmarks/archive/kernel_fidelity.py finds their config orders differ.
 
-    python benchmarks/dump_template.py --out DIR
+    python benchmarks/archive/dump_template.py --out DIR
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from kernel_fidelity import SHAPES, operands  # noqa: E402

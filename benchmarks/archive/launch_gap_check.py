@@ -3,7 +3,7 @@
 Times tiny GEMMs (and one large control) with the sweep's Bench as the v1 dataset did (no pre-sleep)
 and with a GPU spin before each timed run (pre_sleep_us), on an idle CPU and with the CPU saturated
 by busy processes (as during the sweep's parallel compilation).
-    python benchmarks/launch_gap_check.py [--out results.json]
+    python benchmarks/archive/launch_gap_check.py [--out results.json]
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from perfmodel.data_gen import kernel  # noqa: E402
 from perfmodel.data_gen.measure import Bench, TimingSettings  # noqa: E402

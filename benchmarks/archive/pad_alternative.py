@@ -4,12 +4,12 @@ The issue's alternative to a dedicated pad head: orig = the shipped cuBLAS head 
 padded = the cuBLAS head on the padded (contiguous) GEMM + the pad copies and the output slice at 70 %
 of the H100's DRAM bandwidth plus a few µs per launch (prepadded operands free). Prints the same
 metrics as `perfmodel eval` on the validation (1) and test (2) pad splits.
-    python benchmarks/pad_alternative.py
+    python benchmarks/archive/pad_alternative.py
 """
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from pathlib import Path  # noqa: E402

@@ -1,0 +1,66 @@
+"""`perfmodel gen static`: rows timed with the static compile (the kernel compiled for one problem's shape,
+as Inductor compiles its mm template) written into a dataset folder as `gemm_static` parts (CPU).
+
+The rows come from GPU runs of `benchmarks/static_retime.py` (a folder holding `static_rows.jsonl.gz`, or a
+rows file of that format): one JSON row per config, with the problem's `unit`. Each problem becomes one
+unit of the folder's `gemm_static` parts, its Triton and cuBLAS rows as timed, under the folder's own
+`gemm` header (device, versions, kernel source hash) with the static kernel mode. Units already in the
+folder are left as they are, so the same runs can be written again (a run adding nothing writes no part).
+"""
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+ROWS_FILE = "static_rows.jsonl.gz"  # what a static_retime.py GPU run writes into its --out folder
+SOURCE = "perfmodel gen static"
+
+
+def rows_file(run: Path) -> Path:
+    """The rows file of a run: the path itself if it is a file, else the folder's static_rows.jsonl.gz."""
+    path = run if run.is_file() else run / ROWS_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"runs: no {ROWS_FILE} in {run} (nor is it a rows file)")
+    return path
+
+
+def read_runs(runs: list[Path]) -> dict[str, list[dict[str, Any]]]:
+    """The runs' rows by problem unit, in file order; each row without its `unit` and `kernel` fields."""
+    by_unit: dict[str, list[dict[str, Any]]] = {}
+    for run in runs:
+        with gzip.open(rows_file(run), "rt") as fh:
+            for n, line in enumerate(fh, 1):
+                r = json.loads(line)
+                if "unit" not in r:
+                    raise ValueError(f"runs: row {n} of {run} has no 'unit' field")
+                r.pop("kernel", None)
+                by_unit.setdefault(r.pop("unit"), []).append(r)
+    return by_unit
+
+
+def write_static(data: Path, runs: list[Path]) -> dict[str, int]:
+    """Write the runs' rows into the dataset folder `data` as gemm_static parts (gzipped when done).
+    Returns {"written": new problems, "problems": problems read, "rows": rows read}."""
+    from .kernel import STATIC_KIND, static_kernel_mode
+    from .shards import ShardWriter, compress_parts, read_dataset
+
+    if not runs:
+        raise ValueError("runs: name at least one static_retime.py run (folder or rows file)")
+    if not data.is_dir():
+        raise FileNotFoundError(f"--out: no dataset folder at {data}")
+    _, headers = read_dataset(data, "gemm")
+    if not headers:
+        raise FileNotFoundError(f"--out: {data} has no gemm shards to take the header from")
+    header = {k: v for k, v in headers[0].items() if k not in ("_header", "kind", "sweep")}
+    header.update(kernel_mode=static_kernel_mode(), source=SOURCE)
+    by_unit = read_runs(runs)
+    done = {r["unit"] for r in read_dataset(data, STATIC_KIND)[0]}
+    new = sorted(u for u in by_unit if u not in done)
+    if new:  # (no part at all when every problem is already there)
+        with ShardWriter(data, STATIC_KIND, header) as w:
+            for unit in new:
+                w.write_unit(unit, by_unit[unit])
+        compress_parts(data)
+    return {"written": len(new), "problems": len(by_unit), "rows": sum(len(r) for r in by_unit.values())}
