@@ -44,7 +44,7 @@ IEEE_MAX_FMA_PER_THREAD = 4096
 
 @dataclass
 class BmmSweepSettings:
-    n: int = 260                 # problems to draw (bmm_problems); sized for ~8 minutes on one H100
+    n: int = 300                 # problems to draw (bmm_problems); sized for ~8 minutes on one H100
     seed: int = 0
     extra_configs: int = 6       # EXHAUSTIVE configs per problem beside Inductor's DEFAULT list
     # The share of problems that repeat an earlier problem's shape with another batch: the kernel does
