@@ -53,6 +53,10 @@ class BmmSweepSettings:
     time_limit_s: float | None = None  # stop cleanly (between problems) after this long
     compile_workers: int = max(1, (os.cpu_count() or 2) - 1)
     exclude: frozenset[str] = frozenset()  # unit ids left out of the draw (--exclude-from)
+    # The device spec the problem list and extra configs are drawn with (its peak and bandwidth decide
+    # which problems fit the budget), by name; None: the timing device's. A second device times the
+    # first's problems with the first's spec (--problems-spec h100-sxm).
+    problem_spec: str | None = None
     budget: "BmmBudget" = field(default_factory=lambda: BmmBudget())
     timing: TimingSettings = field(default_factory=TimingSettings)
     aten_pre_sleep_us: float = 1000.0  # the GPU spin before aten::bmm and the padded variant (several launches)

@@ -220,6 +220,7 @@ def header(spec: DeviceSpec, live: dict[str, Any], settings: BmmSweepSettings) -
         "kernel_mode": bmm_kernel.kernel_mode(), "torch": torch.__version__,
         "sweep": {"seed": settings.seed, "n": settings.n, "extra_configs": settings.extra_configs,
                   "rebatch": settings.rebatch, "excluded": len(settings.exclude), "budget": vars(settings.budget),
+                  "problem_spec": settings.problem_spec or spec.name,
                   "timing": vars(settings.timing), "aten_pre_sleep_us": settings.aten_pre_sleep_us}}
 
 
@@ -246,11 +247,14 @@ def sweep(out_dir: Path, spec: DeviceSpec, live: dict[str, Any], settings: BmmSw
 
     from .shards import ShardWriter
 
+    from perfmodel.devices import get_spec
+
     t0 = time.perf_counter()
-    drawn = bmm_problems(settings.n, spec, settings.seed, settings.budget, settings.rebatch, settings.exclude)
+    draw = get_spec(settings.problem_spec) if settings.problem_spec else spec
+    drawn = bmm_problems(settings.n, draw, settings.seed, settings.budget, settings.rebatch, settings.exclude)
     writer = ShardWriter(out_dir, KIND, header(spec, live, settings))
     todo = [(p, f) for p, f in drawn if problem_id(p) not in writer.done]
-    plan = {p: sweep_configs(p, spec, settings.extra_configs) for p, _ in todo}
+    plan = {p: sweep_configs(p, draw, settings.extra_configs) for p, _ in todo}
     est = estimate([p for p, _ in todo], plan, spec, settings.compile_workers, settings.timing)
     print(f"bmm sweep: {len(todo)} of {len(drawn)} problems to time ({len(drawn) - len(todo)} already in {out_dir}); "
           f"estimate {json.dumps(est)}", file=sys.stderr, flush=True)

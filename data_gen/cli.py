@@ -118,6 +118,9 @@ def _add_bmm_parser(gsub: argparse._SubParsersAction) -> None:
     g.add_argument("--extra-configs", type=int, default=d.extra_configs,
                    help=f"EXHAUSTIVE-space configs per problem beside Inductor's DEFAULT list (default {d.extra_configs})")
     g.add_argument("--device-spec", default=None, help="datasheet spec name (default: matched from the GPU)")
+    g.add_argument("--problems-spec", default=None,
+                   help="draw the problems and extra configs with this device spec's budgets, to time another "
+                        "device's problems (default: --device-spec's)")
     g.add_argument("--workers", type=int, default=d.compile_workers, help="compile processes")
     t = d.timing
     g.add_argument("--budget-ms", type=float, default=t.budget_ms, help="GPU ms of timed runs per config")
@@ -156,9 +159,16 @@ def bmm_settings(args: argparse.Namespace):
         if not args.exclude_from.is_dir():
             raise FileNotFoundError(f"--exclude-from: no dataset folder at {args.exclude_from}")
         exclude = frozenset(r["unit"] for r in read_dataset(args.exclude_from, "bmm")[0])
+    if args.problems_spec is not None:
+        from perfmodel.devices import get_spec
+
+        try:
+            get_spec(args.problems_spec)
+        except (KeyError, ValueError) as exc:
+            raise ValueError(f"--problems-spec: {exc}") from None
     timing = TimingSettings(budget_ms=args.budget_ms, pre_sleep_us=args.pre_sleep_us,
                             slow_factor=args.slow_factor or None, slow_min_ms=args.slow_min_ms)
-    return BmmSweepSettings(n=args.n, seed=args.seed, extra_configs=args.extra_configs, time_limit_s=args.time_limit,
+    return BmmSweepSettings(problem_spec=args.problems_spec, n=args.n, seed=args.seed, extra_configs=args.extra_configs, time_limit_s=args.time_limit,
                             compile_workers=args.workers, exclude=exclude, timing=timing,
                             aten_pre_sleep_us=args.aten_pre_sleep_us)
 

@@ -476,7 +476,8 @@ def test_compiles_survive_a_dying_worker(repo_root):
 @pytest.mark.parametrize("argv, flag", [(["--n", "0"], "--n"), (["--extra-configs", "-1"], "--extra-configs"),
                                         (["--workers", "0"], "--workers"), (["--time-limit", "0"], "--time-limit"),
                                         (["--budget-ms", "-1"], "--budget-ms"), (["--slow-factor", "-2"], "--slow-factor"),
-                                        (["--exclude-from", "/no/such/folder"], "--exclude-from")])
+                                        (["--exclude-from", "/no/such/folder"], "--exclude-from"),
+                                        (["--problems-spec", "no-such-gpu"], "--problems-spec")])
 def test_cli_errors_name_the_flag(argv, flag, capsys, tmp_path):
     from perfmodel.cli import main
 
@@ -494,9 +495,10 @@ def test_cli_builds_the_settings(tmp_path):
     with ShardWriter(ex, "bmm", {"device_name": "x"}) as w:
         w.write_unit("bmm-aaaa", [{"kind": "aten", "status": "ok"}])
     args = build_parser().parse_args(["gen", "bmm", "--n", "7", "--seed", "3", "--time-limit", "480",
-                                      "--exclude-from", str(ex), "--slow-factor", "0"])
+                                      "--exclude-from", str(ex), "--slow-factor", "0", "--problems-spec", "h100-sxm"])
     s = bmm_settings(args)
     assert (s.n, s.seed, s.time_limit_s, s.exclude, s.timing.slow_factor) == (7, 3, 480.0, frozenset({"bmm-aaaa"}), None)
+    assert s.problem_spec == "h100-sxm"
 
 
 # ---------------------------------------------------------------------------------------------- GPU
