@@ -1,4 +1,5 @@
-"""`perfmodel gen gemm|pad|cublas|cublas-only|static` and `perfmodel data info` (argument parsing; work is imported lazily)."""
+"""`perfmodel gen gemm|pad|cublas|cublas-only|bmm|static` and `perfmodel data info` (argument parsing; work is imported
+lazily)."""
 from __future__ import annotations
 
 import argparse
@@ -97,6 +98,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                     help="GPU runs of benchmarks/static_retime.py: their --out folders, or rows files of that format")
     st.add_argument("--out", type=Path, default=Path("data/h100"),
                     help="dataset folder (its gemm header is reused; problems already there are left)")
+    _add_bmm_parser(gsub)
     data = sub.add_parser("data", help="dataset tools")
     dsub = data.add_subparsers(dest="data_cmd", required=True)
     info = dsub.add_parser("info", help="counts of a dataset folder")
@@ -104,6 +106,77 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     info.add_argument("--json", action="store_true")
     comp = dsub.add_parser("compress", help="gzip finished .jsonl parts")
     comp.add_argument("path", type=Path)
+
+
+def _add_bmm_parser(gsub: argparse._SubParsersAction) -> None:
+    from .bmm import BmmSweepSettings
+
+    d = BmmSweepSettings()
+    g = gsub.add_parser("bmm", help="Inductor's bmm template (its DEFAULT configs and a few EXHAUSTIVE ones), "
+                                    "aten::bmm and the padded aten::bmm on batched GEMMs users run")
+    g.add_argument("--out", type=Path, default=Path("data/h100"), help="dataset folder (resumes its bmm parts)")
+    g.add_argument("--n", type=int, default=d.n,
+                   help=f"problems to draw (default {d.n}: about 8 minutes on one H100; an estimate is printed at start)")
+    g.add_argument("--seed", type=int, default=d.seed)
+    g.add_argument("--exclude-from", type=Path, default=None,
+                   help="leave this dataset folder's bmm problems out of the draw (n new ones are drawn)")
+    g.add_argument("--time-limit", type=float, default=None, help="stop cleanly after this many seconds")
+    g.add_argument("--extra-configs", type=int, default=d.extra_configs,
+                   help=f"EXHAUSTIVE-space configs per problem beside Inductor's DEFAULT list (default {d.extra_configs})")
+    g.add_argument("--device-spec", default=None, help="datasheet spec name (default: matched from the GPU)")
+    g.add_argument("--problems-spec", default=None,
+                   help="draw the problems and extra configs with this device spec's budgets, to time another "
+                        "device's problems (default: --device-spec's)")
+    g.add_argument("--workers", type=int, default=d.compile_workers, help="compile processes")
+    t = d.timing
+    g.add_argument("--budget-ms", type=float, default=t.budget_ms, help="GPU ms of timed runs per config")
+    g.add_argument("--pre-sleep-us", type=float, default=t.pre_sleep_us,
+                   help=f"GPU spin before each timed Triton run (default {t.pre_sleep_us:g})")
+    g.add_argument("--aten-pre-sleep-us", type=float, default=d.aten_pre_sleep_us,
+                   help=f"GPU spin before each timed aten::bmm / padded run (default {d.aten_pre_sleep_us:g})")
+    g.add_argument("--slow-factor", type=float, default=t.slow_factor,
+                   help=f"a config this many times slower than the problem's fastest first run keeps that run "
+                        f"(0: none; default {t.slow_factor:g})")
+    g.add_argument("--slow-min-ms", type=float, default=t.slow_min_ms, help=f"--slow-factor's floor (default {t.slow_min_ms:g})")
+    g.add_argument("--stats", type=Path, default=None, help="write the run's statistics (JSON) here")
+    g.add_argument("--no-progress", action="store_true")
+
+
+def bmm_settings(args: argparse.Namespace):
+    """The bmm sweep's settings from `perfmodel gen bmm` arguments; bad values raise naming the flag
+    (checked before any GPU work)."""
+    from .bmm import BmmSweepSettings
+    from .measure import TimingSettings
+
+    for flag, value, low in (("--n", args.n, 1), ("--extra-configs", args.extra_configs, 0), ("--workers", args.workers, 1)):
+        if value < low:
+            raise ValueError(f"{flag}: must be >= {low}, got {value}")
+    for flag, value in (("--time-limit", args.time_limit), ("--budget-ms", args.budget_ms)):
+        if value is not None and not value > 0:
+            raise ValueError(f"{flag}: must be > 0, got {value}")
+    for flag, value in (("--pre-sleep-us", args.pre_sleep_us), ("--aten-pre-sleep-us", args.aten_pre_sleep_us),
+                        ("--slow-factor", args.slow_factor), ("--slow-min-ms", args.slow_min_ms)):
+        if not value >= 0:
+            raise ValueError(f"{flag}: must be >= 0, got {value}")
+    exclude: frozenset[str] = frozenset()
+    if args.exclude_from is not None:
+        from .shards import read_dataset
+
+        if not args.exclude_from.is_dir():
+            raise FileNotFoundError(f"--exclude-from: no dataset folder at {args.exclude_from}")
+        exclude = frozenset(r["unit"] for r in read_dataset(args.exclude_from, "bmm")[0])
+    if args.problems_spec is not None:
+        from perfmodel.devices import get_spec
+
+        try:
+            get_spec(args.problems_spec)
+        except (KeyError, ValueError) as exc:
+            raise ValueError(f"--problems-spec: {exc}") from None
+    timing = TimingSettings(budget_ms=args.budget_ms, pre_sleep_us=args.pre_sleep_us,
+                            slow_factor=args.slow_factor or None, slow_min_ms=args.slow_min_ms)
+    return BmmSweepSettings(problem_spec=args.problems_spec, n=args.n, seed=args.seed, extra_configs=args.extra_configs, time_limit_s=args.time_limit,
+                            compile_workers=args.workers, exclude=exclude, timing=timing,
+                            aten_pre_sleep_us=args.aten_pre_sleep_us)
 
 
 def _multi_gpu(args: argparse.Namespace) -> int | None:
@@ -153,6 +226,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     import torch
 
+    bmm = bmm_settings(args) if args.gen_kind == "bmm" else None  # argument errors before the GPU check
     if not torch.cuda.is_available():
         raise RuntimeError("gen: needs a CUDA GPU (none is visible)")
     rc = _multi_gpu(args) if args.gen_kind in ("gemm", "pad") else None
@@ -186,6 +260,10 @@ def run(args: argparse.Namespace) -> int:
                                      modes=tuple(args.modes.split(',')) if args.modes else None, time_limit_s=args.time_limit,
                                      problem_spec=args.problems_spec)
         stats = run_gemm(args.out, args.device_spec, settings, args.shard, progress=not args.no_progress)
+    elif args.gen_kind == "bmm":
+        from .bmm_sweep import run as run_bmm
+
+        stats = run_bmm(args.out, args.device_spec, bmm, progress=not args.no_progress)
     elif args.gen_kind == "cublas":
         from .cublas_sweep import run as run_cublas
 

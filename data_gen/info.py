@@ -5,13 +5,15 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from .bmm import KIND as BMM_KIND
 from .shards import ONLY_KIND, STATIC_KIND, cublas_times, read_dataset
 
 
 def dataset_info(folder: Path) -> dict[str, Any]:
     gemm, gemm_headers = read_dataset(folder, "gemm")
     pad, pad_headers = read_dataset(folder, "pad")
-    headers = gemm_headers or pad_headers
+    bmm, bmm_headers = read_dataset(folder, BMM_KIND)
+    headers = gemm_headers or pad_headers or bmm_headers
     ok = [r for r in gemm if r["kind"] == "triton" and r["status"] == "ok"]
     problems: dict[str, dict[str, Any]] = {}
     for r in gemm:
@@ -67,4 +69,35 @@ def dataset_info(folder: Path) -> dict[str, Any]:
         "max_fraction_of_peak": max(fracs) if fracs else None,
         "flagged_rows": sum(bool(r.get("flag")) for r in gemm + pad + static + only),
         "parts": len(gemm_headers) + len(pad_headers) + len(retimed_headers) + len(static_headers) + len(only_headers),
+        **bmm_info(bmm, bmm_headers),
+    }
+
+
+def bmm_info(rows: list[dict[str, Any]], headers: list[dict[str, Any]]) -> dict[str, Any]:
+    """Counts of the `bmm` parts (perfmodel gen bmm): problems, valid rows of each kind, and the spread."""
+    problems: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        problems.setdefault(r["unit"], r)
+    triton = [r for r in rows if r["kind"] == "triton"]
+
+    def mode(r: dict[str, Any]) -> str:
+        return "tf32" if r["allow_tf32"] and r["dtype"] == "float32" else r["dtype"]
+
+    return {
+        "bmm_problems": len(problems),
+        "bmm_rows": sum(r["status"] == "ok" for r in triton),
+        "bmm_rows_all": len(triton),
+        "bmm_failed_rows": sum(r["status"].startswith("fail") for r in triton),
+        "bmm_rejected_rows": sum(r["status"] == "rejected_peak" for r in triton),
+        "bmm_rows_by_source": dict(sorted(Counter(r["source"] for r in triton if r["status"] == "ok").items())),
+        "bmm_aten_rows": sum(r["kind"] == "aten" and r["status"] == "ok" for r in rows),
+        "bmm_aten_pad_rows": sum(r["kind"] == "aten_pad" and r["status"] == "ok" for r in rows),
+        "bmm_problems_by_family": dict(sorted(Counter(r["family"] for r in problems.values()).items())),
+        "bmm_problems_by_dtype": dict(sorted(Counter(mode(r) for r in problems.values()).items())),
+        "bmm_problems_by_layout": dict(sorted(Counter(
+            f"{'T' if r['transpose_left'] else 'N'}{'T' if r['transpose_right'] else 'N'}" for r in problems.values()).items())),
+        "bmm_max_flops": max((2.0 * r["batch"] * r["m"] * r["n"] * r["k"] for r in problems.values()), default=None),
+        "bmm_max_fraction_of_peak": max((r["frac_peak"] for r in rows if r["status"] == "ok"), default=None),
+        "bmm_kernel_modes": sorted({h.get("kernel_mode") for h in headers}),
+        "bmm_parts": len(headers),
     }

@@ -84,7 +84,10 @@ MAX_DIM = 2**31 - 1
 # AutoHeuristic's pad_mm data), so a positional call could silently swap n and k.
 @dataclass(frozen=True, kw_only=True)
 class GemmProblem:
-    """C[m, n] = A[m, k] @ B[k, n]; transpose_left/right: A/B stored column-major. Keyword-only."""
+    """C[m, n] = A[m, k] @ B[k, n]; transpose_left/right: A/B stored column-major. Keyword-only.
+
+    batch > 1 is a bmm, C[b, m, n] = A[b, m, k] @ B[b, k, n] (Inductor's bmm template and aten::bmm),
+    each of the b matrices in the layout the transpose flags give."""
 
     m: int
     n: int
@@ -93,9 +96,10 @@ class GemmProblem:
     allow_tf32: bool = False
     transpose_left: bool = False
     transpose_right: bool = False
+    batch: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("m", "n", "k"):
+        for name in ("m", "n", "k", "batch"):
             object.__setattr__(self, name, _check_int(name, getattr(self, name), maximum=MAX_DIM))
         object.__setattr__(self, "dtype", _norm_dtype(self.dtype))
         for name in ("allow_tf32", "transpose_left", "transpose_right"):
@@ -107,15 +111,17 @@ class GemmProblem:
 
     @property
     def flops(self) -> float:
-        return 2.0 * self.m * self.n * self.k
+        return 2.0 * self.batch * self.m * self.n * self.k
 
     @property
     def min_bytes(self) -> float:
-        """Each operand read once and the output written once."""
-        return float(self.m * self.k + self.k * self.n + self.m * self.n) * self.dtype_bytes
+        """Each operand read once and the output written once (every matrix of a batch)."""
+        return float(self.batch * (self.m * self.k + self.k * self.n + self.m * self.n)) * self.dtype_bytes
 
     def as_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        """The fields by name; `batch` only where it is not 1, so that a plain GEMM's dict (dataset rows,
+        the serving CLI's JSON) is the one it has always been. GemmProblem(**p.as_dict()) == p."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "batch" or self.batch != 1}
 
     @cached_property
     def packed(self) -> bytes:

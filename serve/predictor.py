@@ -84,6 +84,8 @@ def _check_kernel(kernel: Any) -> None:
 def _check_problem(prob: Any, name: str = "prob") -> GemmProblem:
     if not isinstance(prob, GemmProblem):
         raise TypeError(f"{name}: expected a GemmProblem, got {type(prob).__name__}")
+    if prob.batch != 1:  # no bmm head yet: a batched problem is refused, never predicted as one GEMM
+        raise ValueError(f"batch: {name} has batch={prob.batch}; this model predicts plain GEMMs only (batch=1)")
     return prob
 
 

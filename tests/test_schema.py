@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 
@@ -33,7 +34,7 @@ def _raises_naming(cls, kwargs, field, exc):
     assert field in str(info.value), f"message {str(info.value)!r} does not name {field!r}"
 
 
-@pytest.mark.parametrize("field", ["m", "n", "k"])
+@pytest.mark.parametrize("field", ["m", "n", "k", "batch"])
 @pytest.mark.parametrize("value,exc", BAD_DIMS)
 def test_gemm_problem_bad_dim(field, value, exc):
     _raises_naming(GemmProblem, {**GOOD_PROBLEM, field: value}, field, exc)
@@ -170,6 +171,18 @@ def test_gemm_problem_properties():
     assert p.as_dict() == dict(m=3, n=5, k=7, dtype="bfloat16", allow_tf32=False, transpose_left=False,
                                transpose_right=False)
     assert GemmProblem(m=3, n=5, k=7, dtype="float32").dtype_bytes == 4
+
+
+def test_gemm_problem_batch():
+    # a plain GEMM is batch 1, and its dict is what it was before the batch field
+    p = GemmProblem(m=3, n=5, k=7)
+    assert p.batch == 1 and "batch" not in p.as_dict() and p == GemmProblem(m=3, n=5, k=7, batch=1)
+    b = GemmProblem(m=3, n=5, k=7, dtype="bfloat16", transpose_right=True, batch=np.int64(12))
+    assert type(b.batch) is int and b.batch == 12 and b != p.__class__(**{**b.as_dict(), "batch": 1})
+    assert b.as_dict()["batch"] == 12 and GemmProblem(**b.as_dict()) == b
+    assert b.flops == 12 * 2 * 3 * 5 * 7
+    assert b.min_bytes == 12 * (3 * 7 + 7 * 5 + 3 * 5) * 2
+    assert b.packed == GemmProblem(m=3, n=5, k=7, dtype="bfloat16", transpose_right=True).packed  # encoder columns
 
 
 @pytest.mark.parametrize("dtype,dims,expected", [
