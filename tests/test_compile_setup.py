@@ -1,0 +1,162 @@
+"""perfmodel.serve.compile, the whole-model set-up: its choice filter and decisions on synthetic Inductor choices
+(stand-ins with the attributes Inductor's KernelTemplateChoice has; no GPU, no compile), and the shipped model's
+predictions. The GPU test compiles a small model with the set-up."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from perfmodel import GemmProblem, Predictor
+from perfmodel.configs import inductor_default_configs
+from perfmodel.serve import compile as pc
+
+
+def _choice(uid: str, cfg=None):
+    """A stand-in KernelTemplateChoice: template.uid, and params.to_kwargs() for a Triton config."""
+    kw = {} if cfg is None else {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
+                                 "GROUP_M": cfg.group_m, "num_stages": cfg.num_stages, "num_warps": cfg.num_warps}
+    return SimpleNamespace(template=SimpleNamespace(uid=uid), params=SimpleNamespace(to_kwargs=lambda: dict(kw)))
+
+
+CFGS = list(inductor_default_configs())[:6]
+
+
+def _mm_call(aten=("aten::mm",)):
+    return ([_choice(a) for a in aten] + [_choice("triton::mm", c) for c in CFGS]
+            + [_choice("decompose_k"), _choice("triton::mm_persistent_tma"), _choice("contiguous_mm")])
+
+
+def _uids(cs):
+    return [c.template.uid for c in cs]
+
+
+def test_filter_keeps_the_ranked_configs_and_default_modes_aten_choice():
+    call = _mm_call()
+    tri = [c for c in call if c.template.uid == "triton::mm"]
+    out = pc.filter_choices(call, "mm", True, [2, 4], pc.Policy(top_k=2))
+    assert out == [call[0], tri[2], tri[4]]  # Inductor's order, the other templates gone
+    alone = pc.filter_choices(call, "mm", True, [2], pc.Policy(keep_aten=False))
+    assert alone == [tri[2]]  # no aten: nothing left to benchmark
+    assert pc.filter_choices(call, "mm", False, [], pc.Policy()) == [call[0]]
+
+
+def test_filter_picks_cublaslt_bias_epilogue_for_addmm():
+    # under max_autotune_gemm aten::addmm gets the bias expanded (a copy, then beta=1); aten::bias_addmm is
+    # default mode's kernel
+    call = _mm_call(aten=("aten::bias_addmm", "aten::addmm"))
+    assert _uids(pc.filter_choices(call, "addmm", False, [], pc.Policy())) == ["aten::bias_addmm"]
+    call = _mm_call(aten=("aten::addmm",))
+    assert _uids(pc.filter_choices(call, "addmm", False, [], pc.Policy())) == ["aten::addmm"]
+
+
+def test_filter_leaves_other_ops_to_aten_and_never_empties_a_call():
+    bmm = [_choice("aten::bmm")] + [_choice("triton::bmm", c) for c in CFGS]
+    assert _uids(pc.filter_choices(bmm, "bmm", False, [], pc.Policy())) == ["aten::bmm"]
+    conv = [_choice("aten::convolution"), _choice("triton::convolution2d")]
+    assert _uids(pc.filter_choices(conv, "convolution", False, [], pc.Policy())) == ["aten::convolution"]
+    only_templates = [_choice("triton::mm", c) for c in CFGS]
+    # a call with nothing the set-up keeps stays as Inductor made it (an empty list would fail the compile)
+    assert pc.filter_choices(only_templates, "mm", False, [], pc.Policy()) == only_templates
+
+
+@pytest.mark.parametrize("kw,field", [({"top_k": 0}, "top_k"), ({"triton_gain": -1.0}, "triton_gain"),
+                                      ({"triton_gain": True}, "triton_gain"), ({"keep_aten": 1}, "keep_aten"),
+                                      ({"keep_aten": False, "top_k": 2}, "top_k")])
+def test_policy_refuses_bad_settings_naming_the_field(kw, field):
+    with pytest.raises((ValueError, TypeError), match=field):
+        pc.Policy(**kw)
+
+
+@pytest.fixture(scope="module")
+def predictor():
+    p = Predictor.load(device="h100-sxm")
+    return p.with_kernel("inductor") if p.has_static else p
+
+
+PROBLEMS = [GemmProblem(m=8, n=4096, k=4096, dtype="bfloat16", transpose_right=True),
+            GemmProblem(m=4096, n=3072, k=768, dtype="float16"),
+            GemmProblem(m=1000, n=1000, k=1000, dtype="float16")]
+
+
+@pytest.mark.parametrize("prob", PROBLEMS)
+def test_decide_follows_the_models_times(predictor, prob):
+    keep, best, cublas = pc.decide(predictor, prob, CFGS, pc.Policy(top_k=3))
+    ranked = predictor.rank(prob, CFGS, top_k=3)
+    assert [CFGS[i] for i, _ in best] == [c for c, _ in ranked]
+    assert cublas == pytest.approx(predictor.predict_cublas(prob), rel=1e-6)
+    assert keep == (best[0][1] <= cublas)  # triton_gain 0: kept where predicted at least as fast
+    # a gain nothing can reach keeps aten alone; inf never keeps Triton
+    assert pc.decide(predictor, prob, CFGS, pc.Policy(triton_gain=1e6))[0] is False
+    assert pc.decide(predictor, prob, CFGS, pc.Policy(triton_gain=float("inf")))[0] is False
+    assert pc.decide(predictor, prob, CFGS, pc.Policy(triton_gain=-0.999))[0] is True
+
+
+class _Inputs:
+    """A stand-in for Inductor's MMKernelInputs of an mm (mat1 [m, k], mat2 [k, n], row-major)."""
+
+    def __init__(self, m: int, k: int, n: int, dtype=torch.float16) -> None:
+        self.m, self.k, self.n, self.dtype = m, k, n, dtype
+
+    def nodes(self):
+        return [object(), object()]
+
+    def shapes_hinted(self):
+        return [(self.m, self.k), (self.k, self.n)]
+
+    def strides_hinted(self):
+        return [(self.k, 1), (self.n, 1)]
+
+    def mnk_hinted(self):
+        return self.m, self.n, self.k
+
+    def dtypes(self):
+        return [self.dtype, self.dtype]
+
+
+def test_handler_decides_records_and_summarises(predictor):
+    pytest.importorskip("torch._inductor.choices")
+    pc.reset()
+    handler = pc._handler_class()(predictor, pc.Policy(triton_gain=-0.999))  # keeps Triton wherever it can
+    call = _mm_call()
+    out = handler._finalize_template_configs({"all": iter(call)}, _Inputs(2048, 768, 3072), [], "mm")
+    assert _uids(out) == ["aten::mm", "triton::mm"]
+    kept_cfg = out[1].params.to_kwargs()
+    best = predictor.rank(GemmProblem(m=2048, n=3072, k=768, dtype="float16"), CFGS, top_k=1)[0][0]
+    assert (kept_cfg["BLOCK_M"], kept_cfg["BLOCK_N"], kept_cfg["BLOCK_K"]) == (best.block_m, best.block_n,
+                                                                               best.block_k)
+    bmm = [_choice("aten::bmm")] + [_choice("triton::bmm", c) for c in CFGS]
+    assert _uids(handler._finalize_template_configs({"all": iter(bmm)}, _Inputs(64, 64, 64), [], "bmm")) == \
+        ["aten::bmm"]
+    (d,) = pc.decisions()
+    assert d.op == "mm" and d.triton and d.configs == [str(best)] and d.choices_kept == 2
+    text = pc.summary()
+    assert "mm 2048x768x3072 float16 NN" in text and "Triton" in text and "bmm x1" in text
+    never = pc._handler_class()(predictor, pc.Policy(triton_gain=float("inf")))
+    out = never._finalize_template_configs({"all": iter(_mm_call())}, _Inputs(2048, 768, 3072), [], "mm")
+    assert _uids(out) == ["aten::mm"]
+    pc.reset()
+    assert pc.decisions() == []
+
+
+def test_compile_refuses_mode_and_unknown_options():
+    with pytest.raises(ValueError, match="mode"):
+        pc.compile(torch.nn.Linear(4, 4), mode="max-autotune")
+    with pytest.raises(ValueError, match="options"):
+        pc.compile(torch.nn.Linear(4, 4), options={"no_such_inductor_option": 1})
+
+
+@pytest.mark.gpu
+def test_compile_runs_a_model_on_the_gpu():
+    dev = torch.device("cuda")
+    model = torch.nn.Sequential(torch.nn.Linear(768, 3072), torch.nn.GELU(), torch.nn.Linear(3072, 768)).to(
+        dev, torch.float16).eval()
+    x = torch.randn(2048, 768, device=dev, dtype=torch.float16)
+    pc.reset()
+    with torch.no_grad():
+        ref = model(x)
+        out = pc.compile(model)(x).clone()
+    assert ((out.float() - ref.float()).norm() / ref.float().norm()).item() < 1e-2
+    ops = {d.op for d in pc.decisions()}
+    assert ops and ops <= {"mm", "addmm"}
