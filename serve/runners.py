@@ -1,13 +1,16 @@
 """The two backends of perfmodel.serve.predictor.Predictor, which run the same folded network.
 
-"torch": the folded heads (BatchNorm and standardisation folded into plain Linear layers) under
-torch.inference_mode, a plain Linear/ReLU chain as addmm. "onnx": onnxruntime sessions on the folder's
-model.onnx -- the heads, and the screened ranking graph when it has one. Both offer score /
-score_log_ms / __call__ on a head's encoded rows; rank_keep says whether the runner ranks in one call.
+Both implement Runner, the interface the Predictor calls: `backend` (what Predictor.backend reports),
+`heads` (the heads it scores row by row: score / score_log_ms / __call__) and `kernels` (the kernel modes
+whose rank and predict it serves, KERNELS). "torch": the folded heads (BatchNorm and standardisation
+folded into plain Linear layers) under torch.inference_mode, a plain Linear/ReLU chain as addmm.
+"onnx": onnxruntime sessions on the folder's model.onnx -- the heads, and per kernel mode the screened
+ranking graph and predict's graph (`ranks` / `predicts` say when one call serves the request).
 Imports neither Lightning, nor MLflow, nor pandas; onnxruntime and onnx only when an ONNX runner is built.
 """
 from __future__ import annotations
 
+import abc
 import os
 import threading
 from pathlib import Path
@@ -17,7 +20,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from perfmodel.artifact import PREDICT_OUTPUTS, RANK_INPUTS, RANK_OUTPUTS, ArtifactError, ModelBundle, predict_head
+from perfmodel.artifact import (PREDICT_OUTPUTS, PREDICT_STATIC_OUTPUTS, RANK_INPUTS, RANK_OUTPUTS, RANK_STATIC_OUTPUTS,
+                                STATIC, ArtifactError, ModelBundle, predict_head, with_static)
 from perfmodel.configs import pruned_space
 from perfmodel.features import configs_tensor
 from perfmodel.model import GroupedNet
@@ -31,22 +35,84 @@ _ONNX_CHECK_ROWS = 8
 _ONNX_CHECK_RTOL = 1e-3
 
 
-class _TorchRunner:
-    """Folded heads on the CPU; torch inference is thread-safe on modules in eval mode.
+# The kernel modes a Predictor predicts for (docs/design.md, "Kernel modes"): "autotune", the canonical
+# kernel with Triton's default specialisation (what a @triton.autotune user runs, and what the dataset's
+# gemm rows time); "inductor", the same source compiled for one problem's shape, as Inductor compiles its
+# mm template (the gemm head plus the model's static head).
+KERNELS = ("autotune", "inductor")
+
+
+def model_kernels(bundle: ModelBundle) -> frozenset[str]:
+    """The kernel modes a model predicts: "autotune", and "inductor" when it has a static head."""
+    return frozenset(KERNELS if STATIC in bundle.heads else KERNELS[:1])
+
+
+class Runner(abc.ABC):
+    """What the Predictor runs a model with. Rows are a head's encoded features (N, F) float32.
+
+    backend: its name, what Predictor.backend reports. heads: the heads it scores row by row.
+    kernels: the kernel modes (KERNELS) whose rank and predict it serves -- row by row (the Predictor
+    encodes, ranks with perfmodel.ranking.screened_rank and adds the static head's output) or in one
+    call where `ranks` / `predicts` say so. Every method is safe to call from many threads."""
+
+    backend: str
+    heads: frozenset[str]
+    kernels: frozenset[str]
+
+    @abc.abstractmethod
+    def score(self, head: str, x: torch.Tensor) -> torch.Tensor:
+        """PerfMLP.score of the head on x: (N,) or (N, n_outputs), before the floors."""
+
+    @abc.abstractmethod
+    def score_log_ms(self, head: str, x: torch.Tensor, lead: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(score, log ms) of the head on x; lead: its lead member's outputs on x (lead()), or None."""
+
+    @abc.abstractmethod
+    def __call__(self, head: str, x: torch.Tensor) -> np.ndarray:
+        """log ms (float64), the head's full output."""
+
+    def lead(self, head: str, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """PerfMLP.lead_score of the head on x: (score, outputs) of its ensemble's lead member alone."""
+        raise RuntimeError(f"the {self.backend} backend runs no lead member row by row (its ranking graph does)")
+
+    def ranks(self, kernel: str, keep: int, k: int) -> bool:
+        """Whether rank() serves a screened ranking (the screen's best `keep`) of k configs for the kernel
+        mode in one call."""
+        return False
+
+    def rank(self, problems: np.ndarray, part: "_ConfigPart", kernel: str) -> tuple[np.ndarray, np.ndarray]:
+        """The screened ranking of problems (P, 8) float64 against a config set: (kept config indices,
+        their log ms), each (P, kept), fastest first, ties in config order."""
+        raise NotImplementedError(f"the {self.backend} backend has no ranking graph")
+
+    def predicts(self, kernel: str) -> bool:
+        """Whether predict() serves the kernel mode's predict in one call (encoding included)."""
+        return False
+
+    def predict(self, problems: np.ndarray, part: "_ConfigPart", kernel: str) -> np.ndarray:
+        """(P, C) float32 log ms of problems (P, 8) float64 with a config set, by predict_head()."""
+        raise NotImplementedError(f"the {self.backend} backend has no predict graph")
+
+
+class _TorchRunner(Runner):
+    """Folded heads on the CPU; torch inference is thread-safe on modules in eval mode. Serves every
+    head and every kernel mode of the model, row by row.
 
     A folded head that is a plain chain of Linear and ReLU layers runs as addmm with in-place ReLU
     (no per-layer output allocation for the activation): ~1.5x faster than the module on a 36,800-row
     batch on the 2-core CPU, bit-identical output. An ensemble runs its GroupedNet; any other head
     runs as its module."""
 
-    rank_keep = None  # no ranking graph: Predictor ranks with perfmodel.ranking.screened_rank
-    rank_width = 0
+    backend = "torch"
 
     def __init__(self, bundle: ModelBundle) -> None:
-        self.heads = {name: head.for_serving().eval() for name, head in bundle.heads.items()}
+        self.modules = {name: head.for_serving().eval() for name, head in bundle.heads.items()}
+        self.heads = frozenset(self.modules)
+        self.kernels = model_kernels(bundle)
         # per head, its net (the output before the overhead floor): an addmm chain, or a GroupedNet
         self.nets: dict[str, Any] = {}
-        for name, head in self.heads.items():
+        for name, head in self.modules.items():
             head.requires_grad_(False)
             if isinstance(head.net, GroupedNet):
                 self.nets[name] = head.net
@@ -56,8 +122,7 @@ class _TorchRunner:
                 self.nets[name] = lambda x, chain=chain: _addmm_chain(chain, x)
 
     def score(self, head: str, x: torch.Tensor) -> torch.Tensor:
-        """PerfMLP.score of the head: (N,) or (N, n_outputs), before the floors."""
-        h = self.heads[head]
+        h = self.modules[head]
         with torch.inference_mode():
             if head not in self.nets:
                 return h.score(x)
@@ -68,8 +133,7 @@ class _TorchRunner:
 
     def score_log_ms(self, head: str, x: torch.Tensor, lead: torch.Tensor | None = None
                      ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(score, log ms) of the head on x; lead: its lead member's outputs on x (lead()), or None."""
-        h = self.heads[head]
+        h = self.modules[head]
         z = self.score(head, x) if lead is None else None
         with torch.inference_mode():
             if z is None:
@@ -77,12 +141,10 @@ class _TorchRunner:
             return z, h.floor(z, x)
 
     def lead(self, head: str, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """PerfMLP.lead_score of the head on x: (score, outputs) of its ensemble's lead member alone."""
         with torch.inference_mode():
-            return self.heads[head].lead_score(x)
+            return self.modules[head].lead_score(x)
 
     def __call__(self, head: str, x: torch.Tensor) -> np.ndarray:
-        """log ms (float64), the head's full output."""
         return self.score_log_ms(head, x)[1].numpy().astype(np.float64)
 
 
@@ -108,10 +170,15 @@ def _linear_relu_chain(head: Any) -> list[tuple[torch.Tensor, torch.Tensor]] | N
     return [(m.weight.detach().t().contiguous(), m.bias.detach().clone()) for m in mods[::2]]
 
 
-class _OnnxRunner:
+class _OnnxRunner(Runner):
     """onnxruntime sessions on the folder's model.onnx: one per head (input <head>_x, outputs
-    <head>_log_ms and <head>_score) and, with a screen head, the screened ranking graph (traced from
-    perfmodel.ranking.screened_rank) and predict's graph. InferenceSession.run is thread-safe."""
+    <head>_log_ms and <head>_score) and, per kernel mode, predict's graph and (with a screen head) the
+    screened ranking graph (traced from perfmodel.ranking.screened_rank; the inductor mode's with the
+    static head's output added, perfmodel.artifact.with_static). It serves the "inductor" mode where the
+    graph has that mode's graphs (perfmodel.artifact.export_onnx writes them for a model with a static
+    head). InferenceSession.run is thread-safe."""
+
+    backend = "onnx"
 
     def __init__(self, bundle: ModelBundle, path: Path) -> None:
         import onnxruntime as ort
@@ -129,9 +196,12 @@ class _OnnxRunner:
             opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
             return ort.InferenceSession(graph, sess_options=opts, providers=["CPUExecutionProvider"])
 
-        self.rank_session, self.rank_keep, self.rank_width, self.predict_session = None, None, 0, None
+        self.rank_keep, self.rank_width = None, 0
+        # per kernel mode, its ranking and predict graphs (_Staged), those the file has
+        self.rank_graphs: dict[str, _Staged] = {}
+        self.predict_graphs: dict[str, _Staged] = {}
         try:
-            head_graphs, rank_graph, predict_graph = _split_graphs(path.read_bytes())
+            head_graphs, rank_graphs, predict_graphs = _split_graphs(path.read_bytes())
             wide = min(_SERVING_THREADS, os.cpu_count() or 1)
             # One session per head (small batches: a few threads, no inter-op pool), so that a call runs
             # only its head's nodes and never feeds the others an empty batch (onnxruntime on an H100
@@ -146,17 +216,16 @@ class _OnnxRunner:
                                          session(graph.problem_graph, wide) if wide > 1 else None)
                 return graph
 
-            if rank_graph is not None:
-                # its own sessions: onnxruntime runs every node of a graph whatever outputs are asked for
-                self.rank_session = staged(rank_graph)
-                self.rank_keep = bundle.screen_keep  # traced with it (perfmodel.artifact.export_onnx)
-                # the columns it ranks: lead_keep with a lead, else screen_keep (checked on load)
-                lead_keep = bundle.lead_keep
-                self.rank_width = lead_keep if refines(lead_keep, self.rank_keep, lead_keep) else self.rank_keep
-            if predict_graph is not None:
-                self.predict_session = staged(predict_graph)
+            # their own sessions: onnxruntime runs every node of a graph whatever outputs are asked for
+            self.rank_graphs = {kernel: staged(g) for kernel, g in rank_graphs.items()}
+            self.predict_graphs = {kernel: staged(g) for kernel, g in predict_graphs.items()}
         except Exception as exc:  # onnxruntime raises its own (non-public) exception types for bad graphs
             raise ArtifactError(f"{path}: not a loadable ONNX model ({type(exc).__name__}: {exc})") from None
+        if self.rank_graphs:
+            self.rank_keep = bundle.screen_keep  # traced with it (perfmodel.artifact.export_onnx)
+            # the columns it ranks: lead_keep with a lead, else screen_keep (checked on load)
+            lead_keep = bundle.lead_keep
+            self.rank_width = lead_keep if refines(lead_keep, self.rank_keep, lead_keep) else self.rank_keep
         self.widths, outputs = {}, set()
         for head, sess in self.head_sessions.items():
             (inp,) = sess.get_inputs()
@@ -168,6 +237,22 @@ class _OnnxRunner:
             if self.widths.get(name) != len(enc) or not {f"{name}_log_ms", f"{name}_score"} <= outputs:
                 raise ArtifactError(f"{path}: the ONNX graph does not match head {name!r} of the weights "
                                     f"(re-export with `perfmodel export-onnx`)")
+        self.heads = frozenset(self.head_sessions)
+        # A kernel mode is served when the file has its graphs: the inductor mode's are written for a model
+        # with a static head (a file exported before them serves autotune only: Predictor says so).
+        self.kernels = frozenset(
+            k for k in model_kernels(bundle)
+            if k == KERNELS[0] or (STATIC in self.heads and k in self.predict_graphs
+                                   and (k in self.rank_graphs or not self.rank_graphs)))
+
+    # the autotune mode's graphs, as before the inductor mode's existed
+    @property
+    def rank_session(self) -> "_Staged | None":
+        return self.rank_graphs.get(KERNELS[0])
+
+    @property
+    def predict_session(self) -> "_Staged | None":
+        return self.predict_graphs.get(KERNELS[0])
 
     def _run(self, names: list[str], head: str, x: torch.Tensor) -> list[np.ndarray]:
         if len(x) == 0:  # no rows: nothing to run (onnxruntime is never given an empty batch)
@@ -186,20 +271,27 @@ class _OnnxRunner:
         return torch.from_numpy(z), torch.from_numpy(log_ms)
 
     def __call__(self, head: str, x: torch.Tensor) -> np.ndarray:
-        """log ms (float64), the head's full output."""
         return self._run([f"{head}_log_ms"], head, x)[0].astype(np.float64)
 
-    def predict(self, problems: np.ndarray, part: "_ConfigPart") -> np.ndarray:
-        """(P, C) float32 log ms of problems (P, 8) float64 with a config set, by predict_head()."""
-        return self.predict_session.run(_PREDICT_OUTPUTS, problems, part)[0]
+    def predicts(self, kernel: str) -> bool:
+        return kernel in self.predict_graphs
 
-    def rank(self, problems: np.ndarray, part: "_ConfigPart") -> tuple[np.ndarray, np.ndarray]:
-        """The graph's screened ranking of problems (P, 8) float64 against a config set: (kept config
-        indices, their log ms), each (P, rank_keep), fastest first, ties in config order."""
-        return self.rank_session.run(_RANK_OUTPUTS, problems, part)
+    def predict(self, problems: np.ndarray, part: "_ConfigPart", kernel: str = KERNELS[0]) -> np.ndarray:
+        graph = self.predict_graphs[kernel]
+        return graph.run(graph.outputs, problems, part)[0]
+
+    def ranks(self, kernel: str, keep: int, k: int) -> bool:
+        # traced with the model's screen_keep, ranking rank_width columns
+        return kernel in self.rank_graphs and keep == self.rank_keep and k <= self.rank_width
+
+    def rank(self, problems: np.ndarray, part: "_ConfigPart", kernel: str = KERNELS[0]) -> tuple[np.ndarray, np.ndarray]:
+        graph = self.rank_graphs[kernel]
+        return graph.run(graph.outputs, problems, part)
 
 
-_RANK_OUTPUTS, _PREDICT_OUTPUTS = list(RANK_OUTPUTS), list(PREDICT_OUTPUTS)  # lists, as the binding takes them
+# Per kernel mode, the outputs of its ranking and predict graphs in model.onnx
+_RANK_GRAPHS = {"autotune": RANK_OUTPUTS, "inductor": RANK_STATIC_OUTPUTS}
+_PREDICT_GRAPHS = {"autotune": PREDICT_OUTPUTS, "inductor": PREDICT_STATIC_OUTPUTS}
 # (problems x configs) rows from which the ranking and predict graphs run on the multi-threaded session
 _WIDE_ROWS = 4096
 
@@ -242,8 +334,10 @@ class _Staged:
     same nodes as the whole graph, so the same results; a call runs ~20 us less of them (368 configs).
     config_session and sessions (a _BySize on problem_graph) are set by the runner."""
 
-    def __init__(self, config_graph: bytes | None, problem_graph: bytes, boundary: list[str]) -> None:
+    def __init__(self, config_graph: bytes | None, problem_graph: bytes, boundary: list[str],
+                 outputs: tuple[str, ...]) -> None:
         self.config_graph, self.problem_graph, self.boundary = config_graph, problem_graph, boundary
+        self.outputs = list(outputs)  # a list, as the binding takes them
         # the boundary tensors the config stage computes (the others are config inputs, fed as they are)
         self.computed = [n for n in boundary if n not in RANK_INPUTS]
         self.config_session: Any = None
@@ -278,11 +372,11 @@ def _run_session(session: Any, outputs: list[str], feeds: dict[str, np.ndarray])
     return sess.run(outputs, feeds, None)
 
 
-def _split_graphs(model_bytes: bytes) -> tuple[dict[str, bytes], _Staged | None, _Staged | None]:
-    """({head: its graph}, the screened-ranking graph or None, predict's graph or None) of a model.onnx:
-    one session each, so that no call runs another's nodes; the ranking and predict graphs cut in their
-    config and problem stages (_Staged). A head's graph has input <head>_x and outputs <head>_score and
-    <head>_log_ms (those the model has)."""
+def _split_graphs(model_bytes: bytes) -> tuple[dict[str, bytes], dict[str, _Staged], dict[str, _Staged]]:
+    """({head: its graph}, {kernel mode: its screened-ranking graph}, {kernel mode: its predict graph}) of a
+    model.onnx, those it has: one session each, so that no call runs another's nodes; the ranking and
+    predict graphs cut in their config and problem stages (_Staged). A head's graph has input <head>_x and
+    outputs <head>_score and <head>_log_ms (those the model has)."""
     import onnx
     from onnx.utils import Extractor
 
@@ -307,9 +401,12 @@ def _split_graphs(model_bytes: bytes) -> tuple[dict[str, bytes], _Staged | None,
         computed = [n for n in boundary if n not in RANK_INPUTS]
         config = extractor.extract_model(list(RANK_INPUTS[1:]), computed).SerializeToString() if computed else None
         problem = extractor.extract_model([RANK_INPUTS[0], *boundary], list(names)).SerializeToString()
-        return _Staged(config, problem, boundary)
+        return _Staged(config, problem, boundary, names)
 
-    return heads, part(RANK_OUTPUTS), part(PREDICT_OUTPUTS)
+    def graphs(by_kernel: dict[str, tuple[str, ...]]) -> dict[str, _Staged]:
+        return {k: g for k, g in ((k, part(names)) for k, names in by_kernel.items()) if g is not None}
+
+    return heads, graphs(_RANK_GRAPHS), graphs(_PREDICT_GRAPHS)
 
 
 def _config_boundary(graph: Any, outputs: tuple[str, ...]) -> list[str]:
@@ -381,32 +478,43 @@ def _check_onnx_matches(bundle: ModelBundle, runner: _OnnxRunner, path: Path) ->
             if got.shape != want.shape or not np.allclose(got, want, rtol=_ONNX_CHECK_RTOL, atol=1e-4):
                 raise ArtifactError(f"{path}: head {name!r} of the ONNX graph disagrees with the folder's "
                                     "weights (stale export?); re-run `perfmodel export-onnx`")
-        if runner.predict_session is not None or runner.rank_session is not None:
-            enc = bundle.encoders["gemm"]
-            problems = torch.tensor([[3000.0, 1000, 777, 2, 0, 0, 0, 1]], dtype=torch.float64)
-            configs = configs_tensor(pruned_space("float16", bundle.spec))
-            x = enc.encode_cross(problems, configs)
-        if runner.predict_session is not None:
-            got = runner.predict(problems.numpy(), _ConfigPart.of(enc, configs))[0]
-            want = bundle.heads[predict_head(bundle.heads)](x).numpy()
+        if not (runner.predict_graphs or runner.rank_graphs):
+            if bundle.lead_keep:
+                raise ArtifactError(f"{path}: the folder has a lead_keep but its ONNX graph no ranking graph; "
+                                    "re-run `perfmodel export-onnx`")
+            return
+        enc = bundle.encoders["gemm"]
+        problems = torch.tensor([[3000.0, 1000, 777, 2, 0, 0, 0, 1]], dtype=torch.float64)
+        configs = configs_tensor(pruned_space("float16", bundle.spec))
+        x = enc.encode_cross(problems, configs)
+        part = _ConfigPart.of(enc, configs)
+        gemm = bundle.heads["gemm"]
+        # the torch rule per kernel mode: the static head's output added before the physical floor
+        static = {k: (lambda z, rows: z) if k == KERNELS[0] else
+                  (lambda z, rows: gemm.physical_floor(with_static(z, bundle.heads[STATIC].score(rows)), rows))
+                  for k in KERNELS}
+        for kernel, graph in runner.predict_graphs.items():
+            got = runner.predict(problems.numpy(), part, kernel)[0]
+            want = static[kernel](bundle.heads[predict_head(bundle.heads)](x), x).numpy()
             if got.shape != want.shape or not np.allclose(got, want, rtol=_ONNX_CHECK_RTOL, atol=1e-4):
-                raise ArtifactError(f"{path}: the ONNX predict graph disagrees with the folder's weights "
-                                    "(stale export?); re-run `perfmodel export-onnx`")
-        if bundle.lead_keep and runner.rank_session is None:
+                raise ArtifactError(f"{path}: the ONNX predict graph ({kernel}) disagrees with the folder's "
+                                    "weights (stale export?); re-run `perfmodel export-onnx`")
+        if bundle.lead_keep and not runner.rank_graphs:
             raise ArtifactError(f"{path}: the folder has a lead_keep but its ONNX graph no ranking graph; re-run "
                                 "`perfmodel export-onnx`")
-        if runner.rank_session is not None:
+        for kernel, graph in runner.rank_graphs.items():
             if "screen" not in bundle.heads or runner.rank_keep != bundle.screen_keep:
                 raise ArtifactError(f"{path}: the ONNX ranking graph does not match the folder's screen head or "
                                     "screen_keep; re-run `perfmodel export-onnx`")
-            kept, log_ms = runner.rank(problems.numpy(), _ConfigPart.of(enc, configs))
+            kept, log_ms = runner.rank(problems.numpy(), part, kernel)
             if kept.shape[1] != runner.rank_width:
                 raise ArtifactError(f"{path}: the ONNX ranking graph ranks {kept.shape[1]} configs per problem, the "
                                     f"folder's lead_keep / screen_keep {runner.rank_width}; re-run `perfmodel export-onnx`")
-            want = bundle.heads["gemm"](x[torch.from_numpy(kept[0])]).numpy()
+            rows = x[torch.from_numpy(kept[0])]
+            want = gemm.floor(gemm.score(rows), rows) if kernel == KERNELS[0] else static[kernel](gemm.score(rows), rows)
             screen = bundle.heads["screen"](x).numpy()
-            if not np.allclose(log_ms[0], want, rtol=_ONNX_CHECK_RTOL, atol=1e-4) or \
+            if not np.allclose(log_ms[0], want.numpy(), rtol=_ONNX_CHECK_RTOL, atol=1e-4) or \
                     np.any(np.diff(log_ms[0]) < 0) or \
                     screen[kept[0]].max() > np.sort(screen)[runner.rank_keep - 1] + 1e-4:
-                raise ArtifactError(f"{path}: the ONNX ranking graph disagrees with the folder's weights "
+                raise ArtifactError(f"{path}: the ONNX ranking graph ({kernel}) disagrees with the folder's weights "
                                     "(stale export?); re-run `perfmodel export-onnx`")
