@@ -123,6 +123,7 @@ class Predictor:
                              "re-export with `perfmodel export-onnx`, or load with backend='torch'")
         if backend != runner.backend:
             raise ValueError(f"backend: {backend!r} given with a {runner.backend} runner")
+        runner.prepare(kernel)  # the mode's graphs built and checked now, not inside a call
         self.kernel = kernel
         self._static = kernel == "inductor"
         self._loaded = (bundle, backend, runner, source)  # for with_kernel

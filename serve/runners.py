@@ -14,7 +14,7 @@ import abc
 import os
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -71,6 +71,10 @@ class Runner(abc.ABC):
     @abc.abstractmethod
     def __call__(self, head: str, x: torch.Tensor) -> np.ndarray:
         """log ms (float64), the head's full output."""
+
+    def prepare(self, kernel: str) -> None:
+        """Make ready what serving the kernel mode needs (the Predictor calls it when built for the mode);
+        nothing by default."""
 
     def lead(self, head: str, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """PerfMLP.lead_score of the head on x: (score, outputs) of its ensemble's lead member alone."""
@@ -186,55 +190,38 @@ class _OnnxRunner(Runner):
         if not path.is_file():
             raise FileNotFoundError(f"path_or_uri: {path.parent} has no {path.name} for backend='onnx' "
                                     f"(write it with `perfmodel export-onnx --model {path.parent}`)")
-        def session(graph: bytes, threads: int) -> Any:
-            opts = ort.SessionOptions()
-            opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
-            # No busy-waiting between calls: the predictor runs inside a compiler process, between
-            # other work (torch's own threads among it) that spinning pool threads would slow down.
-            opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-            opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-            return ort.InferenceSession(graph, sess_options=opts, providers=["CPUExecutionProvider"])
-
+        self._ort, self._bundle, self._path = ort, bundle, path
         self.rank_keep, self.rank_width = None, 0
-        # per kernel mode, its ranking and predict graphs (_Staged), those the file has
+        # per kernel mode, its ranking and predict graphs (_Staged), built by prepare(kernel)
         self.rank_graphs: dict[str, _Staged] = {}
         self.predict_graphs: dict[str, _Staged] = {}
+        self._prepared: set[str] = set()
+        self._prepare_lock = threading.Lock()
         try:
-            head_graphs, rank_graphs, predict_graphs = _split_graphs(path.read_bytes())
-            wide = min(_SERVING_THREADS, os.cpu_count() or 1)
+            head_graphs, self._cut, outputs = _split_graphs(path.read_bytes())
             # One session per head (small batches: a few threads, no inter-op pool), so that a call runs
             # only its head's nodes and never feeds the others an empty batch (onnxruntime on an H100
             # host died of SIGFPE on zero-row inputs).
-            self.head_sessions = {name: session(graph, wide) for name, graph in head_graphs.items()}
-            # The ranking and predict graphs get two sessions each: one thread for a few hundred rows (one
-            # problem), where waking a pool thread costs more than it saves (measured: 1 thread 470-550 us,
-            # 2 threads 525-690 us per 368-config rank), and the heads' threads for large batches.
-            def staged(graph: _Staged) -> _Staged:
-                graph.config_session = session(graph.config_graph, 1) if graph.config_graph is not None else None
-                graph.sessions = _BySize(session(graph.problem_graph, 1),
-                                         session(graph.problem_graph, wide) if wide > 1 else None)
-                return graph
-
-            # their own sessions: onnxruntime runs every node of a graph whatever outputs are asked for
-            self.rank_graphs = {kernel: staged(g) for kernel, g in rank_graphs.items()}
-            self.predict_graphs = {kernel: staged(g) for kernel, g in predict_graphs.items()}
+            self.head_sessions = {name: self._session(graph, self._wide) for name, graph in head_graphs.items()}
         except Exception as exc:  # onnxruntime raises its own (non-public) exception types for bad graphs
             raise ArtifactError(f"{path}: not a loadable ONNX model ({type(exc).__name__}: {exc})") from None
-        if self.rank_graphs:
+        # the kernel modes whose ranking / predict graphs the file has
+        self._has_rank = {k for k, names in _RANK_GRAPHS.items() if set(names) <= outputs}
+        self._has_predict = {k for k, names in _PREDICT_GRAPHS.items() if set(names) <= outputs}
+        if self._has_rank:
             self.rank_keep = bundle.screen_keep  # traced with it (perfmodel.artifact.export_onnx)
             # the columns it ranks: lead_keep with a lead, else screen_keep (checked on load)
             lead_keep = bundle.lead_keep
             self.rank_width = lead_keep if refines(lead_keep, self.rank_keep, lead_keep) else self.rank_keep
-        self.widths, outputs = {}, set()
+        self.widths, head_outputs = {}, set()
         for head, sess in self.head_sessions.items():
             (inp,) = sess.get_inputs()
             if inp.name != f"{head}_x":
                 raise ArtifactError(f"{path}: unexpected ONNX input {inp.name!r}")
             self.widths[head] = inp.shape[1]
-            outputs |= {o.name for o in sess.get_outputs()}
+            head_outputs |= {o.name for o in sess.get_outputs()}
         for name, enc in bundle.encoders.items():
-            if self.widths.get(name) != len(enc) or not {f"{name}_log_ms", f"{name}_score"} <= outputs:
+            if self.widths.get(name) != len(enc) or not {f"{name}_log_ms", f"{name}_score"} <= head_outputs:
                 raise ArtifactError(f"{path}: the ONNX graph does not match head {name!r} of the weights "
                                     f"(re-export with `perfmodel export-onnx`)")
         self.heads = frozenset(self.head_sessions)
@@ -242,8 +229,54 @@ class _OnnxRunner(Runner):
         # with a static head (a file exported before them serves autotune only: Predictor says so).
         self.kernels = frozenset(
             k for k in model_kernels(bundle)
-            if k == KERNELS[0] or (STATIC in self.heads and k in self.predict_graphs
-                                   and (k in self.rank_graphs or not self.rank_graphs)))
+            if k == KERNELS[0] or (STATIC in self.heads and k in self._has_predict
+                                   and (k in self._has_rank or not self._has_rank)))
+
+    @property
+    def _wide(self) -> int:
+        return min(_SERVING_THREADS, os.cpu_count() or 1)
+
+    def _session(self, graph: bytes, threads: int) -> Any:
+        ort = self._ort
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
+        # No busy-waiting between calls: the predictor runs inside a compiler process, between
+        # other work (torch's own threads among it) that spinning pool threads would slow down.
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        return ort.InferenceSession(graph, sess_options=opts, providers=["CPUExecutionProvider"])
+
+    def prepare(self, kernel: str) -> None:
+        """Build the kernel mode's ranking and predict graphs (once; a Predictor for the mode calls it
+        when built) and check them against the folder's weights: a load for one mode pays for its
+        graphs only."""
+        with self._prepare_lock:
+            if kernel in self._prepared or kernel not in self.kernels:
+                return
+            # The ranking and predict graphs get two sessions each: one thread for a few hundred rows (one
+            # problem), where waking a pool thread costs more than it saves (measured: 1 thread 470-550 us,
+            # 2 threads 525-690 us per 368-config rank), and the heads' threads for large batches.
+            # Their own sessions: onnxruntime runs every node of a graph whatever outputs are asked for.
+            def staged(names: tuple[str, ...]) -> _Staged:
+                graph = self._cut(names)
+                graph.config_session = self._session(graph.config_graph, 1) if graph.config_graph is not None else None
+                wide = self._wide
+                graph.sessions = _BySize(self._session(graph.problem_graph, 1),
+                                         self._session(graph.problem_graph, wide) if wide > 1 else None)
+                return graph
+
+            try:
+                rank = staged(_RANK_GRAPHS[kernel]) if kernel in self._has_rank else None
+                predict = staged(_PREDICT_GRAPHS[kernel]) if kernel in self._has_predict else None
+            except Exception as exc:  # onnxruntime's own (non-public) exception types for bad graphs
+                raise ArtifactError(f"{self._path}: not a loadable ONNX model ({type(exc).__name__}: {exc})") from None
+            _check_graphs(self._bundle, self, self._path, kernel, rank, predict)
+            if rank is not None:
+                self.rank_graphs[kernel] = rank
+            if predict is not None:
+                self.predict_graphs[kernel] = predict
+            self._prepared.add(kernel)
 
     # the autotune mode's graphs, as before the inductor mode's existed
     @property
@@ -372,11 +405,11 @@ def _run_session(session: Any, outputs: list[str], feeds: dict[str, np.ndarray])
     return sess.run(outputs, feeds, None)
 
 
-def _split_graphs(model_bytes: bytes) -> tuple[dict[str, bytes], dict[str, _Staged], dict[str, _Staged]]:
-    """({head: its graph}, {kernel mode: its screened-ranking graph}, {kernel mode: its predict graph}) of a
-    model.onnx, those it has: one session each, so that no call runs another's nodes; the ranking and
-    predict graphs cut in their config and problem stages (_Staged). A head's graph has input <head>_x and
-    outputs <head>_score and <head>_log_ms (those the model has)."""
+def _split_graphs(model_bytes: bytes) -> tuple[dict[str, bytes], Callable[[tuple[str, ...]], "_Staged"], set[str]]:
+    """({head: its graph}, cut, the graph's output names) of a model.onnx: one graph per head, so that no
+    call runs another's nodes (input <head>_x, outputs <head>_score and <head>_log_ms, those the model
+    has); cut(outputs) extracts the graph of a ranking or predict output set, in its config and problem
+    stages (_Staged)."""
     import onnx
     from onnx.utils import Extractor
 
@@ -393,9 +426,7 @@ def _split_graphs(model_bytes: bytes) -> tuple[dict[str, bytes], dict[str, _Stag
         heads[head] = extractor.extract_model(
             [name], [n for n in (f"{head}_score", f"{head}_log_ms") if n in outputs]).SerializeToString()
 
-    def part(names: tuple[str, ...]) -> _Staged | None:
-        if not all(n in inputs for n in RANK_INPUTS) or not all(n in outputs for n in names):
-            return None
+    def cut(names: tuple[str, ...]) -> _Staged:
         graph = extractor.extract_model(list(RANK_INPUTS), list(names)).graph
         boundary = _config_boundary(graph, names)
         computed = [n for n in boundary if n not in RANK_INPUTS]
@@ -403,10 +434,9 @@ def _split_graphs(model_bytes: bytes) -> tuple[dict[str, bytes], dict[str, _Stag
         problem = extractor.extract_model([RANK_INPUTS[0], *boundary], list(names)).SerializeToString()
         return _Staged(config, problem, boundary, names)
 
-    def graphs(by_kernel: dict[str, tuple[str, ...]]) -> dict[str, _Staged]:
-        return {k: g for k, g in ((k, part(names)) for k, names in by_kernel.items()) if g is not None}
-
-    return heads, graphs(_RANK_GRAPHS), graphs(_PREDICT_GRAPHS)
+    has_inputs = all(n in inputs for n in RANK_INPUTS)
+    return heads, cut, set(outputs) if has_inputs else set(outputs) - {*RANK_OUTPUTS, *RANK_STATIC_OUTPUTS,
+                                                                     *PREDICT_OUTPUTS, *PREDICT_STATIC_OUTPUTS}
 
 
 def _config_boundary(graph: Any, outputs: tuple[str, ...]) -> list[str]:
@@ -468,7 +498,8 @@ def _onnxruntime_available() -> bool:
 
 def _check_onnx_matches(bundle: ModelBundle, runner: _OnnxRunner, path: Path) -> None:
     """A model.onnx exported from other weights than the folder's safetensors would silently serve a
-    different model: compare a few rows of every head against the torch weights."""
+    different model: compare a few rows of every head against the torch weights (each kernel mode's
+    ranking and predict graphs: _check_graphs, when the runner prepares them)."""
     gen = torch.Generator().manual_seed(0)
     with torch.inference_mode():
         for name, head in bundle.heads.items():
@@ -478,43 +509,54 @@ def _check_onnx_matches(bundle: ModelBundle, runner: _OnnxRunner, path: Path) ->
             if got.shape != want.shape or not np.allclose(got, want, rtol=_ONNX_CHECK_RTOL, atol=1e-4):
                 raise ArtifactError(f"{path}: head {name!r} of the ONNX graph disagrees with the folder's "
                                     "weights (stale export?); re-run `perfmodel export-onnx`")
-        if not (runner.predict_graphs or runner.rank_graphs):
-            if bundle.lead_keep:
-                raise ArtifactError(f"{path}: the folder has a lead_keep but its ONNX graph no ranking graph; "
-                                    "re-run `perfmodel export-onnx`")
-            return
-        enc = bundle.encoders["gemm"]
-        problems = torch.tensor([[3000.0, 1000, 777, 2, 0, 0, 0, 1]], dtype=torch.float64)
-        configs = configs_tensor(pruned_space("float16", bundle.spec))
+    if bundle.lead_keep and KERNELS[0] not in runner._has_rank:
+        raise ArtifactError(f"{path}: the folder has a lead_keep but its ONNX graph no ranking graph; re-run "
+                            "`perfmodel export-onnx`")
+    if runner._has_rank and ("screen" not in bundle.heads or runner.rank_keep != bundle.screen_keep):
+        raise ArtifactError(f"{path}: the ONNX ranking graph does not match the folder's screen head or "
+                            "screen_keep; re-run `perfmodel export-onnx`")
+
+
+def _check_graphs(bundle: ModelBundle, runner: _OnnxRunner, path: Path, kernel: str,
+                  rank: _Staged | None, predict: _Staged | None) -> None:
+    """A kernel mode's ranking and predict graphs against the torch rule on the folder's weights (one
+    problem, the fp16 space): the same log ms, the ranking sorted and drawn from the screen's best."""
+    if rank is None and predict is None:
+        return
+    enc, gemm = bundle.encoders["gemm"], bundle.heads["gemm"]
+    problems = torch.tensor([[3000.0, 1000, 777, 2, 0, 0, 0, 1]], dtype=torch.float64)
+    configs = configs_tensor(pruned_space("float16", bundle.spec))
+    part = _ConfigPart.of(enc, configs)
+    with torch.inference_mode():
         x = enc.encode_cross(problems, configs)
-        part = _ConfigPart.of(enc, configs)
-        gemm = bundle.heads["gemm"]
-        # the torch rule per kernel mode: the static head's output added before the physical floor
-        static = {k: (lambda z, rows: z) if k == KERNELS[0] else
-                  (lambda z, rows: gemm.physical_floor(with_static(z, bundle.heads[STATIC].score(rows)), rows))
-                  for k in KERNELS}
-        for kernel, graph in runner.predict_graphs.items():
-            got = runner.predict(problems.numpy(), part, kernel)[0]
-            want = static[kernel](bundle.heads[predict_head(bundle.heads)](x), x).numpy()
+        # the static head once on the rows (the unfolded heads on ~1,000 rows: most of the check's time)
+        static_x = bundle.heads[STATIC].score(x) if kernel != KERNELS[0] else None
+
+        def rule(z: torch.Tensor, rows: torch.Tensor, idx: torch.Tensor | None = None) -> torch.Tensor:
+            """The torch rule of the kernel mode on log ms z of rows (x[idx]; all of x for None): for
+            inductor, the static head's output added before the physical floor."""
+            if static_x is None:
+                return z
+            return gemm.physical_floor(with_static(z, static_x if idx is None else static_x[idx]), rows)
+
+        if predict is not None:
+            got = predict.run(predict.outputs, problems.numpy(), part)[0][0]
+            want = rule(bundle.heads[predict_head(bundle.heads)](x), x).numpy()
             if got.shape != want.shape or not np.allclose(got, want, rtol=_ONNX_CHECK_RTOL, atol=1e-4):
-                raise ArtifactError(f"{path}: the ONNX predict graph ({kernel}) disagrees with the folder's "
-                                    "weights (stale export?); re-run `perfmodel export-onnx`")
-        if bundle.lead_keep and not runner.rank_graphs:
-            raise ArtifactError(f"{path}: the folder has a lead_keep but its ONNX graph no ranking graph; re-run "
-                                "`perfmodel export-onnx`")
-        for kernel, graph in runner.rank_graphs.items():
-            if "screen" not in bundle.heads or runner.rank_keep != bundle.screen_keep:
-                raise ArtifactError(f"{path}: the ONNX ranking graph does not match the folder's screen head or "
-                                    "screen_keep; re-run `perfmodel export-onnx`")
-            kept, log_ms = runner.rank(problems.numpy(), part, kernel)
+                raise ArtifactError(f"{path}: the ONNX predict graph disagrees with the folder's weights "
+                                    f"(kernel={kernel!r}; stale export?); re-run `perfmodel export-onnx`")
+        if rank is not None:
+            kept, log_ms = rank.run(rank.outputs, problems.numpy(), part)
             if kept.shape[1] != runner.rank_width:
                 raise ArtifactError(f"{path}: the ONNX ranking graph ranks {kept.shape[1]} configs per problem, the "
                                     f"folder's lead_keep / screen_keep {runner.rank_width}; re-run `perfmodel export-onnx`")
-            rows = x[torch.from_numpy(kept[0])]
-            want = gemm.floor(gemm.score(rows), rows) if kernel == KERNELS[0] else static[kernel](gemm.score(rows), rows)
+            idx = torch.from_numpy(kept[0])
+            rows = x[idx]
+            score = gemm.score(rows)
+            want = gemm.floor(score, rows) if static_x is None else rule(score, rows, idx)
             screen = bundle.heads["screen"](x).numpy()
             if not np.allclose(log_ms[0], want.numpy(), rtol=_ONNX_CHECK_RTOL, atol=1e-4) or \
                     np.any(np.diff(log_ms[0]) < 0) or \
                     screen[kept[0]].max() > np.sort(screen)[runner.rank_keep - 1] + 1e-4:
-                raise ArtifactError(f"{path}: the ONNX ranking graph ({kernel}) disagrees with the folder's weights "
-                                    "(stale export?); re-run `perfmodel export-onnx`")
+                raise ArtifactError(f"{path}: the ONNX ranking graph disagrees with the folder's weights "
+                                    f"(kernel={kernel!r}; stale export?); re-run `perfmodel export-onnx`")
