@@ -180,7 +180,8 @@ class _OnnxRunner(Runner):
     screened ranking graph (traced from perfmodel.ranking.screened_rank; the inductor mode's with the
     static head's output added, perfmodel.artifact.with_static). It serves the "inductor" mode where the
     graph has that mode's graphs (perfmodel.artifact.export_onnx writes them for a model with a static
-    head). InferenceSession.run is thread-safe."""
+    head); a mode's graphs are cut from the file, given sessions and checked against the weights by
+    prepare(kernel), when a Predictor for the mode is built. InferenceSession.run is thread-safe."""
 
     backend = "onnx"
 
