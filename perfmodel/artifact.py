@@ -10,7 +10,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -38,6 +38,16 @@ STATIC = "static"
 # static one (kernel="inductor"); below 0, cuBLAS wins (Candidates.prefer_cublas). Only their score is served.
 CALL = "call"
 CALL_STATIC = "call_static"
+
+
+def with_static(score: torch.Tensor, static: torch.Tensor,
+                floor: "Callable[[torch.Tensor], torch.Tensor] | None" = None) -> torch.Tensor:
+    """kernel="inductor", the one rule: a gemm (or student) head's score or log ms plus the static head's
+    output on the same rows, then `floor` (the gemm head's physical floor on those rows; None for a
+    ranking score that is never floored, as the lead member's). The Predictor's torch path and the ONNX
+    graphs (export_onnx) both call it."""
+    out = score + static.to(score.dtype)
+    return out if floor is None else floor(out)
 # Configs per problem that the gemm head scores after the screen head (metadata "screen_keep").
 DEFAULT_SCREEN_KEEP = 48
 
@@ -251,8 +261,10 @@ class _OnnxHeads(torch.nn.Module):
     `rank_problems` x `rank_configs` (RANK_INPUTS, the GEMM encoding inside the graph): with a screen
     head, the whole screened ranking (RANK_OUTPUTS), traced from perfmodel.ranking.screened_rank -- the
     screen on every config, the gemm head on its best `keep` per problem; and what predict serves
-    (PREDICT_OUTPUTS): the log ms of every config by the student head (else the gemm head). One
-    onnxruntime call each, where the torch backend dispatches ~100 small ops."""
+    (PREDICT_OUTPUTS): the log ms of every config by the student head (else the gemm head). With a static
+    head, the same two for kernel="inductor" (RANK_STATIC_OUTPUTS, PREDICT_STATIC_OUTPUTS): the static
+    head's output added by with_static wherever the Predictor's torch path adds it. One onnxruntime call
+    each, where the torch backend dispatches ~100 small ops."""
 
     def __init__(self, heads: dict[str, PerfMLP], encoder: FeatureEncoder, keep: int = 0, lead_keep: int = 0) -> None:
         super().__init__()
@@ -264,6 +276,7 @@ class _OnnxHeads(torch.nn.Module):
         if self.rank:
             self.screen = self.heads[self.names.index("screen")]
         self.predict = self.heads[self.names.index(predict_head(self.names))]
+        self.static = self.heads[self.names.index(STATIC)] if STATIC in self.names else None
 
     def forward(self, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         n = len(self.names)
@@ -297,18 +310,25 @@ class _OnnxHeads(torch.nn.Module):
             h = cross @ (cmap @ w) + cpart @ w + (ppart @ w + first.bias)
             return head.net[1:](h.reshape(n_prob * n_cfg, w.shape[1])).reshape(n_prob * n_cfg)
 
+        def physical_floor(head: PerfMLP) -> Callable[[torch.Tensor], torch.Tensor]:
+            """head.physical_floor on every row (its first output), from the encoding's parts: the log
+            roofline is a problem column (cross and config parts are 0 there); no (P * C, F) features."""
+            col = head.cfg.floor_features[0] if head.cfg.floor_features else -1
+            if col < 0:
+                return lambda v: v
+            low = (cross @ cmap[:, col:col + 1] + cpart[..., col:col + 1] + ppart[..., col:col + 1])
+            return lambda v: torch.maximum(v, low.reshape(n_prob * n_cfg))
+
         # predict: every row's log ms; its floors read one problem feature column (the log roofline)
         z = score_all(self.predict)
         if _first_linear(self.predict) is None:
             pred = self.predict.floor(z, x)
         else:
-            pred = self.predict.overhead_floor(z.unsqueeze(-1))
-            col = self.predict.cfg.floor_features[0] if self.predict.cfg.floor_features else -1
-            if col >= 0:  # the physical floor: the problem part's column (cross and config parts are 0 there)
-                low = (cross @ cmap[:, col:col + 1] + cpart[..., col:col + 1] + ppart[..., col:col + 1])
-                pred = torch.maximum(pred, low.reshape(n_prob * n_cfg))
+            pred = physical_floor(self.predict)(self.predict.overhead_floor(z.unsqueeze(-1)))
         # every size explicit: onnxruntime cannot infer a -1 in an empty tensor
         out = out + (pred.reshape(n_prob, n_cfg),)
+        if self.static is not None:  # kernel="inductor": the static head's output, then the gemm head's floor
+            out = out + (with_static(pred, score_all(self.static), physical_floor(self.gemm)).reshape(n_prob, n_cfg),)
         if not self.rank:
             return out
         # The ranking graph always has problems and more than 2 * keep configs (Predictor runs it only
@@ -328,26 +348,37 @@ class _OnnxHeads(torch.nn.Module):
 
         scored: list[torch.Tensor] = []  # the features the lead scored, (P, keep, F)
 
-        def lead(cand: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            scored.append(rows(cand))
-            return self.gemm.lead_score(scored[-1].reshape(-1, width))
+        def ranking(static: PerfMLP | None) -> tuple[torch.Tensor, torch.Tensor]:
+            """screened_rank for a kernel mode: static None (autotune), or the static head whose output
+            with_static adds to the lead's and the gemm head's scores (inductor)."""
+            def lead(cand: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                scored.append(rows(cand))
+                xr = scored[-1].reshape(-1, width)
+                score, outputs = self.gemm.lead_score(xr)
+                return (score if static is None else with_static(score, static.score(xr))), outputs
 
-        def gemm(cand: torch.Tensor | None, lead: tuple[torch.Tensor, torch.Tensor] | None
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-            if lead is None:
-                xr = rows(cand).reshape(-1, width) if cand is not None else x
-                score = self.gemm.score(xr)
-            else:  # the picked rows' features gathered from those the lead scored, not computed again
-                out, pick = lead
-                idx = pick.unsqueeze(-1) + torch.zeros(1, 1, width, dtype=pick.dtype)
-                xr = torch.gather(scored[-1], 1, idx).reshape(-1, width)
-                score = self.gemm.score_with_lead(xr, out.reshape(-1))
-            return score, self.gemm.floor(score, xr)
+            def gemm(cand: torch.Tensor | None, lead: tuple[torch.Tensor, torch.Tensor] | None
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+                if lead is None:
+                    xr = rows(cand).reshape(-1, width) if cand is not None else x
+                    score = self.gemm.score(xr)
+                else:  # the picked rows' features gathered from those the lead scored, not computed again
+                    out, pick = lead
+                    idx = pick.unsqueeze(-1) + torch.zeros(1, 1, width, dtype=pick.dtype)
+                    xr = torch.gather(scored[-1], 1, idx).reshape(-1, width)
+                    score = self.gemm.score_with_lead(xr, out.reshape(-1))
+                if static is None:
+                    return score, self.gemm.floor(score, xr)
+                score = with_static(score, static.score(xr))
+                return score, self.gemm.physical_floor(score, xr)
 
-        # traced with k = the longest ranking the rule gives in one pass: lead_keep when the lead refines
-        k = self.lead_keep if refines(self.lead_keep, self.keep, self.lead_keep) else self.keep
-        return out + screened_rank(gemm, n_prob, n_cfg, screen, self.keep, k, by_config=True,
-                                   lead=lead, lead_keep=self.lead_keep)
+            # traced with k = the longest ranking the rule gives in one pass: lead_keep when the lead refines
+            k = self.lead_keep if refines(self.lead_keep, self.keep, self.lead_keep) else self.keep
+            return screened_rank(gemm, n_prob, n_cfg, screen, self.keep, k, by_config=True,
+                                 lead=lead, lead_keep=self.lead_keep)
+
+        out = out + ranking(None)
+        return out if self.static is None else out + ranking(self.static)
 
 
 # Tile sizes and group_m below this make an exact float64 key of the four (BLOCK_M/N/K, GROUP_M): 9000**4 < 2**53.
@@ -413,6 +444,10 @@ RANK_OUTPUTS = ("rank_kept", "rank_log_ms")
 # (P, C) log ms of every problem with every config by predict_head(); from RANK_INPUTS. A model.onnx
 # written before it has none (the predictor then encodes in torch and runs the head's own graph).
 PREDICT_OUTPUTS = ("predict_log_ms",)
+# The same two for kernel="inductor" (with_static), in the graph of a model with a static head. A
+# model.onnx written before them serves kernel="autotune" only.
+RANK_STATIC_OUTPUTS = ("rank_static_kept", "rank_static_log_ms")
+PREDICT_STATIC_OUTPUTS = ("predict_static_log_ms",)
 
 
 def export_onnx_all(bundle: ModelBundle, folder: Path) -> list[Path]:
@@ -423,7 +458,8 @@ def export_onnx_all(bundle: ModelBundle, folder: Path) -> list[Path]:
 def export_onnx(bundle: ModelBundle, path: Path) -> Path:
     """A single-file ONNX graph (no external data) with inputs <head>_x and outputs <head>_log_ms and
     <head>_score; from RANK_INPUTS, predict's log ms (PREDICT_OUTPUTS) and, when the bundle has a screen
-    head, the screened ranking (RANK_OUTPUTS), both for the bundle's device (its spec's constants are folded
+    head, the screened ranking (RANK_OUTPUTS) -- with a static head both again for kernel="inductor"
+    (PREDICT_STATIC_OUTPUTS, RANK_STATIC_OUTPUTS) -- all for the bundle's device (its spec's constants are folded
     into the graph's encoder: export_onnx_all writes one file per device)."""
     keep = bundle.screen_keep
     enc = bundle.encoders["gemm"]
@@ -441,10 +477,14 @@ def export_onnx(bundle: ModelBundle, path: Path) -> Path:
     configs = torch.cat([configs, torch.tensor([[8.0, 3, 4]], dtype=torch.float64).expand(3 * keep, 3)], 1)
     xs = xs + (problems, configs, *enc.config_part(configs))
     names_in += list(RANK_INPUTS)
-    names_out += list(PREDICT_OUTPUTS) + (list(RANK_OUTPUTS) if mod.rank else [])
+    static = mod.static is not None
+    names_out += list(PREDICT_OUTPUTS) + (list(PREDICT_STATIC_OUTPUTS) if static else [])
+    names_out += (list(RANK_OUTPUTS) + (list(RANK_STATIC_OUTPUTS) if static else [])) if mod.rank else []
     axes.update({"rank_problems": {0: "rank_p"}, "rank_configs": {0: "rank_c"}, "rank_config_part": {0: "rank_c"},
                  "rank_config_smem": {0: "rank_c"}, "rank_kept": {0: "rank_p"}, "rank_log_ms": {0: "rank_p"},
-                 "predict_log_ms": {0: "rank_p", 1: "rank_c"}})
+                 "predict_log_ms": {0: "rank_p", 1: "rank_c"}, "rank_static_kept": {0: "rank_p"},
+                 "rank_static_log_ms": {0: "rank_p"}, "predict_static_log_ms": {0: "rank_p", 1: "rank_c"}})
+    axes = {name: a for name, a in axes.items() if name in names_in or name in names_out}
     torch.onnx.export(mod, xs, str(path), input_names=names_in, output_names=names_out,
                       dynamic_axes=axes, opset_version=17, dynamo=False)
     return Path(path)

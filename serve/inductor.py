@@ -34,9 +34,12 @@ import warnings
 from dataclasses import replace
 from typing import Any, Iterator, Sequence
 
-from perfmodel.schema import DTYPE_BYTES, GemmConfig, GemmProblem, PadDecision, PadProblem, is_column_major
 from perfmodel.configs import inductor_default_configs
+from perfmodel.schema import GemmConfig, GemmProblem, PadProblem, is_column_major
 
+# The decisions are perfmodel.serve.decisions'; their names stay importable from here.
+from .decisions import (CUBLAS_MARGIN, PAD_TRITON_MARGIN, hook_pad_decision, pad_copy_floor_ms,  # noqa: F401
+                        padded_path_ms, triton_dropped, unpadded_triton_instead)
 from .predictor import Predictor, _check_top_k
 from .triton_hook import kwargs_to_gemm, rank_positions
 
@@ -98,19 +101,13 @@ def _uid(ktc: Any) -> str | None:
     return getattr(getattr(ktc, "template", None), "uid", None)
 
 
-def triton_dropped(cublas_ms: float, best_triton_ms: float, margin: float | None) -> bool:
-    """The hook's cuBLAS rule (install's cublas_margin): drop the Triton mm choices when cuBLAS's predicted
-    time x (1 + margin) is below the best ranked config's; never with margin None."""
-    return margin is not None and cublas_ms * (1.0 + margin) < best_triton_ms
-
-
 def filter_template_choices(choices: list, kernel_inputs: Any, op_name: str, predictor: Predictor, top_k: int,
                             *, ops: Sequence[str] = MM_OPS, templates: Sequence[str] = TRITON_MM_TEMPLATES,
                             cublas_margin: float | None = None) -> list:
     """Keeps the top_k KernelTemplateChoices of the ranked templates by predicted time, every other
     choice unchanged and in Inductor's order. With cublas_margin set, drops the ranked templates
-    altogether when cuBLAS is predicted faster than the best of them by more than that margin
-    (and an aten choice is present to fall back on)."""
+    altogether when cuBLAS's predicted time x (1 + cublas_margin) is below the best of them
+    (perfmodel.serve.decisions.triton_dropped; an aten choice must be present to fall back on)."""
     if op_name not in ops:
         return choices
     idx: list[int] = []
@@ -190,66 +187,6 @@ def _configs_in_play() -> list[GemmConfig] | None:
     return list(inductor_default_configs())
 
 
-# How much faster than padded cuBLAS the model's best unpadded Triton config must be predicted before the
-# hook leaves an mm unpadded. The two paths cannot both be benchmarked (padding rewrites the graph before
-# autotuning), and they are not symmetric: a padded mm still autotunes Triton on the padded shape beside
-# cuBLAS, an unpadded one leaves cuBLAS on a misaligned shape -- so the unpadded path has to win clearly.
-# On the H100 and H200, GPT-2's lm head in NN layout (N = 50257, a row stride the sweep never timed at
-# that width) was predicted 0.256 ms unpadded Triton vs 0.273 ms padded and ran 0.38 ms vs stock's
-# padded cuBLAS 0.17-0.20 ms.
-PAD_TRITON_MARGIN = 0.1
-
-# install()'s default cublas_margin: keep the Triton mm choices only where the model's best config is
-# predicted more than 5 % faster than cuBLAS. benchmarks/cublas_margin.py on the 173 held-out problems:
-# Triton is kept (and compiled and benchmarked) on 13 % of H100 problems (19 % at margin 0, 31 % at 0.1),
-# and the chosen kernel is 1.0067x the best measured (1.0043x at 0, 1.0025x at 0.1). On the 12 unseen
-# shapes of benchmarks/inductor_bench.py (H200) it cut the GEMM tuning from 8.9 s (margin 0) to 2.8 s
-# with every shape's kernel within 1 % of stock's time or faster.
-CUBLAS_MARGIN = -0.05
-
-
-def pad_copy_floor_ms(pp: PadProblem, dram_bw_gbs: float) -> float:
-    """The least time the pad copies of pp can take: each padded operand (not prepadded) read once and
-    written once at its padded size, at DRAM bandwidth."""
-    mp, kp, np_ = pp.padded_dims()
-    elems = 0
-    if (mp, kp) != (pp.m, pp.k) and not pp.prepadded_left:
-        elems += pp.m * pp.k + mp * kp
-    if (kp, np_) != (pp.k, pp.n) and not pp.prepadded_right:
-        elems += pp.k * pp.n + kp * np_
-    return elems * DTYPE_BYTES[pp.dtype] / (dram_bw_gbs * 1e6)
-
-
-def padded_path_ms(predictor: Predictor, pp: PadProblem, decision: PadDecision) -> float:
-    """The padded cuBLAS path's predicted time as Inductor runs it: the pad head's padded_ms or, where the
-    model has a cuBLAS head, that head's time on the padded problem plus the pad copies at DRAM bandwidth
-    (pad_copy_floor_ms), whichever is less. The pad head learned from padding timed with eager F.pad;
-    Inductor pads each operand with one generated kernel. GPT-2's lm head (1024x768x50257 fp16, NN) on
-    the H100: pad head 0.273 ms, cuBLAS head 0.138 + copies 0.046 = 0.184 ms; Inductor's padded path ran
-    0.193 ms."""
-    if not getattr(predictor, "has_cublas", False):
-        return decision.padded_ms
-    est = predictor.predict_cublas(pp.gemm(padded=True)) + pad_copy_floor_ms(pp, predictor.spec.dram_bw_gbs)
-    return min(decision.padded_ms, est)
-
-
-def unpadded_triton_instead(predictor: Predictor, pp: PadProblem, decision: PadDecision,
-                            configs: Sequence[GemmConfig] | None = None,
-                            margin: float = PAD_TRITON_MARGIN) -> PadDecision:
-    """The pad decision when Triton templates compete with cuBLAS: padding helps cuBLAS, which wants
-    aligned operands, but the Triton template runs the unaligned shape as it is (masked loads). When the
-    model's best Triton config on the unpadded problem beats padded cuBLAS (copies included) by more than
-    `margin` (a fraction), padding would only slow the winner down: do not pad, and let autotuning pick
-    Triton on the original shape.
-    configs: the Triton configs autotuning will offer (None: the whole space). Comparing with configs
-    that are not offered kept GPT-2's 50257-wide lm head unpadded under the DEFAULT space on the H100,
-    where Inductor's best offered Triton config ran 0.385 ms and stock's padded cuBLAS 0.197 ms."""
-    best = predictor.rank(pp.gemm(padded=False), configs, top_k=1)
-    if best and best[0][1] * (1.0 + margin) < padded_path_ms(predictor, pp, decision):
-        return replace(decision, should_pad=False)
-    return decision
-
-
 def _pad_hook(predictor: Predictor, original: Any) -> Any:
     """A replacement for pad_mm._should_pad that asks the model, falling back to original."""
     def _should_pad(match, mat1, mat2, op, input=None):
@@ -262,9 +199,8 @@ def _pad_hook(predictor: Predictor, original: Any) -> Any:
                     from torch.utils._mode_utils import no_dispatch
 
                     with no_dispatch():  # the pass runs under FakeTensorMode: the model needs real tensors
-                        decision = predictor.pad(pp)
-                        if decision.should_pad and _triton_mm_in_play():
-                            decision = unpadded_triton_instead(predictor, pp, decision, _configs_in_play())
+                        in_play = _triton_mm_in_play()
+                        decision = hook_pad_decision(predictor, pp, in_play, _configs_in_play() if in_play else None)
                     with _lock:
                         _installed.setdefault("pad_decisions", collections.deque(maxlen=PAD_LOG_SIZE)).append(
                             (pp, decision))
@@ -334,11 +270,13 @@ def install(top_k: int = 5, predictor: Predictor | None = None, *, model: Any = 
     backend=backend), loaded now so that a missing model fails here, not inside a compile).
     kernel: the kernel mode to rank for (Predictor.with_kernel); None: "inductor" -- the mm template as
     Inductor compiles it, for static shapes -- when the model has a static head, else the predictor's own.
-    cublas_margin: drop the Triton mm choices when cuBLAS's predicted time x (1 + cublas_margin) is below
-    the best ranked config's: 0 follows the model's call, a positive margin keeps Triton unless cuBLAS is
-    predicted that much faster, a negative one (> -1) drops it unless Triton is predicted that much faster.
-    None always keeps the top_k Triton configs. Default CUBLAS_MARGIN (-0.05); docs/benchmarks.md measures
-    the trade.
+    cublas_margin: drop the Triton mm choices when cuBLAS's predicted time (the cuBLAS head's) x
+    (1 + cublas_margin) is below the best ranked config's among those Inductor offers
+    (perfmodel.serve.decisions.triton_dropped): predicted times only, never the call head behind
+    Candidates.prefer_cublas -- 0 drops Triton wherever cuBLAS is predicted faster, a positive margin
+    keeps Triton unless cuBLAS is predicted that much faster, a negative one (> -1) drops it unless Triton
+    is predicted that much faster. None always keeps the top_k Triton configs. Default CUBLAS_MARGIN
+    (-0.05); docs/benchmarks.md measures the trade.
     pad: also decide Inductor's pad_mm padding with the model (process-wide; needs a pad head).
     Returns False (after one warning) when this torch lacks the private API the hook needs."""
     top_k = _check_top_k(top_k)
@@ -349,12 +287,15 @@ def install(top_k: int = 5, predictor: Predictor | None = None, *, model: Any = 
     if problem is not None:
         _warn_once("api", f"{problem}; Inductor's default autotuning is left in place")
         return False
-    if predictor is None:
+    loaded = predictor is None
+    if loaded:
         predictor = Predictor.load(model, backend=backend)
     elif not isinstance(predictor, Predictor):
         raise TypeError(f"predictor: expected a serve.Predictor, got {type(predictor).__name__}")
     if kernel is None:
         kernel = "inductor" if predictor.has_static else predictor.kernel
+    if loaded and backend is None and kernel != predictor.kernel:
+        predictor = Predictor.load(model, kernel=kernel)  # the backend that serves the mode (Predictor.load)
     predictor = predictor.with_kernel(kernel)
     if not isinstance(pad, bool):
         raise TypeError(f"pad: expected a bool, got {type(pad).__name__}")

@@ -12,7 +12,7 @@ from typing import Any
 from perfmodel.artifact import ModelBundle, load as load_bundle, onnx_file
 from perfmodel.locations import default_model_dir
 
-from .runners import (_check_onnx_matches, _configure_torch_threads, _onnxruntime_available, _OnnxRunner,
+from .runners import (Runner, _check_onnx_matches, _configure_torch_threads, _onnxruntime_available, _OnnxRunner,
                       _TorchRunner)
 
 BACKENDS = ("torch", "onnx")
@@ -94,10 +94,11 @@ def _download_mlflow(uri: str, dst: Path) -> Path:
 
 
 def load_model(path_or_uri: str | os.PathLike | None, backend: str | None,
-               device: str | None = None) -> tuple[ModelBundle, str, Any, str]:
+               device: str | None = None, kernel: str = "autotune") -> tuple[ModelBundle, str, Runner, str]:
     """(bundle, backend, runner, source) of Predictor.load's arguments (see its docstring): the bundle
     encodes for the device chosen by choose_device (ModelBundle.for_device), the onnx runner runs that
-    device's ONNX file (artifact.onnx_file)."""
+    device's ONNX file (artifact.onnx_file). backend None: onnx when onnxruntime imports and the file is
+    there and serves `kernel` (Runner.kernels), else torch; backend is always the runner's."""
     if backend is not None and (not isinstance(backend, str) or backend not in BACKENDS):
         raise ValueError(f"backend: expected one of {', '.join(BACKENDS)} or None, got {backend!r}")
     if path_or_uri is None:
@@ -106,30 +107,30 @@ def load_model(path_or_uri: str | os.PathLike | None, backend: str | None,
         if not (folder / "metadata.json").is_file():
             raise FileNotFoundError(f"path_or_uri: the shipped default model {folder} is not there yet "
                                     "(no metadata.json); pass a model folder or an MLflow URI")
-        return _from_folder(folder, backend, str(folder), device)
+        return _from_folder(folder, backend, str(folder), device, kernel)
     if not isinstance(path_or_uri, (str, os.PathLike)):
         raise TypeError(f"path_or_uri: expected a path or an MLflow URI, got {type(path_or_uri).__name__}")
     text = os.fspath(path_or_uri)
     if isinstance(text, str) and _is_mlflow_uri(text):
         # Everything is read into memory (weights, ONNX session), so the download can go.
         with tempfile.TemporaryDirectory(prefix="perfmodel-") as tmp:
-            return _from_folder(_download_mlflow(text, Path(tmp)), backend, text, device)
+            return _from_folder(_download_mlflow(text, Path(tmp)), backend, text, device, kernel)
     folder = Path(text)
     if not folder.exists():
         raise FileNotFoundError(f"path_or_uri: no model folder at {folder}")
-    return _from_folder(folder, backend, str(folder), device)
+    return _from_folder(folder, backend, str(folder), device, kernel)
 
 
-def _from_folder(folder: Path, backend: str | None, source: str,
-                 device: str | None = None) -> tuple[ModelBundle, str, Any, str]:
+def _from_folder(folder: Path, backend: str | None, source: str, device: str | None = None,
+                 kernel: str = "autotune") -> tuple[ModelBundle, str, Runner, str]:
     bundle = load_bundle(folder)
     bundle = bundle.for_device(choose_device(bundle, device))
     onnx = folder / onnx_file(bundle)
-    if backend is None:
-        backend = "onnx" if onnx.is_file() and _onnxruntime_available() else "torch"
-    if backend == "torch":
-        _configure_torch_threads()
-        return bundle, backend, _TorchRunner(bundle), source
-    runner = _OnnxRunner(bundle, onnx)
-    _check_onnx_matches(bundle, runner, onnx)
-    return bundle, backend, runner, source
+    if backend != "torch" and (backend == "onnx" or (onnx.is_file() and _onnxruntime_available())):
+        runner: Runner = _OnnxRunner(bundle, onnx)
+        _check_onnx_matches(bundle, runner, onnx)
+        if backend == "onnx" or kernel in runner.kernels:  # named: Predictor says if it cannot serve the mode
+            return bundle, runner.backend, runner, source
+    _configure_torch_threads()
+    runner = _TorchRunner(bundle)
+    return bundle, runner.backend, runner, source

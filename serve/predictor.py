@@ -5,12 +5,15 @@
     p.rank(GemmProblem(m=4096, n=4096, k=4096, dtype="float16"), top_k=5)
 
 Two backends run the same folded network: "torch" (BatchNorm and standardisation folded into plain
-Linear layers, under torch.inference_mode) and "onnx" (an onnxruntime session on the folder's
-model.onnx). Everything else -- feature encoding, validation, default config spaces -- is shared, so the
-backends differ only in the matrix products. This module holds the API, its argument validation and
-the config caches; the backends are perfmodel.serve.runners, resolving path_or_uri and choosing the
-backend perfmodel.serve.loading. Imports neither Lightning, nor MLflow (except to resolve an MLflow
-URI), nor pandas.
+Linear layers, under torch.inference_mode) and "onnx" (onnxruntime sessions on the folder's
+model.onnx, whose ranking and predict graphs serve both kernel modes). Each is a
+perfmodel.serve.runners.Runner, which declares the heads and kernel modes it serves; `Predictor.backend`
+is the runner's own name, so it always names what runs. Everything else -- feature encoding,
+validation, default config spaces -- is shared, so the backends differ only in the matrix products. The
+cuBLAS call and the pad rule are perfmodel.serve.decisions'. This module holds the API, its argument
+validation and the config caches; resolving path_or_uri and choosing the backend is
+perfmodel.serve.loading. Imports neither Lightning, nor MLflow (except to resolve an MLflow URI), nor
+pandas.
 """
 from __future__ import annotations
 
@@ -24,22 +27,17 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import torch
 
-from perfmodel.artifact import CALL, CALL_STATIC, STATIC, ModelBundle, predict_head
+from perfmodel.artifact import CALL, CALL_STATIC, STATIC, ModelBundle, predict_head, with_static
 from perfmodel.configs import pruned_space, runnable
 from perfmodel.features import configs_tensor, pad_tensor, problems_array, problems_tensor
 from perfmodel.ranking import screened_rank, screens
 from perfmodel.schema import DTYPE_BYTES, DTYPES, GemmConfig, GemmProblem, PadDecision, PadProblem
 
+from . import decisions
 from .loading import BACKENDS, MLFLOW_SCHEMES, load_model
-from .runners import _ConfigPart, _TorchRunner
+from .runners import KERNELS, Runner, _ConfigPart
 
 __all__ = ["BACKENDS", "KERNELS", "MLFLOW_SCHEMES", "Candidates", "Predictor"]
-
-# The kernel modes a Predictor predicts for (docs/design.md, "Kernel modes"): "autotune", the canonical
-# kernel with Triton's default specialisation (what a @triton.autotune user runs, and what the dataset's
-# gemm rows time); "inductor", the same source compiled for one problem's shape, as Inductor compiles its
-# mm template (the gemm head plus the model's static head).
-KERNELS = ("autotune", "inductor")
 
 # Config sets whose tensor and config-only encoding are kept (autotuners rank one list for many shapes).
 _CONFIG_CACHE_SIZE = 32
@@ -52,7 +50,9 @@ class Candidates:
 
     configs / predicted_ms: fastest first. cublas_ms: None when the model has no cuBLAS head.
     prefer_cublas: cuBLAS is predicted faster than the best Triton config, so a caller may skip
-    compiling Triton altogether. With the model's call head for the kernel mode (perfmodel call-head):
+    compiling Triton altogether (perfmodel.serve.decisions.cublas_preferred, the call; the Inductor
+    hook's cublas_margin is another rule, decisions.triton_dropped). With the model's call head for the
+    kernel mode (perfmodel call-head):
     the head's call against the best config of the whole space, or (configs given) cuBLAS's predicted
     time below the best given config's -- cuBLAS that beats the whole space beats any list of it.
     Without one: cuBLAS's predicted time below the best config's.
@@ -114,19 +114,23 @@ class Predictor:
     """A loaded model. Build with Predictor.load(); every method validates its arguments, raising
     ValueError/TypeError that name the offending field, and is safe to call from many threads."""
 
-    def __init__(self, bundle: ModelBundle, backend: str, runner: Any, source: str, kernel: str = "autotune") -> None:
+    def __init__(self, bundle: ModelBundle, backend: str, runner: Runner, source: str, kernel: str = "autotune") -> None:
         _check_kernel(kernel)
         if kernel == "inductor" and STATIC not in bundle.heads:
             raise ValueError(f"kernel: {source} has no static head, so it predicts only kernel='autotune' "
                              "(perfmodel static-head adds one)")
+        if kernel not in runner.kernels:
+            raise ValueError(f"kernel: the {runner.backend} backend cannot serve kernel={kernel!r} for {source}: its "
+                             f"model.onnx has no {kernel} ranking and predict graphs (exported before they existed); "
+                             "re-export with `perfmodel export-onnx`, or load with backend='torch'")
+        if backend != runner.backend:
+            raise ValueError(f"backend: {backend!r} given with a {runner.backend} runner")
+        runner.prepare(kernel)  # the mode's graphs built and checked now, not inside a call
         self.kernel = kernel
         self._static = kernel == "inductor"
         self._loaded = (bundle, backend, runner, source)  # for with_kernel
-        if self._static and not hasattr(runner, "lead"):
-            # the onnx graphs hold the autotune kernel's ranking: the inductor kernel's runs the heads in torch
-            runner = _TorchRunner(bundle)
         self.bundle = bundle
-        self.backend = backend
+        self.backend = runner.backend  # what runs: every call of this Predictor goes through runner
         self.source = source
         self.device = bundle.spec.name  # the device predicted for (Predictor.load's device)
         self._run = runner
@@ -167,16 +171,19 @@ class Predictor:
             when a GPU it does not know is visible). `Predictor.device` says which.
         kernel: which compile of the kernel to predict (KERNELS): "autotune" (default; Triton's default
             specialisation, as a @triton.autotune user's kernel) or "inductor" (every size and stride a
-            constant, as Inductor compiles its mm template; needs the model's static head).
+            constant, as Inductor compiles its mm template; needs the model's static head). Both backends
+            serve both modes (onnx: the graphs export-onnx writes for each); backend None picks onnx only
+            when its file serves the mode.
         Raises FileNotFoundError for a missing model, ArtifactError (a ValueError) for a corrupt or
-        mismatched one, ValueError for an unknown backend or a device the model does not know.
+        mismatched one, ValueError for an unknown backend, a device the model does not know, or a kernel
+        mode the model or the named backend cannot serve (saying why).
         """
         _check_kernel(kernel)  # before the load: a bad argument fails fast
-        return cls(*load_model(path_or_uri, backend, device), kernel=kernel)
+        return cls(*load_model(path_or_uri, backend, device, kernel), kernel=kernel)
 
     def with_kernel(self, kernel: str) -> "Predictor":
         """This model (the same weights and backend, nothing reloaded) predicting for another kernel mode
-        (KERNELS); self when it is this one's."""
+        (KERNELS); self when it is this one's. ValueError when the backend cannot serve it."""
         return self if kernel == self.kernel else type(self)(*self._loaded, kernel=kernel)
 
     @property
@@ -297,22 +304,24 @@ class Predictor:
         return self._unrunnable_inf(self._predict_ms(problems, ct, part, "problems"), fits, problems)
 
     def _predict_ms(self, problems: list[GemmProblem], ct: torch.Tensor, part: Any, what: str) -> np.ndarray:
-        """(P, C) float64 ms of the predict head: onnx's predict graph in one call (encoding included),
-        else the torch encoding and the head."""
-        if getattr(self._run, "predict_session", None) is not None and not self._static:
-            log_ms = self._run.predict(problems_array(problems), part)
+        """(P, C) float64 ms of the predict head for the kernel mode: the runner's predict graph in one call
+        (encoding included) where it has one, else the torch encoding and the head row by row."""
+        if self._run.predicts(self.kernel):
+            log_ms = self._run.predict(problems_array(problems), part, self.kernel)
             return self._checked(np.exp(log_ms.astype(np.float64)), what, positive=True)
         with torch.inference_mode():  # no autograd bookkeeping on the encoder's small ops
             x = self._encoder.encode_cross(problems_tensor(problems), ct, part)  # (P * C, F)
         if self._static:
-            log_ms = self._static_log_ms(torch.from_numpy(self._run(self.predict_head, x)), x)
+            log_ms = self._inductor(torch.from_numpy(self._run(self.predict_head, x)), x, floor=True)
             return self._checked(np.exp(log_ms.numpy()), what, positive=True).reshape(len(problems), len(ct))
         return self._ms(self.predict_head, x, what).reshape(len(problems), len(ct))
 
-    def _static_log_ms(self, log_ms: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """kernel="inductor": a head's log ms on rows x plus the static head's output, at or above the
-        physical floor."""
-        return self.bundle.heads["gemm"].physical_floor(log_ms + self._run.score(STATIC, x).to(log_ms.dtype), x)
+    def _inductor(self, score: torch.Tensor, x: torch.Tensor, floor: bool) -> torch.Tensor:
+        """kernel="inductor" on rows x (perfmodel.artifact.with_static, the rule the ONNX graphs trace): a
+        head's score or log ms plus the static head's output, then, with floor, the gemm head's physical
+        floor."""
+        gemm = self.bundle.heads["gemm"]
+        return with_static(score, self._run.score(STATIC, x), (lambda v: gemm.physical_floor(v, x)) if floor else None)
 
     @staticmethod
     def _common_dtype(problems: list[GemmProblem], configs: Any) -> str:
@@ -333,9 +342,9 @@ class Predictor:
         k = min(k, n_cfg)
         keep = max(self.screen_keep, k)
         screened = screens(self.has_screen, n_cfg, keep)
-        if screened and self._run.rank_keep == keep and k <= self._run.rank_width and not self._static:
+        if screened and self._run.ranks(self.kernel, keep, k):
             # onnx: the traced rule, in one call
-            cand, log_ms = self._run.rank(problems_array(problems), part)
+            cand, log_ms = self._run.rank(problems_array(problems), part, self.kernel)
             idx, log_ms = cand[:, :k].tolist(), log_ms.tolist()
             # every ranked config's log ms finite (a NaN or an inf makes the sum non-finite), and at or above
             # the floor: their exp is positive
@@ -353,15 +362,16 @@ class Predictor:
             xr = x if rows is None else x[rows]
             z, log_ms = self._run.score_log_ms("gemm", xr, lead)
             if self._static:  # the inductor kernel: the static head's output added before the physical floor
-                z = z + self._run.score(STATIC, xr).to(z.dtype)
+                z = self._inductor(z, xr, floor=False)
                 log_ms = self.bundle.heads["gemm"].physical_floor(z, xr)
             self._checked(z.numpy(), "problems")
             return z, log_ms
 
         def lead(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            score, outputs = self._run.lead("gemm", x[rows])
+            xr = x[rows]
+            score, outputs = self._run.lead("gemm", xr)
             if self._static:  # the lead orders by the inductor kernel's times too; its outputs stay the member's
-                score = score + self._run.score(STATIC, x[rows]).to(score.dtype)
+                score = self._inductor(score, xr, floor=False)
             return score, outputs
 
         with torch.inference_mode():
@@ -455,10 +465,10 @@ class Predictor:
         if self.has_cublas:  # one encoding for the cuBLAS head and its call head
             x = self._cublas_x([prob])
             cublas_ms = float(self._ms("cublas", x, "problems (cuBLAS)")[0])
-            prefer = cublas_ms < float(ms[0])
             call = self._call_head
-            if call is not None:
-                prefer = bool(self._call_scores(call, x)[0] < 0.0) or (configs is not None and prefer)
+            call_score = None if call is None else float(self._call_scores(call, x)[0])
+            prefer = bool(decisions.cublas_preferred(call_score, cublas_ms, float(ms[0]),
+                                                     float(ms[0]) if configs is not None else None))
         return Candidates(configs=tuple(cfgs[i] for i in idx[:k]), predicted_ms=tuple(float(t) for t in ms[:k]),
                           cublas_ms=cublas_ms, prefer_cublas=prefer)
 
@@ -476,10 +486,10 @@ class Predictor:
         if not self.has_cublas:
             raise RuntimeError(f"{self.source}: this model has no cuBLAS head")
         x, call = self._cublas_x(problems), self._call_head
-        if call is not None:
-            return self._call_scores(call, x) < 0.0
+        if call is not None:  # the call head alone: no ranking, no cuBLAS time needed
+            return decisions.cublas_preferred(self._call_scores(call, x), None, None)
         best = np.array([r[0][1] for r in self.rank_many(problems, top_k=1)])
-        return self._ms("cublas", x, "problems (cuBLAS)") < best
+        return decisions.cublas_preferred(None, self._ms("cublas", x, "problems (cuBLAS)"), best)
 
     def _call_scores(self, name: str, x: torch.Tensor) -> np.ndarray:
         """A call head's output on the problems' cuBLAS features x (below 0: cuBLAS wins)."""
@@ -497,10 +507,7 @@ class Predictor:
         with torch.inference_mode():
             x = self.bundle.encoders["pad"].encode_pad(pad_tensor([pp]))
         ms = self._ms("pad", x, f"pp {pp}").reshape(-1, 2)[0]  # (orig, padded)
-        orig_ms, padded_ms = float(ms[0]), float(ms[1])
-        if not pp.needs_padding():
-            return PadDecision(should_pad=False, orig_ms=orig_ms, padded_ms=orig_ms)
-        return PadDecision(should_pad=padded_ms * self.pad_threshold < orig_ms, orig_ms=orig_ms, padded_ms=padded_ms)
+        return decisions.pad_decision(float(ms[0]), float(ms[1]), self.pad_threshold, pp.needs_padding())
 
     def __repr__(self) -> str:
         return (f"Predictor(source={self.source!r}, backend={self.backend!r}, device={self.spec.name!r}, "

@@ -1,23 +1,27 @@
 """The two backends of perfmodel.serve.predictor.Predictor, which run the same folded network.
 
-"torch": the folded heads (BatchNorm and standardisation folded into plain Linear layers) under
-torch.inference_mode, a plain Linear/ReLU chain as addmm. "onnx": onnxruntime sessions on the folder's
-model.onnx -- the heads, and the screened ranking graph when it has one. Both offer score /
-score_log_ms / __call__ on a head's encoded rows; rank_keep says whether the runner ranks in one call.
+Both implement Runner, the interface the Predictor calls: `backend` (what Predictor.backend reports),
+`heads` (the heads it scores row by row: score / score_log_ms / __call__) and `kernels` (the kernel modes
+whose rank and predict it serves, KERNELS). "torch": the folded heads (BatchNorm and standardisation
+folded into plain Linear layers) under torch.inference_mode, a plain Linear/ReLU chain as addmm.
+"onnx": onnxruntime sessions on the folder's model.onnx -- the heads, and per kernel mode the screened
+ranking graph and predict's graph (`ranks` / `predicts` say when one call serves the request).
 Imports neither Lightning, nor MLflow, nor pandas; onnxruntime and onnx only when an ONNX runner is built.
 """
 from __future__ import annotations
 
+import abc
 import os
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 from torch import nn
 
-from perfmodel.artifact import PREDICT_OUTPUTS, RANK_INPUTS, RANK_OUTPUTS, ArtifactError, ModelBundle, predict_head
+from perfmodel.artifact import (PREDICT_OUTPUTS, PREDICT_STATIC_OUTPUTS, RANK_INPUTS, RANK_OUTPUTS, RANK_STATIC_OUTPUTS,
+                                STATIC, ArtifactError, ModelBundle, predict_head, with_static)
 from perfmodel.configs import pruned_space
 from perfmodel.features import configs_tensor
 from perfmodel.model import GroupedNet
@@ -31,22 +35,88 @@ _ONNX_CHECK_ROWS = 8
 _ONNX_CHECK_RTOL = 1e-3
 
 
-class _TorchRunner:
-    """Folded heads on the CPU; torch inference is thread-safe on modules in eval mode.
+# The kernel modes a Predictor predicts for (docs/design.md, "Kernel modes"): "autotune", the canonical
+# kernel with Triton's default specialisation (what a @triton.autotune user runs, and what the dataset's
+# gemm rows time); "inductor", the same source compiled for one problem's shape, as Inductor compiles its
+# mm template (the gemm head plus the model's static head).
+KERNELS = ("autotune", "inductor")
+
+
+def model_kernels(bundle: ModelBundle) -> frozenset[str]:
+    """The kernel modes a model predicts: "autotune", and "inductor" when it has a static head."""
+    return frozenset(KERNELS if STATIC in bundle.heads else KERNELS[:1])
+
+
+class Runner(abc.ABC):
+    """What the Predictor runs a model with. Rows are a head's encoded features (N, F) float32.
+
+    backend: its name, what Predictor.backend reports. heads: the heads it scores row by row.
+    kernels: the kernel modes (KERNELS) whose rank and predict it serves -- row by row (the Predictor
+    encodes, ranks with perfmodel.ranking.screened_rank and adds the static head's output) or in one
+    call where `ranks` / `predicts` say so. Every method is safe to call from many threads."""
+
+    backend: str
+    heads: frozenset[str]
+    kernels: frozenset[str]
+
+    @abc.abstractmethod
+    def score(self, head: str, x: torch.Tensor) -> torch.Tensor:
+        """PerfMLP.score of the head on x: (N,) or (N, n_outputs), before the floors."""
+
+    @abc.abstractmethod
+    def score_log_ms(self, head: str, x: torch.Tensor, lead: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(score, log ms) of the head on x; lead: its lead member's outputs on x (lead()), or None."""
+
+    @abc.abstractmethod
+    def __call__(self, head: str, x: torch.Tensor) -> np.ndarray:
+        """log ms (float64), the head's full output."""
+
+    def prepare(self, kernel: str) -> None:
+        """Make ready what serving the kernel mode needs (the Predictor calls it when built for the mode);
+        nothing by default."""
+
+    def lead(self, head: str, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """PerfMLP.lead_score of the head on x: (score, outputs) of its ensemble's lead member alone."""
+        raise RuntimeError(f"the {self.backend} backend runs no lead member row by row (its ranking graph does)")
+
+    def ranks(self, kernel: str, keep: int, k: int) -> bool:
+        """Whether rank() serves a screened ranking (the screen's best `keep`) of k configs for the kernel
+        mode in one call."""
+        return False
+
+    def rank(self, problems: np.ndarray, part: "_ConfigPart", kernel: str) -> tuple[np.ndarray, np.ndarray]:
+        """The screened ranking of problems (P, 8) float64 against a config set: (kept config indices,
+        their log ms), each (P, kept), fastest first, ties in config order."""
+        raise NotImplementedError(f"the {self.backend} backend has no ranking graph")
+
+    def predicts(self, kernel: str) -> bool:
+        """Whether predict() serves the kernel mode's predict in one call (encoding included)."""
+        return False
+
+    def predict(self, problems: np.ndarray, part: "_ConfigPart", kernel: str) -> np.ndarray:
+        """(P, C) float32 log ms of problems (P, 8) float64 with a config set, by predict_head()."""
+        raise NotImplementedError(f"the {self.backend} backend has no predict graph")
+
+
+class _TorchRunner(Runner):
+    """Folded heads on the CPU; torch inference is thread-safe on modules in eval mode. Serves every
+    head and every kernel mode of the model, row by row.
 
     A folded head that is a plain chain of Linear and ReLU layers runs as addmm with in-place ReLU
     (no per-layer output allocation for the activation): ~1.5x faster than the module on a 36,800-row
     batch on the 2-core CPU, bit-identical output. An ensemble runs its GroupedNet; any other head
     runs as its module."""
 
-    rank_keep = None  # no ranking graph: Predictor ranks with perfmodel.ranking.screened_rank
-    rank_width = 0
+    backend = "torch"
 
     def __init__(self, bundle: ModelBundle) -> None:
-        self.heads = {name: head.for_serving().eval() for name, head in bundle.heads.items()}
+        self.modules = {name: head.for_serving().eval() for name, head in bundle.heads.items()}
+        self.heads = frozenset(self.modules)
+        self.kernels = model_kernels(bundle)
         # per head, its net (the output before the overhead floor): an addmm chain, or a GroupedNet
         self.nets: dict[str, Any] = {}
-        for name, head in self.heads.items():
+        for name, head in self.modules.items():
             head.requires_grad_(False)
             if isinstance(head.net, GroupedNet):
                 self.nets[name] = head.net
@@ -56,8 +126,7 @@ class _TorchRunner:
                 self.nets[name] = lambda x, chain=chain: _addmm_chain(chain, x)
 
     def score(self, head: str, x: torch.Tensor) -> torch.Tensor:
-        """PerfMLP.score of the head: (N,) or (N, n_outputs), before the floors."""
-        h = self.heads[head]
+        h = self.modules[head]
         with torch.inference_mode():
             if head not in self.nets:
                 return h.score(x)
@@ -68,8 +137,7 @@ class _TorchRunner:
 
     def score_log_ms(self, head: str, x: torch.Tensor, lead: torch.Tensor | None = None
                      ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(score, log ms) of the head on x; lead: its lead member's outputs on x (lead()), or None."""
-        h = self.heads[head]
+        h = self.modules[head]
         z = self.score(head, x) if lead is None else None
         with torch.inference_mode():
             if z is None:
@@ -77,12 +145,10 @@ class _TorchRunner:
             return z, h.floor(z, x)
 
     def lead(self, head: str, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """PerfMLP.lead_score of the head on x: (score, outputs) of its ensemble's lead member alone."""
         with torch.inference_mode():
-            return self.heads[head].lead_score(x)
+            return self.modules[head].lead_score(x)
 
     def __call__(self, head: str, x: torch.Tensor) -> np.ndarray:
-        """log ms (float64), the head's full output."""
         return self.score_log_ms(head, x)[1].numpy().astype(np.float64)
 
 
@@ -108,10 +174,16 @@ def _linear_relu_chain(head: Any) -> list[tuple[torch.Tensor, torch.Tensor]] | N
     return [(m.weight.detach().t().contiguous(), m.bias.detach().clone()) for m in mods[::2]]
 
 
-class _OnnxRunner:
+class _OnnxRunner(Runner):
     """onnxruntime sessions on the folder's model.onnx: one per head (input <head>_x, outputs
-    <head>_log_ms and <head>_score) and, with a screen head, the screened ranking graph (traced from
-    perfmodel.ranking.screened_rank) and predict's graph. InferenceSession.run is thread-safe."""
+    <head>_log_ms and <head>_score) and, per kernel mode, predict's graph and (with a screen head) the
+    screened ranking graph (traced from perfmodel.ranking.screened_rank; the inductor mode's with the
+    static head's output added, perfmodel.artifact.with_static). It serves the "inductor" mode where the
+    graph has that mode's graphs (perfmodel.artifact.export_onnx writes them for a model with a static
+    head); a mode's graphs are cut from the file, given sessions and checked against the weights by
+    prepare(kernel), when a Predictor for the mode is built. InferenceSession.run is thread-safe."""
+
+    backend = "onnx"
 
     def __init__(self, bundle: ModelBundle, path: Path) -> None:
         import onnxruntime as ort
@@ -119,55 +191,102 @@ class _OnnxRunner:
         if not path.is_file():
             raise FileNotFoundError(f"path_or_uri: {path.parent} has no {path.name} for backend='onnx' "
                                     f"(write it with `perfmodel export-onnx --model {path.parent}`)")
-        def session(graph: bytes, threads: int) -> Any:
-            opts = ort.SessionOptions()
-            opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
-            # No busy-waiting between calls: the predictor runs inside a compiler process, between
-            # other work (torch's own threads among it) that spinning pool threads would slow down.
-            opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-            opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-            return ort.InferenceSession(graph, sess_options=opts, providers=["CPUExecutionProvider"])
-
-        self.rank_session, self.rank_keep, self.rank_width, self.predict_session = None, None, 0, None
+        self._ort, self._bundle, self._path = ort, bundle, path
+        self.rank_keep, self.rank_width = None, 0
+        # per kernel mode, its ranking and predict graphs (_Staged), built by prepare(kernel)
+        self.rank_graphs: dict[str, _Staged] = {}
+        self.predict_graphs: dict[str, _Staged] = {}
+        self._prepared: set[str] = set()
+        self._prepare_lock = threading.Lock()
         try:
-            head_graphs, rank_graph, predict_graph = _split_graphs(path.read_bytes())
-            wide = min(_SERVING_THREADS, os.cpu_count() or 1)
+            head_graphs, self._cut, outputs = _split_graphs(path.read_bytes())
             # One session per head (small batches: a few threads, no inter-op pool), so that a call runs
             # only its head's nodes and never feeds the others an empty batch (onnxruntime on an H100
             # host died of SIGFPE on zero-row inputs).
-            self.head_sessions = {name: session(graph, wide) for name, graph in head_graphs.items()}
-            # The ranking and predict graphs get two sessions each: one thread for a few hundred rows (one
-            # problem), where waking a pool thread costs more than it saves (measured: 1 thread 470-550 us,
-            # 2 threads 525-690 us per 368-config rank), and the heads' threads for large batches.
-            def staged(graph: _Staged) -> _Staged:
-                graph.config_session = session(graph.config_graph, 1) if graph.config_graph is not None else None
-                graph.sessions = _BySize(session(graph.problem_graph, 1),
-                                         session(graph.problem_graph, wide) if wide > 1 else None)
-                return graph
-
-            if rank_graph is not None:
-                # its own sessions: onnxruntime runs every node of a graph whatever outputs are asked for
-                self.rank_session = staged(rank_graph)
-                self.rank_keep = bundle.screen_keep  # traced with it (perfmodel.artifact.export_onnx)
-                # the columns it ranks: lead_keep with a lead, else screen_keep (checked on load)
-                lead_keep = bundle.lead_keep
-                self.rank_width = lead_keep if refines(lead_keep, self.rank_keep, lead_keep) else self.rank_keep
-            if predict_graph is not None:
-                self.predict_session = staged(predict_graph)
+            self.head_sessions = {name: self._session(graph, self._wide) for name, graph in head_graphs.items()}
         except Exception as exc:  # onnxruntime raises its own (non-public) exception types for bad graphs
             raise ArtifactError(f"{path}: not a loadable ONNX model ({type(exc).__name__}: {exc})") from None
-        self.widths, outputs = {}, set()
+        # the kernel modes whose ranking / predict graphs the file has
+        self._has_rank = {k for k, names in _RANK_GRAPHS.items() if set(names) <= outputs}
+        self._has_predict = {k for k, names in _PREDICT_GRAPHS.items() if set(names) <= outputs}
+        if self._has_rank:
+            self.rank_keep = bundle.screen_keep  # traced with it (perfmodel.artifact.export_onnx)
+            # the columns it ranks: lead_keep with a lead, else screen_keep (checked on load)
+            lead_keep = bundle.lead_keep
+            self.rank_width = lead_keep if refines(lead_keep, self.rank_keep, lead_keep) else self.rank_keep
+        self.widths, head_outputs = {}, set()
         for head, sess in self.head_sessions.items():
             (inp,) = sess.get_inputs()
             if inp.name != f"{head}_x":
                 raise ArtifactError(f"{path}: unexpected ONNX input {inp.name!r}")
             self.widths[head] = inp.shape[1]
-            outputs |= {o.name for o in sess.get_outputs()}
+            head_outputs |= {o.name for o in sess.get_outputs()}
         for name, enc in bundle.encoders.items():
-            if self.widths.get(name) != len(enc) or not {f"{name}_log_ms", f"{name}_score"} <= outputs:
+            if self.widths.get(name) != len(enc) or not {f"{name}_log_ms", f"{name}_score"} <= head_outputs:
                 raise ArtifactError(f"{path}: the ONNX graph does not match head {name!r} of the weights "
                                     f"(re-export with `perfmodel export-onnx`)")
+        self.heads = frozenset(self.head_sessions)
+        # A kernel mode is served when the file has its graphs: the inductor mode's are written for a model
+        # with a static head (a file exported before them serves autotune only: Predictor says so).
+        self.kernels = frozenset(
+            k for k in model_kernels(bundle)
+            if k == KERNELS[0] or (STATIC in self.heads and k in self._has_predict
+                                   and (k in self._has_rank or not self._has_rank)))
+
+    @property
+    def _wide(self) -> int:
+        return min(_SERVING_THREADS, os.cpu_count() or 1)
+
+    def _session(self, graph: bytes, threads: int) -> Any:
+        ort = self._ort
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
+        # No busy-waiting between calls: the predictor runs inside a compiler process, between
+        # other work (torch's own threads among it) that spinning pool threads would slow down.
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        return ort.InferenceSession(graph, sess_options=opts, providers=["CPUExecutionProvider"])
+
+    def prepare(self, kernel: str) -> None:
+        """Build the kernel mode's ranking and predict graphs (once; a Predictor for the mode calls it
+        when built) and check them against the folder's weights: a load for one mode pays for its
+        graphs only."""
+        with self._prepare_lock:
+            if kernel in self._prepared or kernel not in self.kernels:
+                return
+            # The ranking and predict graphs get two sessions each: one thread for a few hundred rows (one
+            # problem), where waking a pool thread costs more than it saves (measured: 1 thread 470-550 us,
+            # 2 threads 525-690 us per 368-config rank), and the heads' threads for large batches.
+            # Their own sessions: onnxruntime runs every node of a graph whatever outputs are asked for.
+            def staged(names: tuple[str, ...]) -> _Staged:
+                graph = self._cut(names)
+                graph.config_session = self._session(graph.config_graph, 1) if graph.config_graph is not None else None
+                wide = self._wide
+                graph.sessions = _BySize(self._session(graph.problem_graph, 1),
+                                         self._session(graph.problem_graph, wide) if wide > 1 else None)
+                return graph
+
+            try:
+                rank = staged(_RANK_GRAPHS[kernel]) if kernel in self._has_rank else None
+                predict = staged(_PREDICT_GRAPHS[kernel]) if kernel in self._has_predict else None
+            except Exception as exc:  # onnxruntime's own (non-public) exception types for bad graphs
+                raise ArtifactError(f"{self._path}: not a loadable ONNX model ({type(exc).__name__}: {exc})") from None
+            _check_graphs(self._bundle, self, self._path, kernel, rank, predict)
+            if rank is not None:
+                self.rank_graphs[kernel] = rank
+            if predict is not None:
+                self.predict_graphs[kernel] = predict
+            self._prepared.add(kernel)
+
+    # the autotune mode's graphs, as before the inductor mode's existed
+    @property
+    def rank_session(self) -> "_Staged | None":
+        return self.rank_graphs.get(KERNELS[0])
+
+    @property
+    def predict_session(self) -> "_Staged | None":
+        return self.predict_graphs.get(KERNELS[0])
 
     def _run(self, names: list[str], head: str, x: torch.Tensor) -> list[np.ndarray]:
         if len(x) == 0:  # no rows: nothing to run (onnxruntime is never given an empty batch)
@@ -186,20 +305,27 @@ class _OnnxRunner:
         return torch.from_numpy(z), torch.from_numpy(log_ms)
 
     def __call__(self, head: str, x: torch.Tensor) -> np.ndarray:
-        """log ms (float64), the head's full output."""
         return self._run([f"{head}_log_ms"], head, x)[0].astype(np.float64)
 
-    def predict(self, problems: np.ndarray, part: "_ConfigPart") -> np.ndarray:
-        """(P, C) float32 log ms of problems (P, 8) float64 with a config set, by predict_head()."""
-        return self.predict_session.run(_PREDICT_OUTPUTS, problems, part)[0]
+    def predicts(self, kernel: str) -> bool:
+        return kernel in self.predict_graphs
 
-    def rank(self, problems: np.ndarray, part: "_ConfigPart") -> tuple[np.ndarray, np.ndarray]:
-        """The graph's screened ranking of problems (P, 8) float64 against a config set: (kept config
-        indices, their log ms), each (P, rank_keep), fastest first, ties in config order."""
-        return self.rank_session.run(_RANK_OUTPUTS, problems, part)
+    def predict(self, problems: np.ndarray, part: "_ConfigPart", kernel: str = KERNELS[0]) -> np.ndarray:
+        graph = self.predict_graphs[kernel]
+        return graph.run(graph.outputs, problems, part)[0]
+
+    def ranks(self, kernel: str, keep: int, k: int) -> bool:
+        # traced with the model's screen_keep, ranking rank_width columns
+        return kernel in self.rank_graphs and keep == self.rank_keep and k <= self.rank_width
+
+    def rank(self, problems: np.ndarray, part: "_ConfigPart", kernel: str = KERNELS[0]) -> tuple[np.ndarray, np.ndarray]:
+        graph = self.rank_graphs[kernel]
+        return graph.run(graph.outputs, problems, part)
 
 
-_RANK_OUTPUTS, _PREDICT_OUTPUTS = list(RANK_OUTPUTS), list(PREDICT_OUTPUTS)  # lists, as the binding takes them
+# Per kernel mode, the outputs of its ranking and predict graphs in model.onnx
+_RANK_GRAPHS = {"autotune": RANK_OUTPUTS, "inductor": RANK_STATIC_OUTPUTS}
+_PREDICT_GRAPHS = {"autotune": PREDICT_OUTPUTS, "inductor": PREDICT_STATIC_OUTPUTS}
 # (problems x configs) rows from which the ranking and predict graphs run on the multi-threaded session
 _WIDE_ROWS = 4096
 
@@ -242,8 +368,10 @@ class _Staged:
     same nodes as the whole graph, so the same results; a call runs ~20 us less of them (368 configs).
     config_session and sessions (a _BySize on problem_graph) are set by the runner."""
 
-    def __init__(self, config_graph: bytes | None, problem_graph: bytes, boundary: list[str]) -> None:
+    def __init__(self, config_graph: bytes | None, problem_graph: bytes, boundary: list[str],
+                 outputs: tuple[str, ...]) -> None:
         self.config_graph, self.problem_graph, self.boundary = config_graph, problem_graph, boundary
+        self.outputs = list(outputs)  # a list, as the binding takes them
         # the boundary tensors the config stage computes (the others are config inputs, fed as they are)
         self.computed = [n for n in boundary if n not in RANK_INPUTS]
         self.config_session: Any = None
@@ -278,11 +406,11 @@ def _run_session(session: Any, outputs: list[str], feeds: dict[str, np.ndarray])
     return sess.run(outputs, feeds, None)
 
 
-def _split_graphs(model_bytes: bytes) -> tuple[dict[str, bytes], _Staged | None, _Staged | None]:
-    """({head: its graph}, the screened-ranking graph or None, predict's graph or None) of a model.onnx:
-    one session each, so that no call runs another's nodes; the ranking and predict graphs cut in their
-    config and problem stages (_Staged). A head's graph has input <head>_x and outputs <head>_score and
-    <head>_log_ms (those the model has)."""
+def _split_graphs(model_bytes: bytes) -> tuple[dict[str, bytes], Callable[[tuple[str, ...]], "_Staged"], set[str]]:
+    """({head: its graph}, cut, the graph's output names) of a model.onnx: one graph per head, so that no
+    call runs another's nodes (input <head>_x, outputs <head>_score and <head>_log_ms, those the model
+    has); cut(outputs) extracts the graph of a ranking or predict output set, in its config and problem
+    stages (_Staged)."""
     import onnx
     from onnx.utils import Extractor
 
@@ -299,17 +427,17 @@ def _split_graphs(model_bytes: bytes) -> tuple[dict[str, bytes], _Staged | None,
         heads[head] = extractor.extract_model(
             [name], [n for n in (f"{head}_score", f"{head}_log_ms") if n in outputs]).SerializeToString()
 
-    def part(names: tuple[str, ...]) -> _Staged | None:
-        if not all(n in inputs for n in RANK_INPUTS) or not all(n in outputs for n in names):
-            return None
+    def cut(names: tuple[str, ...]) -> _Staged:
         graph = extractor.extract_model(list(RANK_INPUTS), list(names)).graph
         boundary = _config_boundary(graph, names)
         computed = [n for n in boundary if n not in RANK_INPUTS]
         config = extractor.extract_model(list(RANK_INPUTS[1:]), computed).SerializeToString() if computed else None
         problem = extractor.extract_model([RANK_INPUTS[0], *boundary], list(names)).SerializeToString()
-        return _Staged(config, problem, boundary)
+        return _Staged(config, problem, boundary, names)
 
-    return heads, part(RANK_OUTPUTS), part(PREDICT_OUTPUTS)
+    has_inputs = all(n in inputs for n in RANK_INPUTS)
+    return heads, cut, set(outputs) if has_inputs else set(outputs) - {*RANK_OUTPUTS, *RANK_STATIC_OUTPUTS,
+                                                                     *PREDICT_OUTPUTS, *PREDICT_STATIC_OUTPUTS}
 
 
 def _config_boundary(graph: Any, outputs: tuple[str, ...]) -> list[str]:
@@ -371,7 +499,8 @@ def _onnxruntime_available() -> bool:
 
 def _check_onnx_matches(bundle: ModelBundle, runner: _OnnxRunner, path: Path) -> None:
     """A model.onnx exported from other weights than the folder's safetensors would silently serve a
-    different model: compare a few rows of every head against the torch weights."""
+    different model: compare a few rows of every head against the torch weights (each kernel mode's
+    ranking and predict graphs: _check_graphs, when the runner prepares them)."""
     gen = torch.Generator().manual_seed(0)
     with torch.inference_mode():
         for name, head in bundle.heads.items():
@@ -381,32 +510,54 @@ def _check_onnx_matches(bundle: ModelBundle, runner: _OnnxRunner, path: Path) ->
             if got.shape != want.shape or not np.allclose(got, want, rtol=_ONNX_CHECK_RTOL, atol=1e-4):
                 raise ArtifactError(f"{path}: head {name!r} of the ONNX graph disagrees with the folder's "
                                     "weights (stale export?); re-run `perfmodel export-onnx`")
-        if runner.predict_session is not None or runner.rank_session is not None:
-            enc = bundle.encoders["gemm"]
-            problems = torch.tensor([[3000.0, 1000, 777, 2, 0, 0, 0, 1]], dtype=torch.float64)
-            configs = configs_tensor(pruned_space("float16", bundle.spec))
-            x = enc.encode_cross(problems, configs)
-        if runner.predict_session is not None:
-            got = runner.predict(problems.numpy(), _ConfigPart.of(enc, configs))[0]
-            want = bundle.heads[predict_head(bundle.heads)](x).numpy()
+    if bundle.lead_keep and KERNELS[0] not in runner._has_rank:
+        raise ArtifactError(f"{path}: the folder has a lead_keep but its ONNX graph no ranking graph; re-run "
+                            "`perfmodel export-onnx`")
+    if runner._has_rank and ("screen" not in bundle.heads or runner.rank_keep != bundle.screen_keep):
+        raise ArtifactError(f"{path}: the ONNX ranking graph does not match the folder's screen head or "
+                            "screen_keep; re-run `perfmodel export-onnx`")
+
+
+def _check_graphs(bundle: ModelBundle, runner: _OnnxRunner, path: Path, kernel: str,
+                  rank: _Staged | None, predict: _Staged | None) -> None:
+    """A kernel mode's ranking and predict graphs against the torch rule on the folder's weights (one
+    problem, the fp16 space): the same log ms, the ranking sorted and drawn from the screen's best."""
+    if rank is None and predict is None:
+        return
+    enc, gemm = bundle.encoders["gemm"], bundle.heads["gemm"]
+    problems = torch.tensor([[3000.0, 1000, 777, 2, 0, 0, 0, 1]], dtype=torch.float64)
+    configs = configs_tensor(pruned_space("float16", bundle.spec))
+    part = _ConfigPart.of(enc, configs)
+    with torch.inference_mode():
+        x = enc.encode_cross(problems, configs)
+        # the static head once on the rows (the unfolded heads on ~1,000 rows: most of the check's time)
+        static_x = bundle.heads[STATIC].score(x) if kernel != KERNELS[0] else None
+
+        def rule(z: torch.Tensor, rows: torch.Tensor, idx: torch.Tensor | None = None) -> torch.Tensor:
+            """The torch rule of the kernel mode on log ms z of rows (x[idx]; all of x for None): for
+            inductor, the static head's output added before the physical floor."""
+            if static_x is None:
+                return z
+            return gemm.physical_floor(with_static(z, static_x if idx is None else static_x[idx]), rows)
+
+        if predict is not None:
+            got = predict.run(predict.outputs, problems.numpy(), part)[0][0]
+            want = rule(bundle.heads[predict_head(bundle.heads)](x), x).numpy()
             if got.shape != want.shape or not np.allclose(got, want, rtol=_ONNX_CHECK_RTOL, atol=1e-4):
                 raise ArtifactError(f"{path}: the ONNX predict graph disagrees with the folder's weights "
-                                    "(stale export?); re-run `perfmodel export-onnx`")
-        if bundle.lead_keep and runner.rank_session is None:
-            raise ArtifactError(f"{path}: the folder has a lead_keep but its ONNX graph no ranking graph; re-run "
-                                "`perfmodel export-onnx`")
-        if runner.rank_session is not None:
-            if "screen" not in bundle.heads or runner.rank_keep != bundle.screen_keep:
-                raise ArtifactError(f"{path}: the ONNX ranking graph does not match the folder's screen head or "
-                                    "screen_keep; re-run `perfmodel export-onnx`")
-            kept, log_ms = runner.rank(problems.numpy(), _ConfigPart.of(enc, configs))
+                                    f"(kernel={kernel!r}; stale export?); re-run `perfmodel export-onnx`")
+        if rank is not None:
+            kept, log_ms = rank.run(rank.outputs, problems.numpy(), part)
             if kept.shape[1] != runner.rank_width:
                 raise ArtifactError(f"{path}: the ONNX ranking graph ranks {kept.shape[1]} configs per problem, the "
                                     f"folder's lead_keep / screen_keep {runner.rank_width}; re-run `perfmodel export-onnx`")
-            want = bundle.heads["gemm"](x[torch.from_numpy(kept[0])]).numpy()
+            idx = torch.from_numpy(kept[0])
+            rows = x[idx]
+            score = gemm.score(rows)
+            want = gemm.floor(score, rows) if static_x is None else rule(score, rows, idx)
             screen = bundle.heads["screen"](x).numpy()
-            if not np.allclose(log_ms[0], want, rtol=_ONNX_CHECK_RTOL, atol=1e-4) or \
+            if not np.allclose(log_ms[0], want.numpy(), rtol=_ONNX_CHECK_RTOL, atol=1e-4) or \
                     np.any(np.diff(log_ms[0]) < 0) or \
                     screen[kept[0]].max() > np.sort(screen)[runner.rank_keep - 1] + 1e-4:
                 raise ArtifactError(f"{path}: the ONNX ranking graph disagrees with the folder's weights "
-                                    "(stale export?); re-run `perfmodel export-onnx`")
+                                    f"(kernel={kernel!r}; stale export?); re-run `perfmodel export-onnx`")

@@ -18,13 +18,13 @@ num_warps=16) cannot be ranked: it is kept (and benchmarked) by default, see `un
 """
 from __future__ import annotations
 
-import math
 import threading
 import warnings
 from typing import Any, Callable, Sequence
 
 from perfmodel.schema import GemmConfig, GemmProblem, is_column_major
 
+from .decisions import kept_positions
 from .predictor import Predictor
 
 _KWARG_NAMES = {
@@ -171,11 +171,9 @@ def perfmodel_prune(top_k: int = 5, *, predictor: Predictor | None = None, model
                           stacklevel=2)
         if not ranked:
             return configs
-        order = rank_positions(lazy.get(), prob, ranked_cfgs, top_k)
         # A config the device cannot run (over its shared memory or registers) ranks last at inf: never
-        # kept while a runnable one exists.
-        runnable = [i for i, ms in order if math.isfinite(ms)]
-        kept = [ranked[i] for i in (runnable or [i for i, _ in order])]  # the caller's Config objects
+        # kept while a runnable one exists (decisions.kept_positions).
+        kept = [ranked[i] for i in kept_positions(rank_positions(lazy.get(), prob, ranked_cfgs, top_k))]
         return kept + (others if unknown == "keep" else [])
 
     early_config_prune.top_k = top_k  # type: ignore[attr-defined]

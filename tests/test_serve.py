@@ -476,14 +476,14 @@ def test_torch_fast_path_matches_the_module(pt: Predictor) -> None:
     from perfmodel.features import configs_tensor, problems_tensor
 
     runner = pt._run
-    assert set(runner.nets) == set(runner.heads)  # synthetic heads are BatchNorm MLPs: all foldable
+    assert set(runner.nets) == set(runner.modules)  # synthetic heads are BatchNorm MLPs: all foldable
     cfgs = pt.default_configs("float16")[:64]
     x = pt.bundle.encoders["gemm"].encode_cross(
         problems_tensor([GemmProblem(m=100, n=200, k=300, dtype="float16"),
                          GemmProblem(m=4096, n=1, k=8192, dtype="float16")]),
         configs_tensor(cfgs))
     with torch.inference_mode():
-        ref = runner.heads["gemm"](x).numpy()
+        ref = runner.modules["gemm"](x).numpy()
     assert np.array_equal(runner("gemm", x), ref.astype(np.float64))
 
 
@@ -682,8 +682,8 @@ def test_onnx_staged_graphs_and_non_finite_rank(ox: Predictor, monkeypatch: pyte
     assert [c for c, _ in ox.rank(PROB, top_k=5)] == [c for c, _ in ox.rank_many([PROB], cfgs, top_k=5)[0]]
     real = run.rank
 
-    def nan_rank(problems: np.ndarray, part) -> tuple[np.ndarray, np.ndarray]:
-        kept, log_ms = real(problems, part)
+    def nan_rank(problems: np.ndarray, part, kernel) -> tuple[np.ndarray, np.ndarray]:
+        kept, log_ms = real(problems, part, kernel)
         return kept, np.where(np.arange(log_ms.shape[1]) == 3, np.nan, log_ms).astype(np.float32)
 
     monkeypatch.setattr(run, "rank", nan_rank)

@@ -270,7 +270,8 @@ def test_filter_cublas_margin_drops_triton(pt: Predictor) -> None:
     assert out == [aten]  # margin ~ -1: cuBLAS always "faster"
     out = si.filter_template_choices(choices, _Inputs(512, 512, 512), "mm", pt, top_k=2, cublas_margin=1e9)
     assert len(out) == 3
-    # margin 0 follows the model's own call: Triton stays exactly when its best config is predicted faster
+    # margin 0 compares the predicted times (decisions.triton_dropped, never the call head): Triton stays
+    # exactly when its best config is predicted faster than cuBLAS
     prob = GemmProblem(m=512, n=512, k=512, dtype="float16")
     tri = [c for c in choices if c is not aten]
     gemm = [si.kwargs_to_gemm(c.params.to_kwargs()) for c in tri]

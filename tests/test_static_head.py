@@ -81,7 +81,10 @@ def test_inductor_mode_differs_and_backends_agree():
     pa, pt, po = a.predict(prob), i_torch.predict(prob), i_onnx.predict(prob)
     assert not np.allclose(pa, pt, rtol=1e-3)          # the static head changes the times
     np.testing.assert_allclose(pt, po, rtol=1e-3)
-    assert i_torch.rank(prob, top_k=5) == i_onnx.rank(prob, top_k=5)
+    # onnx runs its own inductor graphs: the same picks, times apart by float32 rounding only (~1e-6)
+    ti, to = i_torch.rank(prob, top_k=5), i_onnx.rank(prob, top_k=5)
+    assert i_onnx.backend == "onnx" and [c for c, _ in ti] == [c for c, _ in to]
+    np.testing.assert_allclose([t for _, t in to], [t for _, t in ti], rtol=1e-4)
     assert a.with_kernel("inductor").rank(prob, top_k=3) == i_torch.rank(prob, top_k=3)
     assert a.with_kernel("autotune") is a
 

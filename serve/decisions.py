@@ -1,0 +1,145 @@
+"""The serving decisions, once: cuBLAS or Triton, pad or not, and the padded path's time.
+
+The Predictor (Candidates.prefer_cublas, prefers_cublas_many, pad), the Inductor hook
+(perfmodel.serve.inductor: its cublas_margin and its pad_mm replacement) and the Triton autotuner hook
+(perfmodel.serve.triton_hook: which ranked configs it keeps) call these functions; none of them decides
+on its own. Two cuBLAS rules live here, for two questions:
+
+- the call (`cublas_preferred`): is cuBLAS faster than the best Triton config? The model's call head for
+  the kernel mode when it has one (fitted to log(cuBLAS ms / best Triton ms): right more often than the
+  times, docs/model.md "The cuBLAS call"), else the cuBLAS head's time against the best ranked config's.
+  What Candidates.prefer_cublas and Predictor.prefers_cublas_many answer.
+- the hook's trade (`triton_dropped`, install(cublas_margin=...)): is Triton worth compiling and
+  benchmarking? Predicted times only -- the cuBLAS head's time x (1 + margin) against the best ranked
+  config among those Inductor offers -- with a margin tuned for compile time against kernel time
+  (benchmarks/cublas_margin.py). It never asks the call head: margin 0 is the times' call, not the call
+  head's.
+
+Imports neither Lightning, nor MLflow, nor pandas.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Sequence
+
+from perfmodel.schema import DTYPE_BYTES, GemmConfig, PadDecision, PadProblem
+
+if TYPE_CHECKING:  # the Predictor calls this module: no import cycle at run time
+    from .predictor import Predictor
+
+__all__ = ["CUBLAS_MARGIN", "PAD_TRITON_MARGIN", "cublas_preferred", "hook_pad_decision", "kept_positions", "pad_copy_floor_ms",
+           "pad_decision", "padded_path_ms", "triton_dropped", "unpadded_triton_instead"]
+
+# install()'s default cublas_margin: keep the Triton mm choices only where the model's best config is
+# predicted more than 5 % faster than cuBLAS. benchmarks/cublas_margin.py on the 173 held-out problems:
+# Triton is kept (and compiled and benchmarked) on 16 % of H100 problems (20 % at margin 0, 26 % at 0.1),
+# and the chosen kernel is 1.0058x the best measured (1.0041x at 0, 1.0019x at 0.1; docs/benchmarks.md).
+# On the 12 shapes of benchmarks/inductor_bench.py (H200) it cut the GEMM tuning from 8.9 s (margin 0) to
+# 2.8 s with every shape's kernel within 1 % of stock's time or faster.
+CUBLAS_MARGIN = -0.05
+
+# How much faster than padded cuBLAS the model's best unpadded Triton config must be predicted before the
+# hook leaves an mm unpadded. The two paths cannot both be benchmarked (padding rewrites the graph before
+# autotuning), and they are not symmetric: a padded mm still autotunes Triton on the padded shape beside
+# cuBLAS, an unpadded one leaves cuBLAS on a misaligned shape -- so the unpadded path has to win clearly.
+# Set on GPT-2's lm head in NN layout (N = 50257, a row stride the sweep never timed at that width), one of
+# inductor_bench's shapes: on the H100 and H200 it was predicted 0.256 ms unpadded Triton vs 0.273 ms
+# padded and ran 0.38 ms vs stock's padded cuBLAS 0.17-0.20 ms.
+PAD_TRITON_MARGIN = 0.1
+
+
+# ----------------------------------------------------------------------------------- cuBLAS or Triton
+def cublas_preferred(call_score: Any, cublas_ms: Any, best_ms: Any, given_best_ms: Any = None) -> Any:
+    """The call: whether cuBLAS is predicted faster than the best Triton config (bool, or a bool array for
+    array inputs).
+
+    call_score: the call head's output (log(cuBLAS ms / best Triton ms); below 0 cuBLAS wins) or None when
+        the model has no call head for the kernel mode: then cuBLAS's predicted time below best_ms, the
+        best ranked config's.
+    given_best_ms: with a call head and a config list of the caller's own, the best given config's
+        predicted time: cuBLAS is preferred also where it beats that (cuBLAS that beats the whole space
+        beats any list of it; a short list may be slower than the space's best)."""
+    if call_score is None:
+        return cublas_ms < best_ms
+    prefer = call_score < 0.0
+    if given_best_ms is not None:
+        prefer = prefer | (cublas_ms < given_best_ms)
+    return prefer
+
+
+def triton_dropped(cublas_ms: float, best_triton_ms: float, margin: float | None) -> bool:
+    """The Inductor hook's cublas_margin rule: drop the Triton mm choices when cuBLAS's predicted time
+    x (1 + margin) is below the best ranked (offered) config's; never with margin None. Predicted times
+    only (not the call head: see the module docstring)."""
+    return margin is not None and cublas_ms * (1.0 + margin) < best_triton_ms
+
+
+def kept_positions(order: Sequence[tuple[int, float]]) -> list[int]:
+    """The positions a Triton hook keeps of a ranking [(position, predicted ms)], fastest first: the
+    configs the device can run (finite ms); all of them only when none can (the autotuner then reports
+    the failure itself)."""
+    runnable = [i for i, ms in order if math.isfinite(ms)]
+    return runnable or [i for i, _ in order]
+
+
+# ------------------------------------------------------------------------------------- pad or not
+def pad_decision(orig_ms: float, padded_ms: float, threshold: float, needs_padding: bool) -> PadDecision:
+    """Predictor.pad's rule (Inductor's pad_mm decision): pad when padded_ms * threshold < orig_ms. A
+    problem already aligned is never padded (its padded_ms is its orig_ms)."""
+    if not needs_padding:
+        return PadDecision(should_pad=False, orig_ms=orig_ms, padded_ms=orig_ms)
+    return PadDecision(should_pad=padded_ms * threshold < orig_ms, orig_ms=orig_ms, padded_ms=padded_ms)
+
+
+def pad_copy_floor_ms(pp: PadProblem, dram_bw_gbs: float) -> float:
+    """The least time the pad copies of pp can take: each padded operand (not prepadded) read once and
+    written once at its padded size, at DRAM bandwidth."""
+    mp, kp, np_ = pp.padded_dims()
+    elems = 0
+    if (mp, kp) != (pp.m, pp.k) and not pp.prepadded_left:
+        elems += pp.m * pp.k + mp * kp
+    if (kp, np_) != (pp.k, pp.n) and not pp.prepadded_right:
+        elems += pp.k * pp.n + kp * np_
+    return elems * DTYPE_BYTES[pp.dtype] / (dram_bw_gbs * 1e6)
+
+
+def padded_path_ms(predictor: "Predictor", pp: PadProblem, decision: PadDecision) -> float:
+    """The padded cuBLAS path's predicted time as Inductor runs it: the pad head's padded_ms or, where the
+    model has a cuBLAS head, that head's time on the padded problem plus the pad copies at DRAM bandwidth
+    (pad_copy_floor_ms), whichever is less. The pad head learned from padding timed with eager F.pad;
+    Inductor pads each operand with one generated kernel. GPT-2's lm head (1024x768x50257 fp16, NN) on
+    the H100: pad head 0.273 ms, cuBLAS head 0.138 + copies 0.046 = 0.184 ms; Inductor's padded path ran
+    0.193 ms."""
+    if not getattr(predictor, "has_cublas", False):
+        return decision.padded_ms
+    est = predictor.predict_cublas(pp.gemm(padded=True)) + pad_copy_floor_ms(pp, predictor.spec.dram_bw_gbs)
+    return min(decision.padded_ms, est)
+
+
+def unpadded_triton_instead(predictor: "Predictor", pp: PadProblem, decision: PadDecision,
+                            configs: Sequence[GemmConfig] | None = None,
+                            margin: float = PAD_TRITON_MARGIN) -> PadDecision:
+    """The pad decision when Triton templates compete with cuBLAS: padding helps cuBLAS, which wants
+    aligned operands, but the Triton template runs the unaligned shape as it is (masked loads). When the
+    model's best Triton config on the unpadded problem beats padded cuBLAS (copies included) by more than
+    `margin` (a fraction), padding would only slow the winner down: do not pad, and let autotuning pick
+    Triton on the original shape.
+    configs: the Triton configs autotuning will offer (None: the whole space). Comparing with configs
+    that are not offered kept GPT-2's 50257-wide lm head unpadded under the DEFAULT space on the H100,
+    where Inductor's best offered Triton config ran 0.385 ms and stock's padded cuBLAS 0.197 ms."""
+    best = predictor.rank(pp.gemm(padded=False), configs, top_k=1)
+    if best and best[0][1] * (1.0 + margin) < padded_path_ms(predictor, pp, decision):
+        return replace(decision, should_pad=False)
+    return decision
+
+
+def hook_pad_decision(predictor: "Predictor", pp: PadProblem, triton_in_play: bool,
+                      configs: Sequence[GemmConfig] | None = None) -> PadDecision:
+    """The Inductor pad hook's decision for an mm that needs padding: Predictor.pad, then, when the
+    compile autotunes Triton mm templates (configs: those it offers, None the whole space), left unpadded
+    where the best unpadded Triton config wins clearly (unpadded_triton_instead)."""
+    decision = predictor.pad(pp)
+    if decision.should_pad and triton_in_play:
+        decision = unpadded_triton_instead(predictor, pp, decision, configs)
+    return decision

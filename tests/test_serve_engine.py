@@ -1,0 +1,187 @@
+"""The serving engine: each runner (perfmodel.serve.runners.Runner) declares the heads and kernel modes it
+serves, Predictor.backend names what runs, the onnx backend serves kernel="inductor" from its own graphs;
+and perfmodel.serve.decisions, the one place of the cuBLAS-or-Triton and pad decisions (checked on
+synthetic inputs, said in each test)."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from perfmodel import GemmProblem, PadDecision, PadProblem, Predictor
+from perfmodel.serve import decisions, runners
+from perfmodel.serve.runners import KERNELS, Runner
+
+REPO = Path(__file__).resolve().parent.parent
+H100, H200 = REPO / "models" / "h100", REPO / "models" / "h200"
+PROBLEMS = [GemmProblem(m=4096, n=4096, k=4096, dtype="float16"),
+            GemmProblem(m=128, n=1000, k=4096, dtype="float16"),
+            GemmProblem(m=1000, n=37, k=129, dtype="float16", transpose_left=True),
+            GemmProblem(m=3000, n=4095, k=2049, dtype="float16"),
+            GemmProblem(m=1, n=8192, k=8192, dtype="float16"),
+            GemmProblem(m=1024, n=50257, k=768, dtype="float16", transpose_right=True)]
+# torch and onnxruntime sum the same float32 products in different orders: their log ms differ by ~1e-6
+# relative on this CPU (the load-time stale-export check allows 1e-3). 1e-4 is far above any CPU's
+# rounding of these few-hundred-term sums, and far below a real disagreement (a wrong head: > 1e-2).
+RTOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def engines() -> dict[tuple[str, str], Predictor]:
+    return {(b, k): Predictor.load(H100, backend=b, kernel=k) for b in ("torch", "onnx") for k in KERNELS}
+
+
+def test_each_runner_declares_its_heads_and_kernel_modes(engines) -> None:
+    for (backend, kernel), p in engines.items():
+        run = p._run
+        assert isinstance(run, Runner) and run.backend == backend == p.backend
+        assert run.heads == frozenset(p.bundle.heads)          # every head of the shipped model, both backends
+        assert run.kernels == frozenset(KERNELS)               # models/h100 has a static head
+    for backend in ("torch", "onnx"):                          # models/h200 has none: autotune only
+        p = Predictor.load(H200, backend=backend)
+        assert p._run.kernels == frozenset({"autotune"}) and "static" not in p._run.heads
+        with pytest.raises(ValueError, match="kernel: .*no static head"):
+            Predictor.load(H200, backend=backend, kernel="inductor")
+    with pytest.raises(TypeError):
+        Runner()  # an interface: only the backends are built
+
+
+def test_backend_names_what_runs_and_onnx_serves_inductor(engines, monkeypatch: pytest.MonkeyPatch) -> None:
+    po = engines[("onnx", "inductor")]
+    assert po.backend == "onnx" and type(po._run) is runners._OnnxRunner
+    assert po._run.ranks("inductor", po.screen_keep, 5) and po._run.predicts("inductor")
+    calls = []
+    for name in ("rank", "predict"):
+        real = getattr(po._run, name)
+        monkeypatch.setattr(po._run, name, lambda *a, real=real, name=name: calls.append((name, a[-1])) or real(*a))
+    # no torch runner anywhere: building one would mean a fallback
+    monkeypatch.setattr(runners._TorchRunner, "__init__", lambda *a: pytest.fail("a torch runner was built"))
+    po.rank(PROBLEMS[0], top_k=5)
+    po.predict(PROBLEMS[0])
+    assert calls == [("rank", "inductor"), ("predict", "inductor")]
+    assert po.with_kernel("autotune").backend == "onnx"
+
+
+def test_onnx_inductor_agrees_with_torch(engines) -> None:
+    for kernel in KERNELS:
+        pt, po = engines[("torch", kernel)], engines[("onnx", kernel)]
+        a, b = pt.predict_many(PROBLEMS[:4]), po.predict_many(PROBLEMS[:4])
+        np.testing.assert_allclose(b, a, rtol=RTOL, err_msg=kernel)
+        flipped = 0
+        for prob in PROBLEMS:
+            rt, ro = pt.rank(prob, top_k=5), po.rank(prob, top_k=5)
+            np.testing.assert_allclose([t for _, t in ro], [t for _, t in rt], rtol=RTOL, err_msg=str(prob))
+            # two configs predicted within rounding of each other may swap on another CPU: one problem allowed
+            flipped += [c for c, _ in rt] != [c for c, _ in ro]
+        assert flipped <= 1, kernel
+    # the inductor mode is not the autotune one on either backend (the static head's output is added)
+    assert not np.allclose(engines[("onnx", "inductor")].predict(PROBLEMS[3]),
+                           engines[("onnx", "autotune")].predict(PROBLEMS[3]), rtol=1e-3)
+
+
+def test_onnx_file_without_inductor_graphs_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model.onnx exported before the inductor graphs existed (simulated: the loader sees none)."""
+    real = runners._split_graphs
+
+    def old_export(data: bytes):
+        heads, cut, outputs = real(data)
+        return heads, cut, {o for o in outputs if "static" not in o or o.startswith("static_")}
+
+    monkeypatch.setattr(runners, "_split_graphs", old_export)
+    with pytest.raises(ValueError, match=r"onnx backend cannot serve kernel='inductor'.*export-onnx.*backend='torch'"):
+        Predictor.load(H100, backend="onnx", kernel="inductor")
+    ox = Predictor.load(H100, backend="onnx")
+    assert ox._run.kernels == frozenset({"autotune"})
+    with pytest.raises(ValueError, match="cannot serve kernel='inductor'"):
+        ox.with_kernel("inductor")
+    auto = Predictor.load(H100, kernel="inductor")   # backend None: the one that serves the mode
+    assert auto.backend == "torch" == auto._run.backend
+
+
+# ------------------------------------------------------------------------------------------ decisions
+def test_cublas_preferred_on_synthetic_inputs() -> None:
+    # synthetic values: no model involved
+    assert decisions.cublas_preferred(None, 1.0, 1.1) and not decisions.cublas_preferred(None, 1.1, 1.0)
+    assert decisions.cublas_preferred(-0.01, 5.0, 1.0)            # the call head outranks the times
+    assert not decisions.cublas_preferred(0.01, 0.5, 1.0)
+    assert decisions.cublas_preferred(0.01, 0.5, 1.0, given_best_ms=1.0)  # beats the caller's own best
+    assert not decisions.cublas_preferred(0.01, 1.5, 1.0, given_best_ms=1.0)
+    got = decisions.cublas_preferred(np.array([-1.0, 1.0, 1.0]), np.array([9.0, 1.0, 3.0]), None, np.array([1.0, 2.0, 2.0]))
+    assert got.tolist() == [True, True, False]
+    assert decisions.cublas_preferred(None, np.array([1.0, 2.0]), np.array([1.5, 1.5])).tolist() == [True, False]
+
+
+def test_triton_dropped_and_kept_positions_on_synthetic_inputs() -> None:
+    # synthetic times: drop Triton when cuBLAS x (1 + margin) < the best Triton time
+    assert not decisions.triton_dropped(0.5, 1.0, None)           # None: never
+    assert decisions.triton_dropped(0.99, 1.0, 0.0) and not decisions.triton_dropped(1.01, 1.0, 0.0)
+    assert decisions.triton_dropped(1.04, 1.0, decisions.CUBLAS_MARGIN)      # -0.05: Triton must win by 5 %
+    assert not decisions.triton_dropped(1.06, 1.0, decisions.CUBLAS_MARGIN)
+    assert not decisions.triton_dropped(0.95, 1.0, 0.1)           # +0.1: cuBLAS must win by 10 %
+    assert decisions.kept_positions([(3, 0.1), (0, math.inf), (1, 0.2)]) == [3, 1]
+    assert decisions.kept_positions([(2, math.inf), (0, math.inf)]) == [2, 0]   # none runnable: all
+
+
+def test_pad_rules_on_synthetic_inputs() -> None:
+    # synthetic times: pad when padded * threshold < orig; never an aligned problem
+    assert decisions.pad_decision(1.0, 0.8, 1.1, True) == PadDecision(True, 1.0, 0.8)
+    assert decisions.pad_decision(1.0, 0.95, 1.1, True) == PadDecision(False, 1.0, 0.95)
+    assert decisions.pad_decision(1.0, 0.1, 1.1, False) == PadDecision(False, 1.0, 1.0)
+    # the copies, each operand read and written padded: fp16 A 3 x 5 -> 8 x 8, B 5 x 8 -> 8 x 8, at 1 GB/s
+    # (1e6 bytes per ms)
+    pp = PadProblem(m=3, k=5, n=8, dtype="float16")
+    assert pp.padded_dims() == (8, 8, 8)
+    assert decisions.pad_copy_floor_ms(pp, 1.0) == pytest.approx((15 + 64 + 40 + 64) * 2 / 1e6)
+    assert decisions.pad_copy_floor_ms(PadProblem(m=3, k=5, n=8, prepadded_left=True), 1.0) == pytest.approx(
+        (40 + 64) * 2 / 1e6)
+    assert decisions.pad_copy_floor_ms(PadProblem(m=3, k=5, n=8, prepadded_left=True, prepadded_right=True), 1.0) == 0
+
+
+class _Stub:
+    """A synthetic predictor: fixed pad decision, best Triton time and cuBLAS time (no model)."""
+
+    has_cublas = True
+
+    def __init__(self, pad: PadDecision, triton_ms: float, cublas_ms: float) -> None:
+        self._pad, self.triton_ms, self.cublas_ms = pad, triton_ms, cublas_ms
+        self.spec = type("Spec", (), {"dram_bw_gbs": 1e12})()     # copies ~free
+
+    def pad(self, pp):
+        return self._pad
+
+    def rank(self, prob, configs=None, top_k=1):
+        return [(None, self.triton_ms)]
+
+    def predict_cublas(self, prob):
+        return self.cublas_ms
+
+
+def test_hook_pad_decision_on_synthetic_inputs() -> None:
+    pp = PadProblem(m=1024, k=768, n=50257, dtype="float16", transpose_right=True)
+    pad = PadDecision(True, 0.45, 0.273)
+    # Triton not in play: the pad head's decision as it is
+    assert decisions.hook_pad_decision(_Stub(pad, 0.01, 0.2), pp, False) is pad
+    # in play: the padded path is min(pad head 0.273, cuBLAS 0.2 + copies ~0) = 0.2; Triton 0.17 x 1.1 < 0.2
+    assert decisions.hook_pad_decision(_Stub(pad, 0.17, 0.2), pp, True) == PadDecision(False, 0.45, 0.273)
+    assert decisions.hook_pad_decision(_Stub(pad, 0.19, 0.2), pp, True) is pad   # a lead under 10 %: pad
+    no = PadDecision(False, 0.2, 0.3)
+    assert decisions.hook_pad_decision(_Stub(no, 0.01, 0.2), pp, True) is no      # no pad: nothing to undo
+
+
+def test_predictor_calls_the_decisions(engines, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Candidates.prefer_cublas and prefers_cublas_many are decisions.cublas_preferred on the model's values;
+    Predictor.pad is decisions.pad_decision."""
+    seen = []
+    real = decisions.cublas_preferred
+    monkeypatch.setattr(decisions, "cublas_preferred", lambda *a: seen.append(a) or real(*a))
+    p = engines[("onnx", "inductor")]
+    c = p.candidates(PROBLEMS[1])
+    (call, cub, best, given), = seen
+    assert call is not None and cub == c.cublas_ms and best == c.best_ms and given is None
+    assert c.prefer_cublas == (call < 0)
+    assert p.prefers_cublas_many(PROBLEMS[:2]).tolist()[1] == c.prefer_cublas
+    monkeypatch.setattr(decisions, "pad_decision", lambda *a: ("decided", a))
+    got = p.pad(PadProblem(m=4095, k=4097, n=1000, dtype="bfloat16"))
+    assert got[0] == "decided" and got[1][2:] == (p.pad_threshold, True)
