@@ -173,7 +173,8 @@ def test_call_heads_of_a_model_of_two_devices(repo_root, tmp_path, monkeypatch):
     # models/h200 serves the H100 and the H200: one call head learns from both devices' train problems
     # (each encoded with its device's spec) and is measured on each device's test problems
     from perfmodel import artifact
-    from perfmodel.train.call_head import CallHeadSettings, run
+    from perfmodel.train.call_head import CallHeadSettings
+    from perfmodel.train.refit import refit_call as run
 
     model = tmp_path / "m"
     shutil.copytree(repo_root / "models" / "h200", model)

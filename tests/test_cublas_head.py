@@ -87,7 +87,8 @@ def test_metrics_reproduce_from_the_data(shipped, rows):
 
 def test_refit_rewrites_only_the_cublas_head(tmp_path, repo_root):
     from perfmodel import artifact
-    from perfmodel.train.cublas_head import CublasHeadSettings, run
+    from perfmodel.train.cublas_head import CublasHeadSettings
+    from perfmodel.train.refit import refit_cublas as run
 
     model = tmp_path / "m"
     shutil.copytree(repo_root / "models" / "h100", model)
@@ -116,7 +117,8 @@ def test_refit_errors_name_the_field(tmp_path, repo_root, capsys):
     assert "members: must be >= 1" in capsys.readouterr().err
     assert main(["cublas-head", "--model", str(tmp_path / "none"), "--hidden", "0"]) == 2
     with pytest.raises(FileNotFoundError):
-        from perfmodel.train.cublas_head import CublasHeadSettings, run
+        from perfmodel.train.cublas_head import CublasHeadSettings
+        from perfmodel.train.refit import refit_cublas as run
 
         run(CublasHeadSettings(model=tmp_path / "none", data=repo_root / "data" / "h100"))
 
@@ -124,7 +126,8 @@ def test_refit_errors_name_the_field(tmp_path, repo_root, capsys):
 def test_refit_of_a_model_of_two_devices(tmp_path, repo_root, monkeypatch):
     # models/h200 serves the H100 and the H200: each device's folder gives its rows, encoded with its spec
     from perfmodel import artifact
-    from perfmodel.train.cublas_head import CublasHeadSettings, run
+    from perfmodel.train.cublas_head import CublasHeadSettings
+    from perfmodel.train.refit import refit_cublas as run
 
     model = tmp_path / "m"
     shutil.copytree(repo_root / "models" / "h200", model)

@@ -57,7 +57,7 @@ def test_distill_adds_a_student_and_keeps_the_rest(distilled) -> None:
     # the command line's settings (the fixture's `perfmodel distill`) are what the fit ran with
     settings = new.metadata["student_settings"]
     assert (settings["hidden"], settings["epochs"], settings["random_problems"], settings["random_configs"]) == \
-        ("(24, 24)", 2, 16, 32)
+        ([24, 24], 2, 16, 32)
     assert settings["device"] == "cpu"  # the default
 
 

@@ -20,13 +20,13 @@ with its seed): train problems fit, validation problems chose the settings, test
 the call the model made before (cuBLAS head against the gemm head's best). A model of several devices
 learns from each device's folder (its joint split; each problem encoded with its device's spec) and
 reports each device's figures ("by_device"); `call_static` is fitted only when every folder has static
-rows. The folder is then rewritten (weights, metadata, model.onnx) with the heads added. Needs no
-Lightning and no MLflow.
+rows. fit_call_heads returns the heads and their figures and writes nothing (train/refit.py adds them to
+a model folder, train/recipe.py to a build). Needs no Lightning and no MLflow.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,9 @@ from perfmodel import artifact
 from perfmodel.locations import default_model_dir
 from perfmodel.model import PerfMLP
 
+from . import evaluate as ev
 from .data import GemmTable
+from .loop import fit_ensemble
 from .static_head import StaticHeadSettings, fit, has_static_rows, load_static, static_outputs
 
 CALL, CALL_STATIC = artifact.CALL, artifact.CALL_STATIC
@@ -75,9 +77,10 @@ def fit_call(x: torch.Tensor, y: torch.Tensor, s: CallHeadSettings, log: Any = p
     base = StaticHeadSettings(hidden=tuple(s.hidden), epochs=s.epochs, batch_rows=s.batch_rows, lr=s.lr,
                               weight_decay=s.weight_decay, huber_beta=s.huber_beta)
     quiet = (lambda *a: None)
-    members = [fit(x, y, replace(base, seed=s.seed + i), quiet) for i in range(s.members)]
+    head = fit_ensemble(lambda i: fit(x, y, replace(base, seed=s.seed + i), quiet), s.members, "before_floor",
+                        single_as_is=False)
     log(f"call-head: {s.members} members fitted on {len(x)} problems")
-    return PerfMLP.ensemble(members, "before_floor")
+    return head
 
 
 def call_scores(bundle: artifact.ModelBundle, head: PerfMLP, table: GemmTable) -> np.ndarray:
@@ -89,8 +92,6 @@ def call_scores(bundle: artifact.ModelBundle, head: PerfMLP, table: GemmTable) -
 def times_call(bundle: artifact.ModelBundle, table: GemmTable, static: PerfMLP | None = None) -> np.ndarray:
     """The call without a call head, per problem of table: the cuBLAS head's time below the gemm head's
     best predicted time over the problem's measured configs (with the static head added: static)."""
-    from . import evaluate as ev
-
     log_ms = static_outputs(bundle, static, table)["log_ms"]
     best = np.full(len(table.problems), np.inf)
     np.minimum.at(best, table.problem_idx, log_ms)
@@ -103,66 +104,64 @@ def _part(table: GemmTable, keys: dict[str, int], split: np.ndarray) -> np.ndarr
     return np.array([split[keys[k]] if k in keys else -1 for k in table.problem_keys])
 
 
-def run(s: CallHeadSettings, log: Any = print) -> dict[str, Any]:
-    """Fit the call heads on the model's train problems, measure them, and rewrite s.model with them."""
-    from .cublas_head import load_model_and_data, merge_cublas_metrics
-    from .pipeline import write_model_folder
-
+def fit_call_heads(bundle: artifact.ModelBundle, datasets: list, splits: list[np.ndarray], s: CallHeadSettings,
+                   log: Any = print) -> tuple[dict[str, PerfMLP], dict[str, Any]]:
+    """The call heads of bundle ({CALL: head} and CALL_STATIC where every dataset has static rows), fitted
+    on the train problems of datasets (DeviceDatasets, one per device of the model in its order; splits:
+    each one's split of its GEMM problems), and their figures per split (metrics of the model's default
+    device, "by_device" each device's for several). Writes nothing."""
     if s.members < 1:
         raise ValueError(f"members: must be >= 1, got {s.members}")
     t0 = time.perf_counter()
-    bundle, datasets, _, splits = load_model_and_data(s, ", so it makes no cuBLAS call")
     names = [CALL]
     if all(has_static_rows(ds.folder) for ds in datasets):
         names.append(CALL_STATIC)
     elif any(has_static_rows(ds.folder) for ds in datasets):
         log(f"call-head: not every device's folder has static rows: no {CALL_STATIC} head")
     by_device: dict[str, dict[str, Any]] = {ds.device: {} for ds in datasets}
+    heads = {}
     for name in names:
-        static = bundle.heads.get(artifact.STATIC) if name == CALL_STATIC else None
-        parts = []  # per device: (device bundle, table, has both times, target, split)
-        for ds, split in zip(datasets, splits):
-            tab = ds.gemm if name == CALL else load_static(ds.folder)
-            keys = {k: i for i, k in enumerate(ds.gemm.problem_keys)}
-            ok, y = call_targets(tab)
-            parts.append((bundle.for_device(ds.device), tab, ok, y, _part(tab, keys, split)))
-        with torch.inference_mode():
-            xs = [b.encoders["cublas"].encode(torch.from_numpy(tab.problems)) for b, tab, *_ in parts]
-        train = [ok & (part == 0) for _, _, ok, _, part in parts]
-        if not any(t.any() for t in train):
-            raise ValueError(f"data: {', '.join(str(ds.folder) for ds in datasets)} has no train problem with both "
-                             f"cuBLAS and Triton times for {name}")
-        x = torch.cat([xi[torch.from_numpy(t)] for xi, t in zip(xs, train)])
-        y_train = torch.from_numpy(np.concatenate([y[t] for (_, _, _, y, _), t in zip(parts, train)])).float()
-        head = fit_call(x, y_train, s, log)
-        for ds, (b, tab, ok, y, part) in zip(datasets, parts):
-            pred = call_scores(b, head, tab)
-            before = times_call(b, tab, static) if (name == CALL or static is not None) else None
-            _call_figures(by_device[ds.device], name, pred, before, ok, y, part)
-        for ds in datasets:
-            m = by_device[ds.device]
-            t = f"{name}/test/"
-            if t + "choice_accuracy" in m:
-                was = m.get(t + "choice_accuracy_times")
-                log(f"call-head: {name}{f' ({ds.device})' if len(datasets) > 1 else ''}: test problems' cuBLAS call "
-                    f"right on {m[t + 'choice_accuracy']:.4f}"
-                    + (f" (cuBLAS head against the gemm head's best: {was:.4f})" if was is not None else ""))
-        bundle.heads[name], bundle.encoders[name] = head, bundle.encoders["cublas"]
+        heads[name] = _fit_one(bundle, datasets, splits, name, s, by_device, log)
     metrics: dict[str, Any] = dict(by_device[datasets[0].device])
     if len(datasets) > 1:
         metrics["by_device"] = by_device
     metrics["seconds"] = time.perf_counter() - t0
-    settings = {k: (str(v) if isinstance(v, (Path, tuple)) else v) for k, v in asdict(s).items() if k != "data"}
-    settings["data"] = [str(ds.folder) for ds in datasets]
-    meta = {**bundle.metadata, "call_metrics": metrics, "call_settings": settings}
-    # the model's cuBLAS call on its held-out problems is now the call head's (train.evaluate.cublas_metrics)
-    merge_cublas_metrics(meta, [ds.device for ds in datasets], {
-        dev: {"cublas/choice_accuracy": m[f"{CALL}/test/choice_accuracy"],
-              "cublas/choice_accuracy_times": m[f"{CALL}/test/choice_accuracy_times"]}
-        for dev, m in by_device.items() if f"{CALL}/test/choice_accuracy" in m})
-    bundle.metadata = meta
-    write_model_folder(bundle, bundle.metadata, s.model)
-    return metrics
+    return heads, metrics
+
+
+def _fit_one(bundle: artifact.ModelBundle, datasets: list, splits: list[np.ndarray], name: str, s: CallHeadSettings,
+             by_device: dict[str, dict[str, Any]], log: Any) -> PerfMLP:
+    """One call head (name: CALL or CALL_STATIC) fitted on every device's train problems; its figures into
+    by_device."""
+    static = bundle.heads.get(artifact.STATIC) if name == CALL_STATIC else None
+    parts = []  # per device: (device bundle, table, has both times, target, split)
+    for ds, split in zip(datasets, splits):
+        tab = ds.gemm if name == CALL else load_static(ds.folder)
+        keys = {k: i for i, k in enumerate(ds.gemm.problem_keys)}
+        ok, y = call_targets(tab)
+        parts.append((bundle.for_device(ds.device), tab, ok, y, _part(tab, keys, split)))
+    with torch.inference_mode():
+        xs = [b.encoders["cublas"].encode(torch.from_numpy(tab.problems)) for b, tab, *_ in parts]
+    train = [ok & (part == 0) for _, _, ok, _, part in parts]
+    if not any(t.any() for t in train):
+        raise ValueError(f"data: {', '.join(str(ds.folder) for ds in datasets)} has no train problem with both "
+                         f"cuBLAS and Triton times for {name}")
+    x = torch.cat([xi[torch.from_numpy(t)] for xi, t in zip(xs, train)])
+    y_train = torch.from_numpy(np.concatenate([y[t] for (_, _, _, y, _), t in zip(parts, train)])).float()
+    head = fit_call(x, y_train, s, log)
+    for ds, (b, tab, ok, y, part) in zip(datasets, parts):
+        pred = call_scores(b, head, tab)
+        before = times_call(b, tab, static) if (name == CALL or static is not None) else None
+        _call_figures(by_device[ds.device], name, pred, before, ok, y, part)
+    for ds in datasets:
+        m = by_device[ds.device]
+        t = f"{name}/test/"
+        if t + "choice_accuracy" in m:
+            was = m.get(t + "choice_accuracy_times")
+            log(f"call-head: {name}{f' ({ds.device})' if len(datasets) > 1 else ''}: test problems' cuBLAS call "
+                f"right on {m[t + 'choice_accuracy']:.4f}"
+                + (f" (cuBLAS head against the gemm head's best: {was:.4f})" if was is not None else ""))
+    return head
 
 
 def _call_figures(out: dict[str, Any], name: str, pred: np.ndarray, before: np.ndarray | None, ok: np.ndarray,

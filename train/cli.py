@@ -66,6 +66,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     d = TrainSettings()
     t = sub.add_parser("train", help="train the model (Lightning, tracked in MLflow)")
     add_settings_arguments(t)
+    b = sub.add_parser("build", help="build a model folder from the data folders in one run, as a recipe says "
+                       "(every head, the evaluation, the ONNX export, the card; recipes/*.toml)")
+    b.add_argument("--recipe", type=Path, required=True, help="the recipe, a TOML file (recipes/h100.toml)")
+    b.add_argument("--out", type=Path, default=None, help="model folder to write (default: the recipe's out); "
+                   "replaced only on success")
     e = sub.add_parser("eval", help="evaluate a model folder on held-out problems, with baselines")
     e.add_argument("--model", type=Path, default=default_model_dir(), help="model folder (default: the shipped one)")
     e.add_argument("--data", type=Path, action="append", default=None,
@@ -140,6 +145,31 @@ def _from_args(cls: typing.Any, args: argparse.Namespace) -> typing.Any:
     return cls(**{k: getattr(args, k) for k in cls.__dataclass_fields__})
 
 
+REFITS = ("distill", "static-head", "call-head", "cublas-head")
+
+
+def _refit(args: argparse.Namespace, command: str) -> dict:
+    """A head-by-head refit of a model folder (train/refit.py), its step appended to the folder's build record."""
+    from . import refit
+    from .call_head import CallHeadSettings
+    from .cublas_head import CublasHeadSettings
+    from .distill import DistillSettings
+    from .static_head import StaticHeadSettings
+
+    if args.command == "distill":
+        given = {k: getattr(args, k) for k in DistillSettings.__dataclass_fields__}
+        if given["data"] is None:
+            del given["data"]
+        elif len(given["data"]) == 1:
+            given["data"] = given["data"][0]
+        else:
+            given["data"] = tuple(given["data"])
+        return refit.refit_student(DistillSettings(**given), command=command)
+    fit, cls = {"static-head": (refit.refit_static, StaticHeadSettings), "call-head": (refit.refit_call, CallHeadSettings),
+                "cublas-head": (refit.refit_cublas, CublasHeadSettings)}[args.command]
+    return fit(_from_args(cls, args), command=command)
+
+
 def require_extra(what: str, modules: tuple[str, ...]) -> None:
     """RuntimeError (the CLI prints it) naming the modules of the `train` extra that `what` needs and this
     install lacks. Training needs Lightning and MLflow; evaluating, distilling and fitting the other heads
@@ -161,36 +191,15 @@ def run(args: argparse.Namespace) -> int:
         res = train_run(s)
         print(json.dumps({k: v for k, v in res.items() if k not in ("metrics",)}, indent=2, default=str))
         return 0
-    if args.command == "distill":
-        from .distill import DistillSettings, run as distill_run
+    command = "perfmodel " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    if args.command == "build":
+        require_extra("building", ("lightning",))
+        from .recipe import run_build
 
-        given = {k: getattr(args, k) for k in DistillSettings.__dataclass_fields__}
-        if given["data"] is None:
-            del given["data"]
-        elif len(given["data"]) == 1:
-            given["data"] = given["data"][0]
-        else:
-            given["data"] = tuple(given["data"])
-        metrics = distill_run(DistillSettings(**given))
-        print(json.dumps(metrics, indent=2))
+        print(json.dumps(run_build(args.recipe, out=args.out), indent=2, default=str))
         return 0
-    if args.command == "static-head":
-        from .static_head import StaticHeadSettings, run as static_run
-
-        metrics = static_run(_from_args(StaticHeadSettings, args))
-        print(json.dumps(metrics, indent=2))
-        return 0
-    if args.command == "call-head":
-        from .call_head import CallHeadSettings, run as call_run
-
-        metrics = call_run(_from_args(CallHeadSettings, args))
-        print(json.dumps(metrics, indent=2))
-        return 0
-    if args.command == "cublas-head":
-        from .cublas_head import CublasHeadSettings, run as cublas_run
-
-        metrics = cublas_run(_from_args(CublasHeadSettings, args))
-        print(json.dumps(metrics, indent=2))
+    if args.command in REFITS:
+        print(json.dumps(_refit(args, command), indent=2, default=str))
         return 0
     from .eval_cmd import run_eval
 

@@ -17,14 +17,15 @@ within their own kind (stratified by dtype mode), and a row whose problem is a h
 is dropped. A model of several devices learns from each device's folder, each row encoded with its
 device's spec, and the model's device_fraction thins each device's train rows as `perfmodel train` did.
 The head (CublasHeadSettings: an average of `members` plain MLPs, the settings chosen on the val rows)
-is fitted on the train rows, as `perfmodel train` fits it too (pipeline.fit_cublas_head); the metadata's
-`cublas_metrics` are re-evaluated, and `cublas_head_metrics` gives the fit on each kind's val and test
-rows beside the previous head's (the model's default device's rows; "by_device" adds each device's).
+is fitted on the train rows, as `perfmodel train` fits it too (pipeline.fit_cublas_head). fit_cublas_head
+returns the head and `cublas_head_metrics`, the fit on each kind's val and test rows beside the previous
+head's where there is one (the model's default device's rows; "by_device" adds each device's), and writes
+nothing (train/refit.py rewrites the folder and re-evaluates its `cublas_metrics`).
 """
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +34,12 @@ import torch
 
 from perfmodel import artifact
 from perfmodel.features import PAD_COLUMNS, PROBLEM_COLUMNS
-from perfmodel.locations import default_data_dir, default_model_dir
-from perfmodel.model import PerfMLP
+from perfmodel.locations import default_model_dir
+from perfmodel.model import MLPConfig, PerfMLP
 
-from .data import GemmTable, _mode, _problem_row, load_gemm, load_pad, split_problems
+from . import evaluate as ev
+from .data import GemmTable, _mode, _problem_row, load_gemm, load_pad, split_problems, subsample_training
+from .loop import fit_ensemble, fit_plain
 
 KINDS = ("gemm", "cublas_only", "pad_orig")
 
@@ -150,10 +153,6 @@ def fit_member(x: torch.Tensor, y: torch.Tensor, s: CublasHeadSettings, seed: in
     """One cuBLAS head (standardised inputs, no norm layers, the physical floor on the input column
     `floor` and a learned overhead) fitted to the log ms y with smooth L1 on its floored output and
     AdamW, one-cycle."""
-    from perfmodel.model import MLPConfig
-
-    from .static_head import fit_plain
-
     torch.manual_seed(seed)
     head = PerfMLP(MLPConfig(x.shape[1], tuple(s.hidden), "none", floor_features=floor))
 
@@ -167,15 +166,12 @@ def fit_member(x: torch.Tensor, y: torch.Tensor, s: CublasHeadSettings, seed: in
 def fit_head(x: torch.Tensor, y: torch.Tensor, s: CublasHeadSettings, floor: tuple[int, ...],
              log: Any = print) -> PerfMLP:
     """The cuBLAS head: s.members members (seeds s.seed, s.seed + 1, ...) fitted to (x, y), averaged as one MLP."""
-    members = [fit_member(x, y, s, s.seed + i, floor, log) for i in range(s.members)]
-    return members[0] if len(members) == 1 else PerfMLP.ensemble(members, "before_floor")
+    return fit_ensemble(lambda i: fit_member(x, y, s, s.seed + i, floor, log), s.members, "before_floor")
 
 
 def thin_extra_rows(rows: CublasRows, fractions: dict[str, float], seed: int) -> np.ndarray:
     """rows.split with each device's train rows of the kinds other than "gemm" thinned to its fraction
     (train/data.subsample_training, within each kind); the GEMM rows' split as given."""
-    from .data import subsample_training
-
     split = rows.split.copy()
     for kind in KINDS[1:]:
         k = rows.kind == kind
@@ -183,123 +179,69 @@ def thin_extra_rows(rows: CublasRows, fractions: dict[str, float], seed: int) ->
     return split
 
 
-def data_folders(s: Any, bundle: artifact.ModelBundle) -> list[Path]:
-    """s.data (s: CublasHeadSettings or CallHeadSettings) as a list of folders, one per device of the model
-    in its order: None gives the folders the model's metadata names where they exist (else, for a model of
-    one device, the default dataset)."""
-    if s.data is None:
-        known = [Path(d["path"]) for d in bundle.metadata.get("datasets") or [] if d.get("path")]
-        if len(known) == len(bundle.devices) and all(p.is_dir() for p in known):
-            return known
-        if len(bundle.devices) > 1:
-            raise ValueError(f"data: {s.model} serves {', '.join(bundle.devices)}; give one --data folder per "
-                             "device, in that order")
-        return [default_data_dir()]
-    return [Path(s.data)] if isinstance(s.data, (str, Path)) else [Path(p) for p in s.data]
-
-
-def load_model_and_data(s: Any, without_cublas: str) -> tuple[artifact.ModelBundle, list, int, list[np.ndarray]]:
-    """What `perfmodel cublas-head` and `perfmodel call-head` start from (s: their settings): the model
-    (torch's CPU threads set first, s.threads > 0), its DeviceDatasets (data_folders, one per device in its
-    order), the model's seed and the joint split of each dataset's GEMM problems. ValueError naming model
-    for a model without a cuBLAS head (without_cublas ends the message), data for folders that are not
-    one per device in the model's order."""
-    from .data import joint_split, load_device_datasets
-
-    if s.threads > 0:
-        torch.set_num_threads(s.threads)
-    bundle = artifact.load(s.model)
-    if "cublas" not in bundle.heads:
-        raise ValueError(f"model: {s.model} has no cuBLAS head{without_cublas}")
-    datasets = load_device_datasets(data_folders(s, bundle))
-    if [ds.device for ds in datasets] != list(bundle.devices):
-        raise ValueError(f"data: {s.model} serves {', '.join(bundle.devices)}; the folders given hold "
-                         f"{', '.join(f'{ds.folder}: {ds.device}' for ds in datasets)} (one per device, in that order)")
-    seed = int(bundle.metadata.get("settings", {}).get("seed", 0))  # the model's split
-    return bundle, datasets, seed, joint_split(datasets, seed)[0]
-
-
-def merge_cublas_metrics(meta: dict[str, Any], devices: list[str], got: dict[str, dict[str, float]]) -> None:
-    """Merge each device's new held-out cuBLAS figures (got) into the metadata: `cublas_metrics` takes the
-    first (the model's default) device's, `metrics_by_device[device]["cublas"]` each device's."""
-    for i, device in enumerate(devices):
-        if device not in got:
-            continue
-        if i == 0 and "cublas_metrics" in meta:
-            meta["cublas_metrics"] = {**meta["cublas_metrics"], **got[device]}
-        by = meta.get("metrics_by_device", {}).get(device)
-        if by is not None and "cublas" in by:
-            by["cublas"] = {**by["cublas"], **got[device]}
-
-
-def run(s: CublasHeadSettings, log: Any = print) -> dict[str, Any]:
-    """Refit the cuBLAS head of s.model on every torch.mm time of s.data, measure it, and rewrite s.model."""
-    from perfmodel.model import floor_features
-
-    from . import evaluate as ev
-    from .data import parse_device_fractions, subsample_training
-    from .pipeline import write_model_folder
-
+def check_settings(s: CublasHeadSettings) -> None:
+    """ValueError naming the field of a setting out of range."""
     for name in ("epochs", "members", "batch_rows"):
         v = getattr(s, name)
         if v < 1:
             raise ValueError(f"{name}: must be >= 1, got {v}")
     if not s.hidden or min(s.hidden) < 1:
         raise ValueError(f"hidden: expected one or more widths >= 1, got {s.hidden}")
-    t0 = time.perf_counter()
-    bundle, datasets, seed, gemm_splits = load_model_and_data(s, "to refit")
-    settings = bundle.metadata.get("settings", {})
-    # perfmodel train thinned each device's train rows by its device_fraction: the GEMM problems as the
-    # pipeline does, the other kinds within their kind (pipeline.fit_cublas_head)
-    fractions = parse_device_fractions(str(settings.get("device_fraction") or ""))
+
+
+def model_rows(datasets: list, gemm_splits: list[np.ndarray], fractions: dict[str, float], seed: int) -> CublasRows:
+    """Every torch.mm time of a model's DeviceDatasets (one per device, in its order; gemm_splits: each one's
+    split of its GEMM problems), each device's train rows thinned by its fraction as `perfmodel train` did:
+    the GEMM problems as the pipeline does, the other kinds within their kind."""
     rows = CublasRows.concat([folder_rows(ds.folder, ds.gemm, subsample_training(
         split, np.full(len(split), ds.device, dtype=object), ds.gemm.modes, fractions, seed), seed, ds.device)
         for ds, split in zip(datasets, gemm_splits)])
     rows.split = thin_extra_rows(rows, fractions, seed)
+    return rows
+
+
+def fit_cublas_head(x: torch.Tensor, rows: CublasRows, devices: list[str], s: CublasHeadSettings,
+                    floor: tuple[int, ...], log: Any = print,
+                    before: np.ndarray | None = None) -> tuple[PerfMLP, dict[str, Any]]:
+    """The cuBLAS head fitted on rows' train rows (x: rows encoded, each with its device's spec; devices: the
+    model's, its default first; floor: the physical floor's input column), and its figures on each kind's
+    val and test rows, beside a previous head's log ms on the rows (before, "before/") when given. Writes
+    nothing."""
+    check_settings(s)
+    t0 = time.perf_counter()
     counts = {k: int((rows.kind == k).sum()) for k in KINDS}
     log(f"cublas-head: {len(rows.log_ms)} torch.mm times ({', '.join(f'{k} {v}' for k, v in counts.items())})"
-        + (f" of {len(datasets)} devices" if len(datasets) > 1 else ""))
-    x = _encode(bundle, rows)
-    with torch.inference_mode():
-        before = ev.head_outputs(bundle.heads["cublas"], x)[1]
+        + (f" of {len(devices)} devices" if len(devices) > 1 else ""))
     y = torch.from_numpy(rows.log_ms).float()
     train = torch.from_numpy(rows.split == 0)
-    head = fit_head(x[train], y[train], s, floor_features(bundle.encoders["cublas"].names, 1), log)
-    with torch.inference_mode():
-        after = ev.head_outputs(head, x)[1]
+    head = fit_head(x[train], y[train], s, floor, log)
+    after = ev.head_outputs(head, x)[1]
 
-    def figures(sel: np.ndarray) -> dict[str, float]:
-        return {**fit_metrics(after[sel], rows.select(sel)), **fit_metrics(before[sel], rows.select(sel), "before/")}
+    def figures(sel: np.ndarray) -> dict[str, Any]:
+        was = {} if before is None else fit_metrics(before[sel], rows.select(sel), "before/")
+        return {**fit_metrics(after[sel], rows.select(sel)), **was,
+                "rows": {k: int(((rows.kind == k) & sel).sum()) for k in KINDS}}
 
-    first = rows.device == datasets[0].device
-    metrics = {**figures(first), "rows": {k: int(((rows.kind == k) & first).sum()) for k in KINDS}}
-    if len(datasets) > 1:
-        metrics["by_device"] = {ds.device: {**figures(rows.device == ds.device), "rows": {
-            k: int(((rows.kind == k) & (rows.device == ds.device)).sum()) for k in KINDS}} for ds in datasets}
+    metrics = figures(rows.device == devices[0])
+    if len(devices) > 1:
+        metrics["by_device"] = {d: figures(rows.device == d) for d in devices}
     metrics["seconds"] = time.perf_counter() - t0
-    for ds in datasets:
-        m = metrics["by_device"][ds.device] if len(datasets) > 1 else metrics
-        for kind in KINDS:
-            k = f"{kind}/test/mean_abs_log_err"
-            if k in m:
-                log(f"cublas-head: {ds.device} {kind} test rows: mean |log error| {m['before/' + k]:.3f} -> "
-                    f"{m[k]:.3f}, within 10 %: {m['before/' + kind + '/test/within_10pct']:.3f} -> "
-                    f"{m[kind + '/test/within_10pct']:.3f}")
-    bundle.heads["cublas"] = head
-    saved = {k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v)
-             for k, v in asdict(s).items() if k != "data"}
-    saved["data"] = [str(ds.folder) for ds in datasets]
-    meta = {**bundle.metadata, "cublas_head_metrics": metrics, "cublas_head_settings": saved}
-    # the held-out GEMM problems' figures, as perfmodel eval gives them, per device
-    merge_cublas_metrics(meta, [ds.device for ds in datasets], {
-        ds.device: _gemm_test_metrics(bundle.for_device(ds.device), ds.gemm, split_)
-        for ds, split_ in zip(datasets, gemm_splits)})
-    bundle.metadata = meta
-    write_model_folder(bundle, meta, s.model)
-    return metrics
+    for d in devices:
+        _log_errors(metrics["by_device"][d] if len(devices) > 1 else metrics, d, log)
+    return head, metrics
 
 
-def _encode(bundle: artifact.ModelBundle, rows: CublasRows) -> torch.Tensor:
+def _log_errors(m: dict[str, Any], device: str, log: Any) -> None:
+    for kind in KINDS:
+        k = f"{kind}/test/mean_abs_log_err"
+        if k in m:
+            was = (f"{m['before/' + k]:.3f} -> " if "before/" + k in m else "")
+            was10 = (f"{m['before/' + kind + '/test/within_10pct']:.3f} -> " if "before/" + k in m else "")
+            log(f"cublas-head: {device} {kind} test rows: mean |log error| {was}{m[k]:.3f}, within 10 %: "
+                f"{was10}{m[kind + '/test/within_10pct']:.3f}")
+
+
+def encode_rows(bundle: artifact.ModelBundle, rows: CublasRows) -> torch.Tensor:
     """The rows encoded for the cuBLAS head, each with its device's spec (a row of no device: the model's default)."""
     x = None
     for name in dict.fromkeys(rows.device.tolist()):
@@ -311,20 +253,3 @@ def _encode(bundle: artifact.ModelBundle, rows: CublasRows) -> torch.Tensor:
             x = torch.empty(len(rows.log_ms), part.shape[1], dtype=part.dtype)
         x[torch.from_numpy(sel)] = part
     return x if x is not None else torch.empty(0, len(bundle.encoders["cublas"].names))
-
-
-def _gemm_test_metrics(bundle: artifact.ModelBundle, table: GemmTable, split: np.ndarray) -> dict[str, float]:
-    """evaluate.cublas_metrics on the model's test GEMM problems (split == 2) of one device (the bundle
-    encoding for it; the call by the call head, if any)."""
-    from . import evaluate as ev
-
-    test = table.subset(split == 2)
-    P, C = torch.from_numpy(test.problems[test.problem_idx]), torch.from_numpy(test.configs)
-    with torch.inference_mode():
-        pred = ev.head_outputs(bundle.heads["gemm"], bundle.encoders["gemm"].encode(P, C))[1]
-        best = np.full(len(test.problems), np.inf)
-        np.minimum.at(best, test.problem_idx, pred)
-        cx = bundle.encoders["cublas"].encode(torch.from_numpy(test.problems))
-        call = bundle.heads.get(artifact.CALL)
-        return ev.cublas_metrics(test, ev.head_outputs(bundle.heads["cublas"], cx)[1], best,
-                                 None if call is None else call.eval().score(cx).double().numpy())

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -333,3 +334,39 @@ def make_loader(x: torch.Tensor, y: torch.Tensor, group: np.ndarray | None, prob
     drop_last = shuffle and len(y) % batch_rows == 1
     return torch.utils.data.DataLoader(ds, batch_size=batch_rows, shuffle=shuffle, generator=gen, collate_fn=_collate,
                                        drop_last=drop_last)
+
+
+def slice_dataset(src: Path, dst: Path, problems: int, seed: int, kinds: tuple[str, ...]) -> Path:
+    """Write a slice of the dataset folder src into dst (created; its shard files plain .jsonl): `problems`
+    GEMM problems drawn at random (seeded) with their rows of every kind keyed by problem (gemm, cublas,
+    gemm_static), and the same share of the units of the other kinds (pad, cublas_only). For a small
+    model that builds in minutes (recipes/ci-small.toml); the split and everything downstream are as for
+    a whole folder."""
+    from perfmodel.data_gen.shards import part_files, read_part
+
+    src, dst = Path(src), Path(dst)
+    dst.mkdir(parents=True, exist_ok=True)
+    gemm_units = sorted({u for p in part_files(src, "gemm") for u in read_part(p)[2]})
+    if problems < 1 or not gemm_units:
+        raise ValueError(f"slice_problems: must be >= 1 with gemm shards in {src}, got {problems}")
+    rng = np.random.default_rng(seed)
+    keep = set(rng.permutation(gemm_units)[:problems].tolist())
+    share = min(1.0, problems / len(gemm_units))
+    for kind in kinds:
+        for path in part_files(src, kind):
+            header, rows, done = read_part(path)
+            units = sorted(done)
+            if kind not in ("gemm", "cublas", "gemm_static"):  # units of their own: the same share of them
+                units = sorted(rng.permutation(units)[:int(round(share * len(units)))].tolist())
+            chosen = set(units) & (keep if kind in ("gemm", "cublas", "gemm_static") else set(units))
+            by_unit: dict[str, list] = {}
+            for r in rows:
+                if r.get("unit") in chosen:
+                    by_unit.setdefault(r["unit"], []).append(r)
+            name = path.name[:-3] if path.name.endswith(".gz") else path.name
+            with open(dst / name, "w", encoding="utf-8") as f:
+                f.write(json.dumps(header) + "\n")
+                for unit, unit_rows in by_unit.items():
+                    f.writelines(json.dumps(r) + "\n" for r in unit_rows)
+                    f.write(json.dumps({"_done": unit, "rows": len(unit_rows)}) + "\n")
+    return dst

@@ -14,14 +14,15 @@ It labels rows with the gemm head's log ms -- the whole pruned config space of e
 problem of the model's split, plus random problems with random configs of their dtype's space -- fits
 the student to them (L1 on log ms, its output floored as every head's is), measures on the held-out
 (test) problems how far it is from the gemm head, beside how far the gemm head's own members are from
-their mean, and rewrites the folder (weights, metadata, model.onnx, model card) with the student added.
-The test problems never label a training row. Needs no Lightning and no MLflow.
+their mean. fit_student_head returns the student and those figures and writes nothing (train/refit.py
+adds it to a model folder, train/recipe.py to a build). The test problems never label a training row.
+Needs no Lightning and no MLflow.
 """
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +35,9 @@ from perfmodel.features import configs_tensor
 from perfmodel.locations import default_data_dir, default_model_dir
 from perfmodel.model import MLPConfig, PerfMLP
 
-from .data import (GemmTable, concat_gemm, joint_split, load_device_datasets, load_gemm, split_problems,
-                   subsample_training)
+from .data import GemmTable, split_problems
+from .folder import settings_record
+from .loop import fit_plain
 
 STUDENT = artifact.STUDENT
 _CHUNK = 1 << 16  # rows per teacher / evaluation batch
@@ -150,49 +152,55 @@ def agreement(bundle: artifact.ModelBundle, student: PerfMLP, table: GemmTable, 
 def fit_student(x: torch.Tensor, y: torch.Tensor, floor_feats: tuple[int, ...], s: DistillSettings,
                 log_overhead: float, log: Any = print) -> PerfMLP:
     """The student: a plain MLP (norm none, standardised inputs) fitted to y (log ms) with L1 loss on its
-    floored output, AdamW with a one-cycle learning rate."""
+    floored output, AdamW with a one-cycle learning rate (train/loop.py fit_plain, whole batches only)."""
     torch.manual_seed(s.seed)
     student = PerfMLP(MLPConfig(x.shape[1], tuple(s.hidden), "none", floor_features=floor_feats,
                                 init_overhead_ms=math.exp(log_overhead)))
-    student.set_normalisation(x.mean(0), x.std(0))
-    dev = torch.device(s.device)
-    student.to(dev).train()
-    xd, yd = x.to(dev), y.to(dev)
-    steps_per_epoch = max(1, len(x) // s.batch_rows)
-    opt = torch.optim.AdamW(student.parameters(), lr=s.lr, weight_decay=s.weight_decay)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=s.lr, total_steps=s.epochs * steps_per_epoch,
-                                                pct_start=0.1)
-    gen = torch.Generator(device="cpu").manual_seed(s.seed)
-    for epoch in range(s.epochs):
-        t0, total = time.perf_counter(), 0.0
-        order = torch.randperm(len(x), generator=gen).to(dev)
-        for i in range(steps_per_epoch):
-            idx = order[i * s.batch_rows:(i + 1) * s.batch_rows]
-            loss = (student(xd[idx]) - yd[idx]).abs().mean()
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            sched.step()
-            total += float(loss.detach())
-        log(f"distill: epoch {epoch + 1}/{s.epochs} train L1 {total / steps_per_epoch:.4f} "
-            f"({time.perf_counter() - t0:.1f} s)")
-    return student.to("cpu").eval()
+    clock = [time.perf_counter()]
+
+    def on_epoch(epoch: int, loss: float) -> None:
+        now = time.perf_counter()
+        log(f"distill: epoch {epoch}/{s.epochs} train L1 {loss:.4f} ({now - clock[0]:.1f} s)")
+        clock[0] = now
+
+    return fit_plain(student, x, y, s, s.seed, student, on_epoch, loss="l1", whole_batches=True, device=s.device)
 
 
-def distill(bundle: artifact.ModelBundle, table: GemmTable, s: DistillSettings, log: Any = print,
-            split_seed: int | None = None, split: np.ndarray | None = None,
-            problem_device: np.ndarray | None = None) -> dict[str, Any]:
-    """Fit a student for bundle's gemm head and add it to bundle (heads, encoders, and metadata's
-    student_metrics / student_settings, and student_metrics_by_device for a model of several devices);
-    returns those metadata entries. split: the model's split of table's problems (0 train, 1 val, 2 test,
-    -1 unused), default split_problems with split_seed (default: its metadata's settings.seed); only
-    train and val problems label rows, the test problems measure. problem_device: (problems,) each
-    problem's device for a model of several devices (default: all the bundle's): its rows and its share
-    of the random problems are encoded with that device's spec (ModelBundle.for_device); student_metrics
-    are then the default device's."""
+def fit_student_head(bundle: artifact.ModelBundle, table: GemmTable, s: DistillSettings, log: Any = print,
+                     split_seed: int | None = None, split: np.ndarray | None = None,
+                     problem_device: np.ndarray | None = None) -> tuple[PerfMLP, dict[str, Any]]:
+    """A student for bundle's gemm head, and the metadata entries that describe it (student_metrics,
+    student_settings, and student_metrics_by_device for a model of several devices). Writes nothing.
+    split: the model's split of table's problems (0 train, 1 val, 2 test, -1 unused), default
+    split_problems with split_seed (default: its metadata's settings.seed); only train and val problems
+    label rows, the test problems measure. problem_device: (problems,) each problem's device for a model of
+    several devices (default: all the bundle's): its rows and its share of the random problems are encoded
+    with that device's spec (ModelBundle.for_device); student_metrics are then the default device's."""
     if s.threads > 0:
         torch.set_num_threads(s.threads)
     t_start = time.perf_counter()
+    split, problem_device, devices = _check_split(bundle, table, split, split_seed, problem_device)
+    gemm = bundle.heads["gemm"]
+    x = _student_rows(bundle, table, s, split, problem_device, devices, log)
+    y = _apply(gemm, x, s.device)
+    student = fit_student(x, y, gemm.cfg.floor_features, s, float(gemm.log_overhead.detach().mean()), log)
+    by_device = {dev: agreement(bundle.for_device(dev), student, table, (split == 2) & (problem_device == dev))
+                 for dev in devices if ((split == 2) & (problem_device == dev)).any()}
+    metrics = dict(by_device.get(bundle.devices[0]) or agreement(bundle, student, table, split == 2))
+    metrics["student/seconds"] = time.perf_counter() - t_start
+    added: dict[str, Any] = {"student_metrics": metrics, "student_settings": settings_record(s)}
+    if len(bundle.devices) > 1:
+        added["student_metrics_by_device"] = by_device
+    log(f"distill: student {'x'.join(map(str, s.hidden))}: median |log ms - gemm head| "
+        f"{metrics['student/median_abs_log_diff']:.4f} on the test problems' spaces (gemm members around "
+        f"their mean: {metrics.get('gemm/member_spread_median', float('nan')):.4f})")
+    return student, added
+
+
+def _check_split(bundle: artifact.ModelBundle, table: GemmTable, split: np.ndarray | None, split_seed: int | None,
+                 problem_device: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """(split, problem_device, the devices with problems) with their defaults; ValueError for lengths that
+    do not match table's problems, or a device the model was not trained for."""
     if split is None:
         if split_seed is None:
             split_seed = int(bundle.metadata.get("settings", {}).get("seed", 0))
@@ -202,16 +210,21 @@ def distill(bundle: artifact.ModelBundle, table: GemmTable, s: DistillSettings, 
     if len(split) != len(table.problems) or len(problem_device) != len(table.problems):
         raise ValueError(f"split/problem_device: {len(split)}/{len(problem_device)} entries for "
                          f"{len(table.problems)} problems")
-    devices = [d for d in bundle.devices if (problem_device == d).any()]
     unknown = set(problem_device.tolist()) - set(bundle.devices)
     if unknown:
         raise ValueError(f"data: rows of {', '.join(sorted(unknown))}, a device this model was not trained for "
                          f"({', '.join(bundle.devices)})")
-    gemm = bundle.heads["gemm"]
+    return split, problem_device, [d for d in bundle.devices if (problem_device == d).any()]
+
+
+def _student_rows(bundle: artifact.ModelBundle, table: GemmTable, s: DistillSettings, split: np.ndarray,
+                  problem_device: np.ndarray, devices: list[str], log: Any) -> torch.Tensor:
+    """The student's training rows, encoded: every train/val problem's whole pruned space, then the random
+    problems, each device's with its own encoding (the random problems shared out)."""
     gen = np.random.default_rng(s.seed)
     labelled = (split >= 0) & (split < 2)
     xs, n_space, n_random = [], 0, 0
-    for i, dev in enumerate(devices):  # each device's rows with its own encoding; the random problems shared out
+    for i, dev in enumerate(devices):
         b = bundle.for_device(dev)
         p1, c1 = _full_space_rows(table, b.spec, labelled & (problem_device == dev))
         share = s.random_problems // len(devices) + (i < s.random_problems % len(devices))
@@ -221,50 +234,4 @@ def distill(bundle: artifact.ModelBundle, table: GemmTable, s: DistillSettings, 
     x = torch.cat(xs)
     log(f"distill: {len(x)} rows ({n_space} from {labelled.sum()} train/val problems' spaces, {n_random} random"
         + (f"; devices {', '.join(devices)}" if len(devices) > 1 else "") + ")")
-    y = _apply(gemm, x, s.device)
-    student = fit_student(x, y, gemm.cfg.floor_features, s, float(gemm.log_overhead.detach().mean()), log)
-    by_device = {dev: agreement(bundle.for_device(dev), student, table, (split == 2) & (problem_device == dev))
-                 for dev in devices if ((split == 2) & (problem_device == dev)).any()}
-    metrics = dict(by_device.get(bundle.devices[0]) or agreement(bundle, student, table, split == 2))
-    metrics["student/seconds"] = time.perf_counter() - t_start
-    bundle.heads[STUDENT], bundle.encoders[STUDENT] = student, bundle.encoders["gemm"]
-
-    def setting(v: Any) -> Any:
-        if isinstance(v, tuple) and v and all(isinstance(p, Path) for p in v):  # several datasets
-            return ",".join(map(str, v))
-        return str(v) if isinstance(v, (Path, tuple)) else v
-
-    settings = {k: setting(v) for k, v in asdict(s).items()}
-    added: dict[str, Any] = {"student_metrics": metrics, "student_settings": settings}
-    if len(bundle.devices) > 1:
-        added["student_metrics_by_device"] = by_device
-    bundle.metadata = {**bundle.metadata, **added}
-    log(f"distill: student {'x'.join(map(str, s.hidden))}: median |log ms - gemm head| "
-        f"{metrics['student/median_abs_log_diff']:.4f} on the test problems' spaces (gemm members around "
-        f"their mean: {metrics.get('gemm/member_spread_median', float('nan')):.4f})")
-    return added
-
-
-def run(s: DistillSettings, log: Any = print) -> dict[str, Any]:
-    """distill() on the folder s.model, rewritten in place (atomically, as perfmodel train writes it)."""
-    from .pipeline import write_model_folder
-
-    bundle = artifact.load(s.model)
-    folders = (s.data,) if isinstance(s.data, (str, Path)) else tuple(s.data)
-    if len(folders) == 1 and len(bundle.devices) == 1:
-        added = distill(bundle, load_gemm(Path(folders[0])), s, log)
-    else:  # a model of several devices: its datasets, split as training split them
-        datasets = load_device_datasets([Path(f) for f in folders])
-        if [ds.device for ds in datasets] != list(bundle.devices):
-            raise ValueError(f"data: this model was trained for {', '.join(bundle.devices)}; give one --data folder "
-                             f"per device in that order (got {', '.join(ds.device for ds in datasets)})")
-        seed = int(bundle.metadata.get("settings", {}).get("seed", 0))
-        splits, _ = joint_split(datasets, seed)
-        table = concat_gemm([ds.gemm for ds in datasets])
-        device = np.concatenate([np.full(len(ds.gemm.problems), ds.device, dtype=object) for ds in datasets])
-        # the training problems a --device-fraction run left out stay out
-        split = subsample_training(np.concatenate(splits), device, table.modes,
-                                   bundle.metadata.get("device_fraction") or {}, seed)
-        added = distill(bundle, table, s, log, split=split, problem_device=device)
-    write_model_folder(bundle, bundle.metadata, s.model)
-    return added["student_metrics"]
+    return x

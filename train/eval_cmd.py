@@ -78,7 +78,7 @@ def run_eval(args: argparse.Namespace) -> int:
 
         import os
 
-        from .pipeline import DEFAULT_TRACKING_URI, _mlflow_key
+        from .tracking import DEFAULT_TRACKING_URI, mlflow_key as _mlflow_key
 
         mlflow.set_tracking_uri(args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI)
         mlflow.set_experiment("perfmodel-eval")

@@ -1,13 +1,12 @@
 """`perfmodel train`: load the shards, split by problem, fit the heads with Lightning, evaluate against
 baselines on held-out problems, track everything in MLflow, and write the model folder atomically
-(a failed run leaves the previous model in place)."""
+(train/folder.py: a failed run leaves the previous model in place). `perfmodel build` (train/recipe.py)
+runs the same fits as its first step."""
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -15,16 +14,20 @@ import numpy as np
 import torch
 
 from perfmodel import __version__, artifact
-from perfmodel.devices import DEFAULT_DEVICE, get_spec
+from perfmodel.devices import get_spec
 from perfmodel.features import FeatureEncoder
-from perfmodel.locations import checkout_root, default_data_dir, default_model_dir
+from perfmodel.locations import default_data_dir, default_model_dir
 from perfmodel.model import MLPConfig, PerfMLP, floor_features
 
 from . import evaluate as ev
-from .data import (GemmTable, PadTable, concat_gemm, concat_pad, dataset_hash, load_device_datasets, make_loader,
-                   joint_split, parse_device_fractions, subsample_training)
-
-DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+from . import tracking
+from .cublas_head import CublasHeadSettings, CublasRows, fit_cublas_head as fit_cublas_rows, folder_rows, thin_extra_rows
+from .data import (GemmTable, PadTable, concat_gemm, concat_pad, dataset_hash, load_device_datasets, joint_split,
+                   parse_device_fractions, subsample_training)
+from .distill import DistillSettings
+from .folder import dataset_path, settings_record, write_model_folder
+from .loop import fit_ensemble, fit_lightning
+from .refit import add_student
 
 
 def _setting(default: Any = None, help: str = "", *, factory: Any = None, flag: str | None = None,
@@ -106,235 +109,26 @@ class TrainSettings:
             raise ValueError("data: at least one dataset folder")
 
 
-def tracking_uri(settings: TrainSettings) -> str:
-    return settings.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
-
-
-def _trainer(settings: TrainSettings, logger, epochs: int):
-    import lightning as L
-
-    return L.Trainer(max_epochs=epochs, accelerator=settings.accelerator, devices=settings.devices,
-                     strategy=settings.strategy, logger=logger, enable_checkpointing=False,
-                     enable_progress_bar=settings.progress, enable_model_summary=False,
-                     fast_dev_run=settings.fast_dev_run, deterministic=True, log_every_n_steps=10)
-
-
-def fit_head(head: PerfMLP, x: torch.Tensor, y: torch.Tensor, split: np.ndarray, groups: np.ndarray | None,
-             settings: TrainSettings, logger, epochs: int, prefix: str, rank_weight: float) -> PerfMLP:
-    """Fit one head on rows with split==0, validating on split==1."""
-    from .module import PerfModule
-
-    tr, va = split == 0, split == 1
-    head.set_normalisation(x[tr].mean(0), x[tr].std(0))
-    gtr = groups[tr] if groups is not None else None
-    gva = groups[va] if groups is not None else None
-    if gtr is not None:  # dense problem ids for the batch sampler
-        gtr = np.unique(gtr, return_inverse=True)[1]
-        gva = np.unique(gva, return_inverse=True)[1]
-    train_dl = make_loader(x[tr], y[tr], gtr, settings.problems_per_batch, True, settings.seed, batch_rows=256)
-    val_dl = make_loader(x[va], y[va], gva, 64, False, settings.seed, batch_rows=4096)
-    module = PerfModule(head, lr=settings.lr, weight_decay=settings.weight_decay, rank_weight=rank_weight,
-                        max_epochs=epochs, prefix=prefix, rank_tau=settings.rank_tau)
-    _trainer(settings, logger, epochs).fit(module, train_dl, val_dl)
-    return head.eval()
-
-
-def _fit_members(make, n: int, x: torch.Tensor, y: torch.Tensor, split: np.ndarray, groups: np.ndarray | None,
-                 settings: TrainSettings, logger, epochs: int, prefix: str, rank_weight: float,
-                 average: str = "before_floor") -> PerfMLP:
-    """n heads fitted from seeds seed, seed + 1, ...; their average as one MLP (PerfMLP.ensemble) when n > 1.
-    A single head keeps its metric prefix "<prefix>_", members are "<prefix>0_", "<prefix>1_", ..."""
+def fit_members(make, n: int, x: torch.Tensor, y: torch.Tensor, split: np.ndarray, groups: np.ndarray | None,
+                settings: TrainSettings, logger, epochs: int, prefix: str, rank_weight: float,
+                average: str = "before_floor") -> PerfMLP:
+    """n heads fitted with Lightning from seeds seed, seed + 1, ...; their average as one MLP when n > 1
+    (train/loop.py fit_ensemble). A single head keeps its metric prefix "<prefix>_", members are
+    "<prefix>0_", "<prefix>1_", ..."""
     if n <= 1:
-        return fit_head(make(), x, y, split, groups, settings, logger, epochs, f"{prefix}_", rank_weight)
-    members = []
-    for i in range(n):
+        return fit_lightning(make(), x, y, split, groups, settings, logger, epochs, f"{prefix}_", rank_weight)
+
+    def member(i: int) -> PerfMLP:
         torch.manual_seed(settings.seed + i)
-        members.append(fit_head(make(), x, y, split, groups, replace(settings, seed=settings.seed + i), logger,
-                                epochs, f"{prefix}{i}_", rank_weight))
-    return PerfMLP.ensemble(members, average)
+        return fit_lightning(make(), x, y, split, groups, replace(settings, seed=settings.seed + i), logger, epochs,
+                             f"{prefix}{i}_", rank_weight)
+
+    return fit_ensemble(member, n, average)
 
 
 @torch.inference_mode()
 def predict_rows(head: PerfMLP, x: torch.Tensor) -> np.ndarray:
     return head.eval()(x).double().numpy()
-
-
-def model_card(meta: dict[str, Any]) -> str:
-    """The model card, built from the folder's metadata alone (so it can be regenerated from it)."""
-    results = {"perfmodel": meta["metrics"], **meta.get("baselines", {})}
-    table_md = ev.format_table(results, ev.TABLE_KEYS)
-    nets = []
-    for name, head in sorted(meta.get("heads", {}).items()):
-        mlp = head["mlp"]
-        k = int(mlp.get("members", 1))
-        shape = "x".join(str(w // k) for w in mlp["hidden"])
-        nets.append(f"{name} {shape}" if k == 1 else
-                    f"{name} {k} x {shape}, averaged {mlp.get('average', 'before_floor').replace('_', ' ')}")
-    pad_md = "\n".join(f"- {k}: {v:.4f}" for k, v in {**meta.get("pad_metrics", {}), **meta.get("cublas_metrics", {})}.items()
-                       if not k.endswith("problems"))
-    return f"""# perfmodel H100 model
-
-Generated by `perfmodel train`; do not edit. Regenerate with:
-
-    {meta['training_command']}
-
-{_devices_md(meta)}
-- Dataset: `{meta['dataset']['path']}`, sha256 `{meta['dataset']['sha256']}`, {meta['dataset']['gemm_rows']} GEMM rows over
-  {meta['dataset']['gemm_problems']} problems, {meta['dataset']['pad_rows']} pad rows.
-- Split: by problem (seed {meta['settings']['seed']}): train {meta['split']['train']}, val {meta['split']['val']}, test {meta['split']['test']} problems;
-  no problem is in two sets. Metrics below are on the test problems only.
-- Heads: gemm (Triton config runtime), cublas (torch.mm runtime), pad (orig and padded runtime), and
-  screen (a small head distilled from gemm: ranking scores every config with it and the gemm head
-  only its best {meta.get('screen_keep', '-')} per problem, when there are more than twice as many).
-  Networks (hidden widths): {'; '.join(nets) or '-'}.
-  Output layer `logsumexp(f(x), log overhead)`; learned overhead {meta['learned_overhead_ms']:.5f} ms.
-{_student_line(meta)}{_static_line(meta)}{_cublas_line(meta)}{_call_line(meta)}- Schema version {meta['schema_version']}, encoder version {meta['encoder_version']}; weights `model.safetensors`
-  (loaded with safetensors, no pickle) and `model.onnx` (single file, BatchNorm folded).
-- Training time on the training machine's CPU: {meta['train_seconds']:.0f} s.
-- Trained with perfmodel {meta.get('package_version', '(version not recorded)')}.
-
-## Ranking Triton configs (held-out problems)
-
-Efficiency = geomean over problems of (fastest measured config / the best of the method's top-k).
-
-{table_md}
-
-## Pad decisions and cuBLAS (held-out problems)
-
-{pad_md}
-
-## Caveats
-
-- The sweep measured Inductor's default configs plus a stratified sample of the pruned config space
-  per problem (128 configs for aligned compile groups, 40 otherwise), so "oracle" is the best
-  measured config, not the best of the whole space.
-- cuBLAS times are the dataset's quiet re-time (`perfmodel gen cublas`) where it has one.
-"""
-
-
-def _devices_md(meta: dict[str, Any]) -> str:
-    """The model card's device lines: one device, or several with each one's held-out figures."""
-    spec = meta["device_spec"]
-    devices = meta.get("devices") or [spec["name"]]
-    if len(devices) == 1:
-        return (f"- Device: {spec['name']} ({spec['marketing_name']}, {spec['sm_count']} SMs);\n"
-                "  the model predicts for this device only (its features use the device's SM count and peaks).")
-    lines = [f"- Devices: {', '.join(devices)} (default {devices[0]}): one model whose features include each "
-             "device's spec (`Predictor.load(device=...)`); the tables below are the default device's. Per device "
-             "(held-out problems of its own dataset):"]
-    for name in devices:
-        m = meta.get("metrics_by_device", {}).get(name, {})
-        r, pad = m.get("results", {}), m.get("pad", {})
-        cells = ", ".join(f"{k} {r[k]:.4f}" for k in ("float16/top1_eff", "bfloat16/top1_eff", "fp32_all/top1_eff",
-                                                     "all/top5_eff") if k in r)
-        if "pad/total_vs_oracle" in pad:
-            cells += f", pad {pad['pad/total_vs_oracle']:.4f}x the oracle"
-        ds = next((x for x in meta.get("datasets", []) if x.get("device") == name), {})
-        lines.append(f"  - {name}: `{ds.get('path', '?')}`; {cells or 'not evaluated'}")
-    if meta.get("device_fraction"):
-        lines.append(f"  - trained on a fraction of some devices' training problems: {meta['device_fraction']}")
-    return "\n".join(lines)
-
-
-def _param(v: Any) -> Any:
-    """A setting as recorded (MLflow params, the model's metadata): paths portable, several paths
-    comma-separated, other tuples as their text."""
-    if isinstance(v, Path):
-        return _portable(v)
-    if isinstance(v, tuple) and v and all(isinstance(p, Path) for p in v):
-        return ",".join(_portable(p) for p in v)
-    return str(v) if isinstance(v, tuple) else v
-
-
-def _student_line(meta: dict[str, Any]) -> str:
-    """The model card's line on the student head (what predict serves), if the folder has one."""
-    m = meta.get("student_metrics")
-    if not m:
-        return "- No student head: `predict` runs the gemm head.\n"
-    return (f"- Student head (what `predict` serves; `rank` keeps the gemm head): one MLP distilled from the gemm "
-            f"head by `perfmodel distill`. On the test problems' whole config spaces its log ms are a median "
-            f"{m['student/median_abs_log_diff']:.4f} from the gemm head's (90th percentile "
-            f"{m['student/p90_abs_log_diff']:.4f}); the gemm head's own members, around their mean: "
-            f"{m.get('gemm/member_spread_median', float('nan')):.4f}{_student_by_device(meta)}.\n")
-
-
-def _static_line(meta: dict[str, Any]) -> str:
-    """The model card's line on the static head (kernel="inductor"), if the folder has one."""
-    m = meta.get("static_metrics")
-    if not m:
-        return "- No static head: the model predicts `kernel=\"autotune\"` only.\n"
-    w, wo = "test_static/static_head/", "test_static/without/"
-    return (f"- Static head (`kernel=\"inductor\"`, the kernel as Inductor compiles it; `perfmodel static-head`): on "
-            f"the {m['test_static/problems']} test problems timed statically, the ranking's top-1 fp16 / bf16 / fp32 "
-            f"{m[w + 'float16/top1_eff']:.3f} / {m[w + 'bfloat16/top1_eff']:.3f} / {m[w + 'fp32_all/top1_eff']:.3f} "
-            f"(without the head {m[wo + 'float16/top1_eff']:.3f} / {m[wo + 'bfloat16/top1_eff']:.3f} / "
-            f"{m[wo + 'fp32_all/top1_eff']:.3f}), top-5 {m[w + 'all/top5_eff']:.3f}; fitted on "
-            f"{m['problems/train']} train problems' static rows.\n")
-
-
-def _cublas_line(meta: dict[str, Any]) -> str:
-    """The model card's line on a cuBLAS head refitted on every torch.mm time (`perfmodel cublas-head`)."""
-    m = meta.get("cublas_head_metrics")
-    if not m:
-        return ""
-
-    def errors(d: dict[str, Any]) -> str:
-        return "; ".join(f"{what} {d['before/' + k + '/test/mean_abs_log_err']:.3f} -> {d[k + '/test/mean_abs_log_err']:.3f}"
-                         for k, what in (("gemm", "GEMM problems"), ("cublas_only", "cuBLAS-only problems"),
-                                         ("pad_orig", "pad rows' unpadded problems"))
-                         if f"{k}/test/mean_abs_log_err" in d)
-
-    by = m.get("by_device") or {}
-    n = sum(sum(d.get("rows", {}).values()) for d in by.values()) if by else sum(m.get("rows", {}).values())
-    per = " ".join(f"{dev}: {errors(d)}." for dev, d in by.items()) if by else errors(m) + "."
-    return (f"- cuBLAS head (`perfmodel cublas-head`): fitted on {n} torch.mm times{f' of {len(by)} devices' if by else ''} "
-            f"(GEMM problems, problems of every alignment class and layout timed for cuBLAS alone, pad rows' unpadded "
-            f"times); mean |log error| on each kind's test rows, the head before it -> this one: {per}\n")
-
-
-def _call_line(meta: dict[str, Any]) -> str:
-    """The model card's line on the cuBLAS call heads (`perfmodel call-head`), if the folder has them."""
-    m = meta.get("call_metrics")
-    if not m:
-        return ""
-
-    def right(d: dict[str, Any]) -> str:
-        parts = []
-        for name, what in (("call", "`kernel=\"autotune\"`, against the dataset's times"),
-                           ("call_static", "`kernel=\"inductor\"`, against the static times")):
-            if f"{name}/test/choice_accuracy" in d:
-                parts.append(f"{d[name + '/test/choice_accuracy']:.3f} ({what}; the cuBLAS head against the gemm "
-                             f"head's best: {d[name + '/test/choice_accuracy_times']:.3f})")
-        return f"{' and '.join(parts)} of the {d.get('call/test/problems', '-')} test problems"
-
-    by = m.get("by_device") or {}
-    where = "; ".join(f"{dev}: {right(d)}" for dev, d in by.items()) if by else right(m)
-    return (f"- cuBLAS call heads (`perfmodel call-head`; `prefer_cublas`): the call whether cuBLAS beats the best "
-            f"Triton config is right on {where}.\n")
-
-
-def _student_by_device(meta: dict[str, Any]) -> str:
-    """A model of several devices: the student's median distance from the gemm head on each device's test problems."""
-    by = meta.get("student_metrics_by_device") or {}
-    if len(by) < 2:
-        return ""
-    return " (" + "; ".join(f"{dev}: median {m['student/median_abs_log_diff']:.4f}" for dev, m in by.items()) \
-        + ", each device's test problems, its own features)"
-
-
-def _portable(path: Path) -> str:
-    """A path as recorded in the model's metadata: relative to the working directory when inside it."""
-    try:
-        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(path)
-
-
-def _dataset_path(data: Path) -> str:
-    """The dataset as recorded in the model's metadata: relative to the checkout (data/h100) when run
-    from one, else as given."""
-    root = checkout_root()
-    return os.path.relpath(data, root) if root is not None else _portable(data)
 
 
 @dataclass
@@ -405,30 +199,27 @@ def load_data(settings: TrainSettings, datasets: list | None = None) -> TrainDat
                      problem_device, pad_device)
 
 
-def fit_cublas_head(settings: TrainSettings, d: TrainData, cenc: FeatureEncoder) -> PerfMLP:
+def fit_cublas_head(settings: TrainSettings, d: TrainData, cenc: FeatureEncoder) -> tuple[PerfMLP, dict[str, Any]]:
     """The cuBLAS head, as `perfmodel cublas-head` fits it (train/cublas_head.py): on every torch.mm time of
     each dataset folder -- its GEMM problems' (this run's split), its cublas_only problems' and its pad rows'
     unpadded times (split within their kind; a row of a held-out GEMM problem left out; a device's
-    device_fraction applied to their train rows too) -- the average of cublas_members plain MLPs."""
-    from .cublas_head import CublasHeadSettings, CublasRows, fit_head, folder_rows, thin_extra_rows
-
+    device_fraction applied to their train rows too) -- the average of cublas_members plain MLPs; with its
+    figures on each kind's val and test rows (cublas_head_metrics)."""
     rows = CublasRows.concat([folder_rows(ds.folder, ds.gemm, d.split[d.problem_device == ds.device], settings.seed,
                                           ds.device) for ds in d.datasets])
-    split = thin_extra_rows(rows, parse_device_fractions(settings.device_fraction), settings.seed)
+    rows.split = thin_extra_rows(rows, parse_device_fractions(settings.device_fraction), settings.seed)
     x = encode_by_device(d.specs, "cublas", rows.device, torch.from_numpy(rows.problems))
-    y = torch.from_numpy(rows.log_ms).float()
     cs = CublasHeadSettings(hidden=tuple(settings.cublas_hidden), members=settings.cublas_members,
                             epochs=1 if settings.fast_dev_run else settings.small_head_epochs, seed=settings.seed)
-    train = torch.from_numpy(split == 0)
     log = print if settings.progress else (lambda *a: None)
-    return fit_head(x[train], y[train], cs, floor_features(cenc.names, 1), log)
+    return fit_cublas_rows(x, rows, d.devices, cs, floor_features(cenc.names, 1), log)
 
 
 def fit_heads(settings: TrainSettings, d: TrainData, logger) -> artifact.ModelBundle:
     """The served heads (gemm, screen, cublas, pad) as a bundle, its metadata not yet written (but for
     the devices and their specs, which the evaluation's for_device needs)."""
     enc, x, gemm = d.enc, d.x, d.gemm
-    gemm_head = _fit_members(lambda: PerfMLP(MLPConfig(len(enc), settings.hidden, settings.norm,
+    gemm_head = fit_members(lambda: PerfMLP(MLPConfig(len(enc), settings.hidden, settings.norm,
                                                        floor_features=floor_features(enc.names, 1))),
                              settings.gemm_members, x, d.y, d.row_split, gemm.problem_idx, settings, logger,
                              settings.epochs, "gemm", settings.rank_weight, average="after_floor")
@@ -438,12 +229,12 @@ def fit_heads(settings: TrainSettings, d: TrainData, logger) -> artifact.ModelBu
     screen_head = None
     if settings.screen_hidden:
         screen_y = torch.from_numpy(predict_rows(gemm_head, x)).float()
-        screen_head = fit_head(PerfMLP(MLPConfig(len(enc), settings.screen_hidden, settings.norm,
+        screen_head = fit_lightning(PerfMLP(MLPConfig(len(enc), settings.screen_hidden, settings.norm,
                                                  floor_features=floor_features(enc.names, 1))), x, screen_y,
                                d.row_split, gemm.problem_idx, settings, logger, settings.screen_epochs, "screen_", 1.0)
 
     cenc = FeatureEncoder(d.spec, "cublas")
-    heads["cublas"] = fit_cublas_head(settings, d, cenc)
+    heads["cublas"], cublas_fit = fit_cublas_head(settings, d, cenc)
     encoders["cublas"] = cenc
 
     penc = FeatureEncoder(d.spec, "pad")
@@ -451,7 +242,7 @@ def fit_heads(settings: TrainSettings, d: TrainData, logger) -> artifact.ModelBu
     py = torch.from_numpy(np.log(np.stack([d.pads.orig_ms, d.pads.padded_ms], 1))).float()
     # Single pad heads vary by seed (1.02-1.05x of the oracle's total time on held-out problems): their
     # average is steadier, and written as one wider MLP it serves and exports like any head.
-    heads["pad"] = _fit_members(lambda: PerfMLP(MLPConfig(len(penc), settings.pad_hidden, settings.norm, n_outputs=2,
+    heads["pad"] = fit_members(lambda: PerfMLP(MLPConfig(len(penc), settings.pad_hidden, settings.norm, n_outputs=2,
                                                           floor_features=floor_features(penc.names, 2))),
                                 settings.pad_members, px, py, d.pad_split, None, settings, logger,
                                 settings.small_head_epochs, "pad", 0.0)
@@ -461,7 +252,7 @@ def fit_heads(settings: TrainSettings, d: TrainData, logger) -> artifact.ModelBu
     # What the evaluation reads from the metadata before the folder's own is written.
     return artifact.ModelBundle(d.spec, heads, encoders, {"screen_keep": settings.screen_keep, "pad_threshold": 1.0,
                                                           "lead_keep": effective_lead_keep(settings, heads),
-                                                          **device_metadata(d)})
+                                                          "cublas_head_metrics": cublas_fit, **device_metadata(d)})
 
 
 def effective_lead_keep(settings: Any, heads: dict[str, Any]) -> int:
@@ -491,7 +282,7 @@ def fit_baselines(settings: TrainSettings, d: TrainData, logger) -> dict[str, tu
         return {}
     benc = FeatureEncoder(d.spec, "pr156851")
     bx = benc.encode(torch.from_numpy(d.gemm.problems[d.gemm.problem_idx]), torch.from_numpy(d.gemm.configs))
-    base = fit_head(PerfMLP(MLPConfig(len(benc), settings.baseline_hidden, "batch", learn_overhead=False)), bx, d.y,
+    base = fit_lightning(PerfMLP(MLPConfig(len(benc), settings.baseline_hidden, "batch", learn_overhead=False)), bx, d.y,
                     d.row_split, d.gemm.problem_idx, settings, logger, settings.epochs, "pr156851_", 0.0)
     return {"PR 156851 model": (base, benc)}
 
@@ -503,7 +294,7 @@ def model_metadata(settings: TrainSettings, d: TrainData, bundle: artifact.Model
     results = evaluation["results"]
 
     def dataset(ds) -> dict[str, Any]:
-        return {"path": _dataset_path(ds.folder), "sha256": dataset_hash(ds.folder), "device": ds.device,
+        return {"path": dataset_path(ds.folder), "sha256": dataset_hash(ds.folder), "device": ds.device,
                 "gemm_rows": int(len(ds.gemm.ms)), "gemm_problems": int(len(ds.gemm.problems)),
                 "pad_rows": int(len(ds.pads.orig_ms))}
 
@@ -516,6 +307,8 @@ def model_metadata(settings: TrainSettings, d: TrainData, bundle: artifact.Model
         "split": split_counts(d.problem_device == d.spec.name),
         "metrics": results["perfmodel"], "baselines": {k: v for k, v in results.items() if k != "perfmodel"},
         "cublas_metrics": evaluation["cublas"], "pad_metrics": evaluation["pad"], "pad_threshold": 1.0,
+        **({"cublas_head_metrics": bundle.metadata["cublas_head_metrics"]} if "cublas_head_metrics" in bundle.metadata
+           else {}),
         "screen_keep": settings.screen_keep, "lead_keep": bundle.lead_keep,
         "settings": {k: v for k, v in params.items()}, "training_command": settings.command,
         "train_seconds": train_seconds,
@@ -539,61 +332,58 @@ def run(settings: TrainSettings) -> dict[str, Any]:
     """Load the data, fit the heads and the baselines, evaluate them on held-out problems, write the
     model folder, and record it all in MLflow (registering the folder under settings.register_name)."""
     import mlflow
-    from lightning.pytorch.loggers import MLFlowLogger
 
     t_start = time.perf_counter()
     torch.manual_seed(settings.seed)
     d = load_data(settings)
-
-    uri = tracking_uri(settings)
-    mlflow.set_tracking_uri(uri)
-    mlflow.set_experiment(settings.experiment)
-    with mlflow.start_run(run_name=f"train-{time.strftime('%Y%m%d-%H%M%S')}") as run:
-        logger = MLFlowLogger(experiment_name=settings.experiment, tracking_uri=uri, run_id=run.info.run_id)
-        # Several fits share this run: Lightning's finalize() would mark it finished after the first;
-        # the `with` block ends it (FINISHED or FAILED).
-        logger.finalize = lambda status="success": None
-        params = {k: _param(v) for k, v in asdict(settings).items()}
+    with tracking.mlflow_run(settings.tracking_uri, settings.experiment, "train") as (run, logger, uri):
+        params = settings_record(settings)
         mlflow.log_params({k: v for k, v in params.items() if k not in ("command",)})
         mlflow.log_param("dataset_sha256", dataset_hash(settings.data[0]))
         mlflow.log_param("package_version", __version__)
-
         bundle = fit_heads(settings, d, logger)
-        baselines = fit_baselines(settings, d, logger)
-        with tempfile.TemporaryDirectory() as plots:
-            evaluation = evaluate_devices(bundle, d, settings.seed, baselines, Path(plots))
-            mlflow.log_artifacts(plots, "plots")
-        results, cmet, pmet = evaluation["results"], evaluation["cublas"], evaluation["pad"]
-        flat = {f"{method}/{k}": v for method, m in results.items() for k, v in m.items()}
-        if len(d.datasets) > 1:  # every device's, prefixed with its name
-            flat = {f"{dev}/{method}/{k}": v for dev, e in evaluation["by_device"].items()
-                    for method, m in {**e["results"], "heads": {**e["cublas"], **e["pad"]}}.items()
-                    for k, v in m.items()}
-        mlflow.log_metrics({_mlflow_key(k): float(v) for k, v in {**flat, **cmet, **pmet}.items()
-                            if v is not None and np.isfinite(v)})
-        train_seconds = time.perf_counter() - t_start
-
+        evaluation = evaluate_tracked(bundle, d, settings.seed, fit_baselines(settings, d, logger))
         student: dict[str, Any] = {}
         if settings.student_hidden:  # after the evaluation: ranking does not use it
-            from .distill import DistillSettings, distill
-
-            ds = DistillSettings(data=settings.data[0] if len(settings.data) == 1 else settings.data,
-                                 hidden=settings.student_hidden, epochs=settings.student_epochs, seed=settings.seed)
-            if settings.fast_dev_run:  # a smoke test: a few random problems, one epoch
-                ds = replace(ds, epochs=1, random_problems=8)
-            # the run's own split (each device's, --device-fraction's left-out problems unused) and devices
-            student = distill(bundle, d.gemm, ds, split=d.split, problem_device=d.problem_device)
-            mlflow.log_metrics({_mlflow_key(k): float(v) for k, v in student["student_metrics"].items()})
-            train_seconds = time.perf_counter() - t_start
+            student = add_student(bundle, d.gemm, student_settings(settings), print, d.split, d.problem_device)
+            tracking.log_metrics(student["student_metrics"])
+        train_seconds = time.perf_counter() - t_start
         meta = {**model_metadata(settings, d, bundle, evaluation, params, run.info.run_id, train_seconds), **student}
         out = write_model_folder(bundle, meta, settings.out)
         mlflow.log_artifacts(str(out), "model")
-        version = None
-        if settings.register_name:
-            version = register(run.info.run_id, settings.register_name, settings.alias)
-        print(ev.format_table(results, ev.TABLE_KEYS))
-        return {"out": str(out), "run_id": run.info.run_id, "model_version": version, "metrics": results,
-                "cublas": cmet, "pad": pmet, "train_seconds": train_seconds, "tracking_uri": uri}
+        version = tracking.register(run.info.run_id, settings.register_name, settings.alias) \
+            if settings.register_name else None
+        print(ev.format_table(evaluation["results"], ev.TABLE_KEYS))
+        return {"out": str(out), "run_id": run.info.run_id, "model_version": version, "metrics": evaluation["results"],
+                "cublas": evaluation["cublas"], "pad": evaluation["pad"], "train_seconds": train_seconds,
+                "tracking_uri": uri}
+
+
+def evaluate_tracked(bundle: artifact.ModelBundle, d: TrainData, seed: int, baselines: dict | None) -> dict:
+    """evaluate_devices, with its plots and metrics logged to the active MLflow run (every device's prefixed
+    with its name for a model of several)."""
+    import tempfile
+
+    import mlflow
+
+    with tempfile.TemporaryDirectory() as plots:
+        evaluation = evaluate_devices(bundle, d, seed, baselines, Path(plots))
+        mlflow.log_artifacts(plots, "plots")
+    results, cmet, pmet = evaluation["results"], evaluation["cublas"], evaluation["pad"]
+    flat = {f"{method}/{k}": v for method, m in results.items() for k, v in m.items()}
+    if len(d.datasets) > 1:  # every device's, prefixed with its name
+        flat = {f"{dev}/{method}/{k}": v for dev, e in evaluation["by_device"].items()
+                for method, m in {**e["results"], "heads": {**e["cublas"], **e["pad"]}}.items()
+                for k, v in m.items()}
+    tracking.log_metrics({**flat, **cmet, **pmet})
+    return evaluation
+
+
+def student_settings(settings: TrainSettings) -> DistillSettings:
+    """The student step's settings from a training run's (a smoke test: a few random problems, one epoch)."""
+    ds = DistillSettings(data=settings.data[0] if len(settings.data) == 1 else settings.data,
+                         hidden=settings.student_hidden, epochs=settings.student_epochs, seed=settings.seed)
+    return replace(ds, epochs=1, random_problems=8) if settings.fast_dev_run else ds
 
 
 def device_tables(d: TrainData, device: str) -> tuple[GemmTable, PadTable]:
@@ -614,54 +404,3 @@ def evaluate_devices(bundle: artifact.ModelBundle, d: TrainData, seed: int, base
                                              full_space=full_space, split=d.split[d.problem_device == name],
                                              pad_split=d.pad_split[d.pad_device == name])
     return {**by_device[d.devices[0]], "by_device": by_device}
-
-
-def _mlflow_key(k: str) -> str:
-    return "".join(ch if ch.isalnum() or ch in "_-./ " else "_" for ch in k).replace(" ", "_").replace(",", "")
-
-
-def write_model_folder(bundle: artifact.ModelBundle, meta: dict[str, Any], out: Path) -> Path:
-    """Write to a temporary sibling folder, verify it loads, then swap it in: the previous model stays
-    in place if anything fails before the swap."""
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        bundle.metadata = meta
-        artifact.save(bundle, tmp)
-        artifact.export_onnx_all(bundle, tmp)  # model.onnx, and model.<device>.onnx for each other device
-        if "training_command" in meta:
-            (tmp / "MODEL_CARD.md").write_text(model_card(bundle.metadata))
-        elif (out / "MODEL_CARD.md").is_file():  # a folder perfmodel train did not write keeps its own card
-            shutil.copy(out / "MODEL_CARD.md", tmp / "MODEL_CARD.md")
-        artifact.load(tmp)  # refuse to ship what does not load
-        backup = out.with_name(f".{out.name}.old")
-        if backup.exists():
-            shutil.rmtree(backup)
-        if out.exists():
-            out.rename(backup)
-        tmp.rename(out)
-        if backup.exists():
-            shutil.rmtree(backup)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        backup = out.with_name(f".{out.name}.old")
-        if backup.exists() and not out.exists():  # interrupted between the two renames: put it back
-            backup.rename(out)
-        raise
-    return out
-
-
-def register(run_id: str, name: str, alias: str) -> str:
-    """Register the run's model folder as a new version of `name` and point `alias` at it."""
-    from mlflow import MlflowClient
-
-    client = MlflowClient()
-    try:
-        client.get_registered_model(name)
-    except Exception:  # not registered yet (MLflow raises RestException / MlflowException)
-        client.create_registered_model(name)
-    source = f"runs:/{run_id}/model"
-    mv = client.create_model_version(name, source=source, run_id=run_id)
-    client.set_registered_model_alias(name, alias, mv.version)
-    return str(mv.version)

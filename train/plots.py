@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import evaluate as ev
+from . import metrics as ev
 from .data import GemmTable
 
 # The ranking-efficiency plot's bars: the evaluation table's method names, in this order.

@@ -12,14 +12,14 @@ the gemm head's score before the physical floor, is what `Predictor.load(kernel=
 
 The split is the model's (split_problems with its seed): train problems fit, validation problems
 report, and the test problems -- every dataset config of each timed statically -- measure the serving
-path's ranking against the static times, beside the same path without the head. The folder is then
-rewritten (weights, metadata, model.onnx) with the head added. Needs no Lightning and no MLflow.
+path's ranking against the static times, beside the same path without the head. fit_static_head
+returns the head and its figures and writes nothing (train/refit.py adds it to a model folder, train/recipe.py
+to a build). Needs no Lightning and no MLflow.
 """
 from __future__ import annotations
 
-import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,9 @@ from perfmodel import artifact
 from perfmodel.locations import default_data_dir, default_model_dir
 from perfmodel.model import MLPConfig, PerfMLP
 
-from .data import GemmTable, _gemm_table, load_gemm, split_problems
+from . import evaluate as ev
+from .data import GemmTable, _gemm_table
+from .loop import fit_plain
 
 STATIC = artifact.STATIC
 
@@ -97,38 +99,10 @@ def fit(x: torch.Tensor, y: torch.Tensor, s: StaticHeadSettings, log: Any = prin
     return fit_plain(head, x, y, s, s.seed, head.score, on_epoch)
 
 
-def fit_plain(head: PerfMLP, x: torch.Tensor, y: torch.Tensor, s: Any, seed: int, forward: Any,
-              on_epoch: Any = None) -> PerfMLP:
-    """head (inputs standardised on x) fitted so that forward(rows) matches y: smooth L1 (s.huber_beta),
-    AdamW (s.lr, s.weight_decay), one cycle over s.epochs epochs of s.batch_rows-row batches shuffled by
-    seed; on_epoch(epoch, mean train loss) after each epoch. The static, call and cuBLAS heads' loop."""
-    head.set_normalisation(x.mean(0), x.std(0))
-    head.train()
-    opt = torch.optim.AdamW(head.parameters(), lr=s.lr, weight_decay=s.weight_decay)
-    gen = torch.Generator().manual_seed(seed)
-    steps = max(1, math.ceil(len(x) / s.batch_rows))
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=s.lr, total_steps=s.epochs * steps, pct_start=0.1)
-    for epoch in range(s.epochs):
-        order, total = torch.randperm(len(x), generator=gen), 0.0
-        for i in range(steps):
-            idx = order[i * s.batch_rows:(i + 1) * s.batch_rows]
-            loss = torch.nn.functional.smooth_l1_loss(forward(x[idx]).reshape(-1), y[idx], beta=s.huber_beta)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            sched.step()
-            total += float(loss.detach())
-        if on_epoch is not None:
-            on_epoch(epoch + 1, total / steps)
-    return head.eval()
-
-
 def static_outputs(bundle: artifact.ModelBundle, head: PerfMLP | None, table: GemmTable) -> dict[str, np.ndarray]:
     """The gemm head's (score, log ms, lead score) and the screen's score on every row of table, with the
     static head's output added (and the physical floor on the log ms) when head is given: the inputs of
     train.evaluate.rank_path for the kernel mode."""
-    from . import evaluate as ev
-
     P, C = torch.from_numpy(table.problems[table.problem_idx]), torch.from_numpy(table.configs)
     with torch.inference_mode():
         x = bundle.encoders["gemm"].encode(P, C)
@@ -150,8 +124,6 @@ def ranking_metrics(bundle: artifact.ModelBundle, head: PerfMLP | None, table: G
     """rank_path's top-1/top-5 (serving path) and the cuBLAS call on table's times, by the gemm head
     with (head given) or without the static head; the call by the call head `call` when given
     (train/call_head.py), else by the cuBLAS head's time against the best predicted one."""
-    from . import evaluate as ev
-
     o = static_outputs(bundle, head, table)
     r = ev.rank_path(table, o["log_ms"], o["screen"], bundle.screen_keep, o["score"], o["lead"], bundle.lead_keep)
     out = {k: v for k, v in r.items() if "top1" in k or "top5" in k or "spearman" in k}
@@ -167,33 +139,18 @@ def ranking_metrics(bundle: artifact.ModelBundle, head: PerfMLP | None, table: G
     return out
 
 
-def load_one_device(model: Path, threads: int, what: str) -> artifact.ModelBundle:
-    """The model folder a head of one device's timings is added to (`what`, for the error), with torch's CPU
-    threads set (threads > 0). ValueError naming the model for a model of several devices."""
-    if threads > 0:
-        torch.set_num_threads(threads)
-    bundle = artifact.load(model)
-    if len(bundle.devices) > 1:
-        raise ValueError(f"model: {model} serves several devices; {what} fitted to one device's timings "
-                         "(a model of one device)")
-    return bundle
-
-
-def run(s: StaticHeadSettings, log: Any = print) -> dict[str, Any]:
-    """Fit the static head on the model's train problems, measure it, and rewrite s.model with it."""
-    from .pipeline import write_model_folder
-
+def fit_static_head(bundle: artifact.ModelBundle, table: GemmTable, static: GemmTable, split: np.ndarray,
+                    s: StaticHeadSettings, log: Any = print) -> tuple[PerfMLP, dict[str, Any]]:
+    """The static head of bundle's gemm head, fitted on the static rows (static) of table's train problems
+    (split: the model's split of table's problems), and its figures: the fit on each split's paired rows,
+    and the ranking of the test problems on their static times with and without it. Writes nothing."""
     t0 = time.perf_counter()
-    bundle = load_one_device(s.model, s.threads, "the static head is")
-    table, static = load_gemm(s.data), load_static(s.data)
     rows, prob = paired(table, static)
     ok = rows >= 0
-    seed = int(bundle.metadata.get("settings", {}).get("seed", 0))
-    split = split_problems(table.modes, seed)
     part = np.where(prob >= 0, split[np.maximum(prob, 0)], -1)
-    enc = bundle.encoders["gemm"]
     with torch.inference_mode():
-        x = enc.encode(torch.from_numpy(static.problems[static.problem_idx]), torch.from_numpy(static.configs))
+        x = bundle.encoders["gemm"].encode(torch.from_numpy(static.problems[static.problem_idx]),
+                                           torch.from_numpy(static.configs))
     y = torch.from_numpy(np.log(static.ms) - np.log(np.where(ok, table.ms[np.maximum(rows, 0)], 1.0))).float()
     train, val = ok & (part == 0), ok & (part == 1)
     log(f"static-head: {int(ok.sum())} paired rows: {int(train.sum())} train ({len(set(prob[train]))} problems), "
@@ -201,27 +158,30 @@ def run(s: StaticHeadSettings, log: Any = print) -> dict[str, Any]:
     head = fit(x[torch.from_numpy(train)], y[torch.from_numpy(train)], s, log)
     with torch.inference_mode():
         d = head.score(x).double().numpy()
-    yy = y.double().numpy()
-    metrics: dict[str, Any] = {"rows/train": int(train.sum()), "rows/val": int(val.sum()),
-                               "problems/train": len(set(prob[train])), "problems/val": len(set(prob[val]))}
-    for name, sel in (("train", train), ("val", val), ("test", ok & (part == 2))):
-        if sel.any():
-            metrics[f"{name}/mae_log_ratio"] = float(np.abs(d[sel] - yy[sel]).mean())
-            metrics[f"{name}/mae_log_ratio_constant"] = float(np.abs(yy[sel] - np.median(yy[train])).mean())
-            metrics[f"{name}/corr"] = float(np.corrcoef(d[sel], yy[sel])[0, 1])
+    metrics = _fit_figures(d, y.double().numpy(), train, val, ok & (part == 2), prob)
     # the test problems: the ranking on the static times (every dataset config of each), with and without
     st = split_static(table, static, split)
     for name, h in (("static_head", head), ("without", None)):
         metrics.update({f"test_static/{name}/{k}": v for k, v in ranking_metrics(bundle, h, st).items()})
     metrics["test_static/problems"] = len(st.problems)
     metrics["seconds"] = time.perf_counter() - t0
-    bundle.heads[STATIC], bundle.encoders[STATIC] = head, enc
-    settings = {k: (str(v) if isinstance(v, (Path, tuple)) else v) for k, v in asdict(s).items()}
-    bundle.metadata = {**bundle.metadata, "static_metrics": metrics, "static_settings": settings}
     for k in ("all/top1_eff", "float16/top1_eff", "bfloat16/top1_eff", "fp32_all/top1_eff", "all/top5_eff",
               "cublas/choice_accuracy"):
         a, b = metrics.get(f"test_static/static_head/{k}"), metrics.get(f"test_static/without/{k}")
         if a is not None:
             log(f"static-head: test problems on static times, {k}: {b:.4f} without the head -> {a:.4f} with it")
-    write_model_folder(bundle, bundle.metadata, s.model)
+    return head, metrics
+
+
+def _fit_figures(d: np.ndarray, yy: np.ndarray, train: np.ndarray, val: np.ndarray, test: np.ndarray,
+                 prob: np.ndarray) -> dict[str, Any]:
+    """The static head's fit (its output d against the log ratio yy) on the train, val and test rows, beside
+    a constant (the train rows' median)."""
+    metrics: dict[str, Any] = {"rows/train": int(train.sum()), "rows/val": int(val.sum()),
+                               "problems/train": len(set(prob[train])), "problems/val": len(set(prob[val]))}
+    for name, sel in (("train", train), ("val", val), ("test", test)):
+        if sel.any():
+            metrics[f"{name}/mae_log_ratio"] = float(np.abs(d[sel] - yy[sel]).mean())
+            metrics[f"{name}/mae_log_ratio_constant"] = float(np.abs(yy[sel] - np.median(yy[train])).mean())
+            metrics[f"{name}/corr"] = float(np.corrcoef(d[sel], yy[sel])[0, 1])
     return metrics

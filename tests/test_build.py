@@ -1,0 +1,146 @@
+"""`perfmodel build --recipe`: recipes/ci-small.toml builds a small model end to end on a slice of data/h100
+(every step of the shipped recipe, minutes on two CPU cores), the Predictor loads it with both backends;
+the build record, the card, refits appended to the record, recipe errors naming the key, and a failed
+build leaving the previous folder in place."""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from perfmodel import GemmConfig, GemmProblem
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    pytest.importorskip("lightning", reason="building needs the train extra (pip install 'perfmodel[train]')")
+    import torch
+
+    from perfmodel.cli import main
+
+    out = tmp_path_factory.mktemp("build") / "model"
+    mp = pytest.MonkeyPatch()
+    mp.chdir(REPO)  # the recipe's paths are relative to the working directory
+    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    try:
+        assert main(["build", "--recipe", "recipes/ci-small.toml", "--out", str(out)]) == 0
+    finally:
+        mp.undo()
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic)
+    return out
+
+
+@pytest.mark.slow
+def test_ci_recipe_builds_a_model_the_predictor_serves(built):
+    from perfmodel import Predictor
+
+    prob = GemmProblem(m=512, n=4096, k=1024, dtype="bfloat16")
+    cfgs = [GemmConfig(block_m=bm, block_n=bn, block_k=bk, group_m=8, num_stages=3, num_warps=4)
+            for bm, bn, bk in ((64, 64, 32), (128, 128, 64), (128, 64, 32), (64, 128, 64))]
+    ranked = {}
+    for backend in ("torch", "onnx"):
+        p = Predictor.load(built, backend=backend)
+        top = p.rank(prob, cfgs, top_k=2)
+        assert len(top) == 2 and all(c in cfgs for c, _ in top) and 0 < top[0][1] <= top[1][1]
+        ranked[backend] = [c for c, _ in top]
+        for kernel in ("autotune", "inductor"):  # the static head serves the inductor mode
+            assert Predictor.load(built, backend=backend, kernel=kernel).rank(prob, cfgs, top_k=1)[0]
+    assert ranked["torch"][0] == ranked["onnx"][0]
+
+
+@pytest.mark.slow
+def test_the_build_record(built):
+    meta = json.loads((built / "metadata.json").read_text())
+    assert set(meta["heads"]) == {"gemm", "screen", "cublas", "pad", "student", "static", "call", "call_static"}
+    b = meta["build"]
+    assert b["recipe"]["text"] == (REPO / "recipes" / "ci-small.toml").read_text()
+    assert b["command"] == f"perfmodel build --recipe recipes/ci-small.toml --out {built}"
+    assert [s["step"] for s in b["steps"]] == ["data", "load", "train", "baselines", "distill", "static-head",
+                                               "call-head", "evaluate", "write"]
+    assert all(s["seconds"] >= 0 for s in b["steps"]) and b["threads"] == 2 and b["seed"] == 0
+    assert b["commit"] == "unknown" or len(b["commit"]) == 40
+    steps = {s["step"]: s["settings"] for s in b["steps"]}
+    assert steps["train"]["epochs"] == 2 and steps["static-head"]["hidden"] == [16] and steps["call-head"]["members"] == 1
+    # the hash over every shard file of data/h100: sorted paths relative to the folder, then each file's bytes
+    folder = REPO / "data" / "h100"
+    h = hashlib.sha256()
+    files = sorted(p for p in folder.iterdir() if p.name.endswith((".jsonl", ".jsonl.gz")))
+    for p in files:
+        h.update(p.name.encode())
+        h.update(p.read_bytes())
+    assert b["data"] == [{"path": "data/h100", "sha256": h.hexdigest(), "files": len(files),
+                          "slice": {"problems": 200, "seed": 0}}]
+    assert meta["dataset"]["sha256"] == h.hexdigest() and meta["dataset"]["gemm_problems"] == 200
+    card = (built / "MODEL_CARD.md").read_text()
+    assert f"Regenerate with:\n\n    {b['command']}\n" in card and "Refitted after the build" not in card
+
+
+@pytest.mark.slow
+def test_a_refit_appends_its_step(built, tmp_path):
+    import shutil
+
+    from perfmodel.cli import main
+
+    folder = tmp_path / "m"
+    shutil.copytree(built, folder)
+    before = json.loads((folder / "metadata.json").read_text())["build"]["steps"]
+    mp = pytest.MonkeyPatch()
+    mp.chdir(REPO)
+    try:
+        assert main(["static-head", "--model", str(folder), "--data", "data/h100", "--hidden", "8", "--epochs", "2",
+                     "--threads", "2"]) == 0
+    finally:
+        mp.undo()
+    meta = json.loads((folder / "metadata.json").read_text())
+    steps = meta["build"]["steps"]
+    assert steps[:-1] == before and steps[-1]["step"] == "static-head" and steps[-1]["refit"] is True
+    assert steps[-1]["settings"]["hidden"] == [8] and meta["static_settings"]["hidden"] == [8]
+    card = (folder / "MODEL_CARD.md").read_text()
+    assert "perfmodel build --recipe recipes/ci-small.toml" in card and "Refitted after the build" in card
+
+
+def test_recipe_errors_name_the_key(tmp_path):
+    from perfmodel.train.recipe import load_recipe
+
+    base = (REPO / "recipes" / "ci-small.toml").read_text()
+    for bad, where in ((base.replace("epochs = 2\n", "epochs = \"two\"\n"), "[train].epochs"),
+                       (base.replace("[student]\n", "[student]\nwidth = 3\n"), "[student].width"),
+                       (base.replace("[static]\n", "[static]\nseed = 3\n"), "[static].seed"),
+                       (base.replace("hidden = [32, 32]\n", "hidden = 32\n"), "[train].hidden"),
+                       (base.replace("threads = 2\n", "threads = 2\ncores = 4\n"), "[build].cores"),
+                       (base + "\n[extra]\na = 1\n", "[extra]")):
+        path = tmp_path / "r.toml"
+        path.write_text(bad)
+        with pytest.raises(ValueError, match=f"^recipe.*{where.replace('[', '.').replace(']', '.')}"):
+            load_recipe(path)
+    r = load_recipe(REPO / "recipes" / "h100.toml")  # the shipped model's recipe parses, its settings as recorded
+    shipped = json.loads((REPO / "models" / "h100" / "metadata.json").read_text())
+    assert (r.train.epochs, r.train.gemm_members, r.train.screen_keep, r.train.lead_keep) == \
+        (shipped["settings"]["epochs"], shipped["settings"]["gemm_members"], shipped["screen_keep"], shipped["lead_keep"])
+    assert r.call.epochs == shipped["call_settings"]["epochs"] and r.static.epochs == shipped["static_settings"]["epochs"]
+
+
+def test_a_failed_build_leaves_the_previous_folder(tmp_path, monkeypatch):
+    pytest.importorskip("lightning", reason="building needs the train extra (pip install 'perfmodel[train]')")
+    from perfmodel.train import recipe
+
+    out = tmp_path / "model"
+    out.mkdir()
+    (out / "metadata.json").write_text("{}")
+    monkeypatch.chdir(REPO)
+
+    def fail(*a, **k):
+        raise RuntimeError("the call step failed")
+
+    monkeypatch.setattr(recipe, "call_step", fail)
+    small = (REPO / "recipes" / "ci-small.toml").read_text().replace("slice_problems = 200", "slice_problems = 40")
+    (tmp_path / "r.toml").write_text(small)
+    with pytest.raises(RuntimeError, match="call step"):
+        recipe.run_build(tmp_path / "r.toml", out=out, log=lambda *a: None)
+    assert [p.name for p in out.iterdir()] == ["metadata.json"] and (out / "metadata.json").read_text() == "{}"
+    assert [p.name for p in tmp_path.iterdir()] == ["model", "r.toml"]  # no temporary folder left

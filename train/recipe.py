@@ -1,0 +1,243 @@
+"""`perfmodel build --recipe recipes/h100.toml`: from the data folders to the finished model folder in one
+run, as a recipe (a TOML file) says.
+
+The steps, in the order the heads depend on each other:
+
+1. data     -- the dataset folders (a slice of them, for a small model), the sha256 of every shard file;
+2. train    -- the gemm head, the screen, the cuBLAS head and the pad head, the PR 156851 baseline
+               (train/pipeline.py fit_heads; screen_keep and lead_keep are set here: the static figures
+               depend on them);
+3. distill  -- the student head, from the gemm head;
+4. static   -- the static head (kernel="inductor"), on the gemm head and the screen;
+5. call     -- the cuBLAS call heads: call against the cuBLAS head's baseline, call_static against the
+               static head;
+6. evaluate -- the held-out evaluation with every head in place (the cuBLAS figures use the call head);
+7. write    -- weights, metadata with the build record, the ONNX export, the model card; atomically: a
+               failed build leaves the previous folder in place.
+
+The recipe's sections: [build] (data, out, seed, threads, slice_problems, mlflow), [train] (TrainSettings,
+the flags of `perfmodel train`), [student] (DistillSettings), [static] (StaticHeadSettings), [call]
+(CallHeadSettings); a head section left out is a head the model does not have. Paths are relative to the
+working directory. The metadata's `build` record keeps the recipe's text, the command, the code commit,
+the data hashes, the threads, the seed and each step with its settings and wall time (train/folder.py).
+"""
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+import time
+import typing
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import tracking
+from .call_head import CallHeadSettings
+from .data import slice_dataset
+from .distill import DistillSettings
+from .folder import SHARD_KINDS, code_commit, data_sha256, settings_record, step_record, write_model_folder
+from .pipeline import (TrainData, TrainSettings, evaluate_devices, fit_baselines, fit_heads, load_data,
+                       model_metadata)
+from .refit import add_student, call_step, static_step
+from .static_head import StaticHeadSettings
+
+# Recipe section -> its settings dataclass; the fields [build] sets for every step are not theirs to set.
+SECTIONS = {"train": TrainSettings, "student": DistillSettings, "static": StaticHeadSettings, "call": CallHeadSettings}
+BUILD_KEYS = {"data": list, "out": str, "seed": int, "threads": int, "slice_problems": int, "mlflow": bool}
+_SET_BY_BUILD = {"data", "out", "model", "seed", "threads", "command", "device"}
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A parsed recipe: [build]'s settings and each step's settings dataclass (None: no such head)."""
+    path: Path
+    text: str
+    data: tuple[Path, ...]
+    out: Path
+    seed: int = 0
+    threads: int = 0                 # torch CPU threads for the whole build (0: torch's default)
+    slice_problems: int = 0          # > 0: a slice of this many GEMM problems of each folder (a small model)
+    mlflow: bool = False             # track the build in MLflow (the [train] section's tracking settings)
+    train: TrainSettings | None = None
+    student: DistillSettings | None = None
+    static: StaticHeadSettings | None = None
+    call: CallHeadSettings | None = None
+
+
+def _tomllib():
+    try:
+        import tomllib  # Python >= 3.11
+    except ModuleNotFoundError:  # Python 3.10: the tomli backport, where installed
+        try:
+            import tomli as tomllib
+        except ModuleNotFoundError as exc:
+            raise RuntimeError("recipe: reading TOML needs Python >= 3.11 or the tomli package") from exc
+    return tomllib
+
+
+def load_recipe(path: Path) -> Recipe:
+    """The recipe at path; ValueError naming the section and key of anything it does not know or cannot use."""
+    path = Path(path)
+    text = path.read_text(encoding="utf-8")
+    try:
+        doc = _tomllib().loads(text)
+    except ValueError as exc:  # tomllib.TOMLDecodeError
+        raise ValueError(f"recipe: {path} is not valid TOML: {exc}") from exc
+    unknown = set(doc) - set(SECTIONS) - {"build"}
+    if unknown:
+        raise ValueError(f"recipe: unknown section [{sorted(unknown)[0]}] (known: build, {', '.join(SECTIONS)})")
+    build = doc.get("build", {})
+    for key, value in build.items():
+        if key not in BUILD_KEYS:
+            raise ValueError(f"recipe [build].{key}: no such setting (known: {', '.join(BUILD_KEYS)})")
+        if not isinstance(value, BUILD_KEYS[key]) or (BUILD_KEYS[key] is int and isinstance(value, bool)):
+            raise ValueError(f"recipe [build].{key}: expected {BUILD_KEYS[key].__name__}, got {value!r}")
+    if not build.get("data") or not build.get("out"):
+        raise ValueError("recipe [build]: data (a list of dataset folders) and out (the model folder) are required")
+    seed = build.get("seed", 0)
+    common = {"data": tuple(Path(p) for p in build["data"]), "out": Path(build["out"]), "seed": seed}
+    steps = {name: _section(doc, name, cls, seed) for name, cls in SECTIONS.items()}
+    if steps["train"] is None:
+        raise ValueError("recipe [train]: required (the gemm head)")
+    steps["train"] = replace(steps["train"], data=common["data"], out=common["out"])
+    return Recipe(path=path, text=text, threads=build.get("threads", 0), slice_problems=build.get("slice_problems", 0),
+                  mlflow=build.get("mlflow", False), **common, **steps)
+
+
+def _section(doc: dict[str, Any], name: str, cls: Any, seed: int) -> Any:
+    """The settings dataclass of one section (None where the recipe has no such section): its keys typed by
+    the dataclass's annotations, the build's seed."""
+    if name not in doc:
+        return None
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)} - _SET_BY_BUILD
+    given = {}
+    for key, value in doc[name].items():
+        if key not in known:
+            raise ValueError(f"recipe [{name}].{key}: no such setting"
+                             + (" ([build] sets it)" if key in _SET_BY_BUILD else ""))
+        given[key] = _typed(f"[{name}].{key}", hints[key], value)
+    return cls(**given, seed=seed)
+
+
+def _typed(where: str, hint: Any, value: Any) -> Any:
+    """A TOML value as the field's annotation wants it (widths as a tuple, a path as Path); ValueError
+    naming the key where it does not fit."""
+    if hint == tuple[int, ...]:
+        if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            raise ValueError(f"recipe {where}: expected a list of widths, got {value!r}")
+        return tuple(value)
+    simple = {int: int, float: (int, float), bool: bool, str: str}
+    want = simple.get(hint)
+    if want is not None and (not isinstance(value, want) or (hint in (int, float) and isinstance(value, bool))):
+        raise ValueError(f"recipe {where}: expected {hint.__name__}, got {value!r}")
+    return float(value) if hint is float else value
+
+
+def build_command(recipe: Recipe, out: Path | None) -> str:
+    """The one command that rebuilds the folder (the card's "Regenerate with")."""
+    return f"perfmodel build --recipe {recipe.path.as_posix()}" + (f" --out {out}" if out is not None else "")
+
+
+def run_build(path: Path, out: Path | None = None, log: Any = print) -> dict[str, Any]:
+    """Build the model folder of the recipe at path (into out, default the recipe's). Returns the folder,
+    the held-out figures and each step's wall time."""
+    recipe = load_recipe(path)
+    command = build_command(recipe, out)
+    if out is not None:
+        recipe = replace(recipe, out=Path(out), train=replace(recipe.train, out=Path(out)))
+    if recipe.threads > 0:
+        torch.set_num_threads(recipe.threads)
+    with tempfile.TemporaryDirectory(prefix="perfmodel-build-") as tmp:
+        folders, data_record, seconds = _prepare_data(recipe, Path(tmp))
+        train = replace(recipe.train, data=folders, command=command)
+        record = {"recipe": {"path": recipe.path.as_posix(), "text": recipe.text}, "command": command,
+                  "commit": code_commit(), "data": data_record, "threads": torch.get_num_threads(),
+                  "seed": recipe.seed, "steps": [step_record("data", {"slice_problems": recipe.slice_problems,
+                                                                       "kinds": list(SHARD_KINDS)}, seconds)]}
+        if not recipe.mlflow:
+            return _build(recipe, train, record, False, None, log)
+        with tracking.mlflow_run(train.tracking_uri, train.experiment, "build") as (run, logger, _):
+            res = _build(recipe, train, record, logger, run.info.run_id, log)
+            _track(train, res, run.info.run_id)
+            return res
+
+
+def _prepare_data(recipe: Recipe, tmp: Path) -> tuple[tuple[Path, ...], list[dict[str, Any]], float]:
+    """The folders the build reads (the recipe's, or slices of them in tmp) and the data record: each
+    recipe folder's hash over every shard file it has (data_sha256), and the slice taken."""
+    t0 = time.perf_counter()
+    record, folders = [], []
+    for i, folder in enumerate(recipe.data):
+        if not folder.is_dir():
+            raise FileNotFoundError(f"data: no dataset folder {folder} (recipe [build].data)")
+        rec = data_sha256(folder)
+        if recipe.slice_problems:
+            # the slice keeps the folder's name (the device it stands for: train/data.py folder_name_device)
+            folder = slice_dataset(folder, tmp / str(i) / folder.resolve().name, recipe.slice_problems,
+                                   recipe.seed, SHARD_KINDS)
+            rec["slice"] = {"problems": recipe.slice_problems, "seed": recipe.seed}
+        record.append(rec)
+        folders.append(folder)
+    return tuple(folders), record, time.perf_counter() - t0
+
+
+def _build(recipe: Recipe, train: TrainSettings, record: dict[str, Any], logger: Any, run_id: str | None,
+           log: Any) -> dict[str, Any]:
+    """The steps after the data, in order, then the folder written with the record."""
+    t_start = time.perf_counter()
+    steps = record["steps"]
+
+    def timed(name: str, settings: Any, fn: Any) -> Any:
+        t0 = time.perf_counter()
+        log(f"build: {name} ...")
+        out = fn()
+        steps.append(step_record(name, settings_record(settings) if settings is not None else {},
+                                 time.perf_counter() - t0))
+        return out
+
+    torch.manual_seed(train.seed)
+    d = timed("load", None, lambda: load_data(train))
+    bundle = timed("train", train, lambda: fit_heads(train, d, logger))
+    baselines = timed("baselines", None, lambda: fit_baselines(train, d, logger))
+    if recipe.student is not None:
+        s = recipe.student
+        timed("distill", s, lambda: add_student(bundle, d.gemm, s, log, d.split, d.problem_device))
+    if recipe.static is not None:
+        if len(d.datasets) > 1:
+            raise ValueError("recipe [static]: the static head is fitted to one device's timings (one data folder)")
+        timed("static-head", recipe.static, lambda: static_step(bundle, d.datasets[0], recipe.static, log))
+    if recipe.call is not None:
+        timed("call-head", recipe.call, lambda: call_step(bundle, d.datasets, recipe.call, log))
+    evaluation = timed("evaluate", None, lambda: evaluate_devices(bundle, d, train.seed, baselines))
+    return _write(recipe, train, d, bundle, evaluation, record, run_id, time.perf_counter() - t_start)
+
+
+def _write(recipe: Recipe, train: TrainSettings, d: TrainData, bundle: Any, evaluation: dict, record: dict[str, Any],
+           run_id: str | None, seconds: float) -> dict[str, Any]:
+    """The model folder: model_metadata, the heads' own entries (student, static, call, cuBLAS), the build
+    record; written atomically, the write itself (ONNX export, card, load check) its last step."""
+    added = {k: v for k, v in bundle.metadata.items()
+             if k.startswith(("student_", "static_", "call_", "cublas_head_"))}
+    meta = {**model_metadata(train, d, bundle, evaluation, settings_record(train), run_id, seconds), **added,
+            "build": record}
+    first = record["data"][0]  # the recipe's folder and the hash over every shard file of it
+    meta["dataset"] = {**meta["dataset"], "path": first["path"], "sha256": first["sha256"],
+                       **({"slice": first["slice"]} if "slice" in first else {})}
+    out = write_model_folder(bundle, meta, train.out, record_step="write")
+    return {"out": str(out), "metrics": evaluation["results"]["perfmodel"], "cublas": evaluation["cublas"],
+            "pad": evaluation["pad"], "run_id": run_id,
+            "steps": {s["step"]: s["seconds"] for s in bundle.metadata["build"]["steps"]}}
+
+
+def _track(train: TrainSettings, res: dict[str, Any], run_id: str) -> None:
+    """The build's settings, held-out figures and folder into its MLflow run; the folder registered."""
+    import mlflow
+
+    mlflow.log_params({k: v for k, v in settings_record(train).items() if k != "command"})
+    tracking.log_metrics({**{f"perfmodel/{k}": v for k, v in res["metrics"].items()}, **res["cublas"], **res["pad"]})
+    mlflow.log_artifacts(res["out"], "model")
+    if train.register_name:
+        res["model_version"] = tracking.register(run_id, train.register_name, train.alias)

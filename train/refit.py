@@ -1,0 +1,231 @@
+"""The steps that add a head to a model bundle in memory -- the student, the static head, the call heads, the
+cuBLAS head -- and the head-by-head refit commands (`perfmodel distill`, `static-head`, `call-head`,
+`cublas-head`) that run one of them on a model folder: load it, fit, append the step to the folder's build
+record (train/folder.py) and rewrite the folder atomically. `perfmodel build` (train/recipe.py) runs the
+same steps in order. The fitters themselves (train/static_head.py, call_head.py, cublas_head.py,
+distill.py) return (head, metrics) and write nothing."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from perfmodel import artifact
+from perfmodel.locations import default_data_dir
+
+from . import evaluate as ev
+from .call_head import CallHeadSettings, fit_call_heads
+from .cublas_head import CublasHeadSettings, check_settings, encode_rows, fit_cublas_head, model_rows
+from .data import (GemmTable, concat_gemm, joint_split, load_device_datasets, load_gemm, parse_device_fractions,
+                   subsample_training)
+from .distill import DistillSettings, fit_student_head
+from .folder import append_step, setting_value, settings_record, step_record, write_model_folder
+from .static_head import StaticHeadSettings, fit_static_head, load_static
+
+
+# ---------------------------------------------------------------- the steps (a bundle in memory)
+
+def student_step(bundle: artifact.ModelBundle, datasets: list, s: DistillSettings, log: Any = print,
+                 split: np.ndarray | None = None) -> dict[str, Any]:
+    """Fit the student of bundle's gemm head on datasets (DeviceDatasets, one per device of the model in its
+    order) and add it to bundle; returns the metadata entries added. split: the model's split of the
+    datasets' problems, concatenated (default: the joint split with the model's seed, its device_fraction's
+    left-out training problems unused)."""
+    table = concat_gemm([ds.gemm for ds in datasets])
+    device = np.concatenate([np.full(len(ds.gemm.problems), ds.device, dtype=object) for ds in datasets])
+    if split is None:
+        seed = model_seed(bundle)
+        split = subsample_training(np.concatenate(joint_split(datasets, seed)[0]), device, table.modes,
+                                   bundle.metadata.get("device_fraction") or {}, seed)
+    return add_student(bundle, table, s, log, split, device)
+
+
+def add_student(bundle: artifact.ModelBundle, table: GemmTable, s: DistillSettings, log: Any = print,
+                split: np.ndarray | None = None, problem_device: np.ndarray | None = None) -> dict[str, Any]:
+    """fit_student_head on table (split, problem_device: as it takes them), the student added to bundle
+    (heads, encoders, metadata); returns the metadata entries added."""
+    student, added = fit_student_head(bundle, table, s, log, split=split, problem_device=problem_device)
+    bundle.heads[artifact.STUDENT], bundle.encoders[artifact.STUDENT] = student, bundle.encoders["gemm"]
+    bundle.metadata = {**bundle.metadata, **added}
+    return added
+
+
+def static_step(bundle: artifact.ModelBundle, ds: Any, s: StaticHeadSettings, log: Any = print) -> dict[str, Any]:
+    """Fit the static head on ds (a DeviceDataset of the model's one device, with gemm_static parts) with the
+    model's split, and add it to bundle (static_metrics, static_settings); returns its metrics."""
+    split = joint_split([ds], model_seed(bundle))[0][0]
+    head, metrics = fit_static_head(bundle, ds.gemm, load_static(ds.folder), split, s, log)
+    bundle.heads[artifact.STATIC], bundle.encoders[artifact.STATIC] = head, bundle.encoders["gemm"]
+    bundle.metadata = {**bundle.metadata, "static_metrics": metrics, "static_settings": settings_record(s)}
+    return metrics
+
+
+def call_step(bundle: artifact.ModelBundle, datasets: list, s: CallHeadSettings, log: Any = print) -> dict[str, Any]:
+    """Fit the call heads (call, and call_static where every dataset has static rows; against the static head
+    bundle has) and add them to bundle; the model's held-out cuBLAS call becomes theirs. Returns their metrics."""
+    splits = joint_split(datasets, model_seed(bundle))[0]
+    heads, metrics = fit_call_heads(bundle, datasets, splits, s, log)
+    for name, head in heads.items():
+        bundle.heads[name], bundle.encoders[name] = head, bundle.encoders["cublas"]
+    settings = {**settings_record(s, exclude=("data",)), "data": [setting_value(ds.folder) for ds in datasets]}
+    meta = {**bundle.metadata, "call_metrics": metrics, "call_settings": settings}
+    by_device = metrics.get("by_device") or {datasets[0].device: metrics}
+    merge_cublas_metrics(meta, [ds.device for ds in datasets], {
+        dev: {"cublas/choice_accuracy": m[f"{artifact.CALL}/test/choice_accuracy"],
+              "cublas/choice_accuracy_times": m[f"{artifact.CALL}/test/choice_accuracy_times"]}
+        for dev, m in by_device.items() if f"{artifact.CALL}/test/choice_accuracy" in m})
+    bundle.metadata = meta
+    return metrics
+
+
+def cublas_step(bundle: artifact.ModelBundle, datasets: list, s: CublasHeadSettings, log: Any = print) -> dict[str, Any]:
+    """Refit bundle's cuBLAS head on every torch.mm time of datasets (the model's split, its device_fraction
+    applied), beside the head before it; the held-out GEMM problems' cuBLAS figures re-evaluated."""
+    from perfmodel.model import floor_features
+
+    check_settings(s)
+    seed = model_seed(bundle)
+    gemm_splits = joint_split(datasets, seed)[0]
+    fractions = parse_device_fractions(str(bundle.metadata.get("settings", {}).get("device_fraction") or ""))
+    rows = model_rows(datasets, gemm_splits, fractions, seed)
+    x = encode_rows(bundle, rows)
+    before = ev.head_outputs(bundle.heads["cublas"], x)[1] if "cublas" in bundle.heads else None
+    head, metrics = fit_cublas_head(x, rows, [ds.device for ds in datasets], s,
+                                    floor_features(bundle.encoders["cublas"].names, 1), log, before)
+    bundle.heads["cublas"] = head
+    saved = {**settings_record(s, exclude=("data",)), "data": [setting_value(ds.folder) for ds in datasets]}
+    meta = {**bundle.metadata, "cublas_head_metrics": metrics, "cublas_head_settings": saved}
+    merge_cublas_metrics(meta, [ds.device for ds in datasets], {
+        ds.device: gemm_test_metrics(bundle.for_device(ds.device), ds.gemm, split_)
+        for ds, split_ in zip(datasets, gemm_splits)})
+    bundle.metadata = meta
+    return metrics
+
+
+def model_seed(bundle: artifact.ModelBundle) -> int:
+    """The model's split seed (its metadata's settings.seed)."""
+    return int(bundle.metadata.get("settings", {}).get("seed", 0))
+
+
+def merge_cublas_metrics(meta: dict[str, Any], devices: list[str], got: dict[str, dict[str, float]]) -> None:
+    """Merge each device's new held-out cuBLAS figures (got) into the metadata: `cublas_metrics` takes the
+    first (the model's default) device's, `metrics_by_device[device]["cublas"]` each device's."""
+    for i, device in enumerate(devices):
+        if device not in got:
+            continue
+        if i == 0 and "cublas_metrics" in meta:
+            meta["cublas_metrics"] = {**meta["cublas_metrics"], **got[device]}
+        by = meta.get("metrics_by_device", {}).get(device)
+        if by is not None and "cublas" in by:
+            by["cublas"] = {**by["cublas"], **got[device]}
+
+
+def gemm_test_metrics(bundle: artifact.ModelBundle, table: GemmTable, split: np.ndarray) -> dict[str, float]:
+    """evaluate.cublas_metrics on the model's test GEMM problems (split == 2) of one device (the bundle
+    encoding for it; the call by the call head, if any)."""
+    test = table.subset(split == 2)
+    P, C = torch.from_numpy(test.problems[test.problem_idx]), torch.from_numpy(test.configs)
+    with torch.inference_mode():
+        pred = ev.head_outputs(bundle.heads["gemm"], bundle.encoders["gemm"].encode(P, C))[1]
+        best = np.full(len(test.problems), np.inf)
+        np.minimum.at(best, test.problem_idx, pred)
+        cx = bundle.encoders["cublas"].encode(torch.from_numpy(test.problems))
+        call = bundle.heads.get(artifact.CALL)
+        return ev.cublas_metrics(test, ev.head_outputs(bundle.heads["cublas"], cx)[1], best,
+                                 None if call is None else call.eval().score(cx).double().numpy())
+
+
+# ---------------------------------------------------------------- the refit commands (a model folder)
+
+def load_model(model: Path, threads: int) -> artifact.ModelBundle:
+    """The model folder a head is added to, with torch's CPU threads set (threads > 0)."""
+    if threads > 0:
+        torch.set_num_threads(threads)
+    return artifact.load(model)
+
+
+def model_datasets(s: Any, bundle: artifact.ModelBundle) -> list:
+    """The DeviceDatasets of s.data (s: a head's settings), one folder per device of the model in its order.
+    None gives the folders the model's metadata names where they exist (else, for a model of one device,
+    the default dataset). ValueError naming data for folders that are not one per device in that order."""
+    if s.data is None:
+        known = [Path(d["path"]) for d in bundle.metadata.get("datasets") or [] if d.get("path")]
+        if len(known) == len(bundle.devices) and all(p.is_dir() for p in known):
+            folders = known
+        elif len(bundle.devices) > 1:
+            raise ValueError(f"data: {s.model} serves {', '.join(bundle.devices)}; give one --data folder per "
+                             "device, in that order")
+        else:
+            folders = [default_data_dir()]
+    else:
+        folders = [Path(s.data)] if isinstance(s.data, (str, Path)) else [Path(p) for p in s.data]
+    datasets = load_device_datasets(folders)
+    if [ds.device for ds in datasets] != list(bundle.devices):
+        raise ValueError(f"data: {s.model} serves {', '.join(bundle.devices)}; the folders given hold "
+                         f"{', '.join(f'{ds.folder}: {ds.device}' for ds in datasets)} (one per device, in that order)")
+    return datasets
+
+
+def _rewrite(bundle: artifact.ModelBundle, s: Any, name: str, t0: float, command: str) -> None:
+    """Append the refit step to the folder's build record and rewrite the folder (atomically)."""
+    step = step_record(name, settings_record(s), time.perf_counter() - t0, refit=True,
+                       command=command or f"perfmodel {name}")
+    bundle.metadata = append_step(bundle.metadata, step)
+    write_model_folder(bundle, bundle.metadata, s.model)
+
+
+def refit_student(s: DistillSettings, log: Any = print, command: str = "") -> dict[str, Any]:
+    """`perfmodel distill`: the student of the folder s.model, on its datasets s.data (each device's, in the
+    model's order), rewritten in place."""
+    t0 = time.perf_counter()
+    bundle = load_model(s.model, 0)
+    folders = (s.data,) if isinstance(s.data, (str, Path)) else tuple(s.data)
+    if len(folders) == 1 and len(bundle.devices) == 1:  # the model's split of its one dataset
+        added = add_student(bundle, load_gemm(Path(folders[0])), s, log)
+    else:
+        datasets = load_device_datasets([Path(f) for f in folders])
+        if [ds.device for ds in datasets] != list(bundle.devices):
+            raise ValueError(f"data: this model was trained for {', '.join(bundle.devices)}; give one --data folder "
+                             f"per device in that order (got {', '.join(ds.device for ds in datasets)})")
+        added = student_step(bundle, datasets, s, log)
+    _rewrite(bundle, s, "distill", t0, command)
+    return added["student_metrics"]
+
+
+def refit_static(s: StaticHeadSettings, log: Any = print, command: str = "") -> dict[str, Any]:
+    """`perfmodel static-head`: the static head of the folder s.model (of one device), rewritten in place."""
+    t0 = time.perf_counter()
+    bundle = load_model(s.model, s.threads)
+    if len(bundle.devices) > 1:
+        raise ValueError(f"model: {s.model} serves several devices; the static head is fitted to one device's "
+                         "timings (a model of one device)")
+    metrics = static_step(bundle, load_device_datasets([Path(s.data)])[0], s, log)
+    _rewrite(bundle, s, "static-head", t0, command)
+    return metrics
+
+
+def refit_call(s: CallHeadSettings, log: Any = print, command: str = "") -> dict[str, Any]:
+    """`perfmodel call-head`: the call heads of the folder s.model, rewritten in place."""
+    t0 = time.perf_counter()
+    bundle = load_model(s.model, s.threads)
+    if "cublas" not in bundle.heads:
+        raise ValueError(f"model: {s.model} has no cuBLAS head, so it makes no cuBLAS call")
+    metrics = call_step(bundle, model_datasets(s, bundle), s, log)
+    _rewrite(bundle, s, "call-head", t0, command)
+    return metrics
+
+
+def refit_cublas(s: CublasHeadSettings, log: Any = print, command: str = "") -> dict[str, Any]:
+    """`perfmodel cublas-head`: the cuBLAS head of the folder s.model, refitted on every torch.mm time of its
+    datasets, rewritten in place."""
+    check_settings(s)
+    t0 = time.perf_counter()
+    bundle = load_model(s.model, s.threads)
+    if "cublas" not in bundle.heads:
+        raise ValueError(f"model: {s.model} has no cuBLAS head to refit")
+    metrics = cublas_step(bundle, model_datasets(s, bundle), s, log)
+    _rewrite(bundle, s, "cublas-head", t0, command)
+    return metrics
