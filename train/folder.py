@@ -326,9 +326,9 @@ def write_model_folder(bundle: ModelBundle, meta: dict[str, Any], out: Path, rec
             bundle.metadata = append_step(bundle.metadata, step_record(record_step, {"onnx": True},
                                                                        time.perf_counter() - t0))
             (tmp / METADATA).write_text(json.dumps(bundle.metadata, indent=2, sort_keys=True))
-        if "training_command" in meta or "build" in meta:
+        if ("training_command" in meta or "build" in meta) and "metrics" in meta:  # a trained and evaluated model
             (tmp / "MODEL_CARD.md").write_text(model_card(bundle.metadata))
-        elif (out / "MODEL_CARD.md").is_file():  # a folder perfmodel train did not write keeps its own card
+        elif (out / "MODEL_CARD.md").is_file():  # a folder perfmodel train/build did not write keeps its own card
             shutil.copy(out / "MODEL_CARD.md", tmp / "MODEL_CARD.md")
         load(tmp)  # refuse to ship what does not load
         _swap(tmp, out)
