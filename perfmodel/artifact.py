@@ -247,6 +247,44 @@ def _check_version(folder: Path, meta: dict[str, Any], key: str, supported: tupl
                         f"{__version__}); retrain the model with this version, or load it with the one that wrote it")
 
 
+def code_commit() -> str:
+    """`git rev-parse HEAD` of the checkout this package runs from, "unknown" outside one or without git."""
+    import subprocess
+
+    from .locations import checkout_root
+
+    root = checkout_root()
+    if root is None:
+        return "unknown"
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
+
+
+def step_record(name: str, settings: dict[str, Any], seconds: float, refit: bool = False,
+                command: str = "") -> dict[str, Any]:
+    """One step of a folder's build record (metadata "build", written by `perfmodel build`): its name,
+    settings and wall time; a refit -- a command that changes a built folder -- also its command, the code
+    commit and when it ran."""
+    import time
+
+    rec: dict[str, Any] = {"step": name, "settings": settings, "seconds": round(float(seconds), 3)}
+    if refit:
+        rec.update({"refit": True, "command": command, "commit": code_commit(),
+                    "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "package_version": __version__})
+    return rec
+
+
+def append_step(meta: dict[str, Any], step: dict[str, Any]) -> dict[str, Any]:
+    """meta with step appended to its build record (a folder written before build records: a record of
+    its refits only). Every command that rewrites a model folder appends its step (step_record)."""
+    build = dict(meta.get("build") or {"recipe": None, "steps": []})
+    build["steps"] = [*build.get("steps", []), step]
+    return {**meta, "build": build}
+
+
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

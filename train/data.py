@@ -1,7 +1,6 @@
 """Dataset loading (numpy, no pandas), the by-problem split, and the Lightning data module."""
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -271,15 +270,6 @@ def concat_gemm(tables: list[GemmTable]) -> GemmTable:
 def concat_pad(tables: list[PadTable]) -> PadTable:
     return PadTable(np.concatenate([t.pads for t in tables]), np.concatenate([t.orig_ms for t in tables]),
                     np.concatenate([t.padded_ms for t in tables]), np.concatenate([t.modes for t in tables]))
-
-
-def dataset_hash(folder: Path) -> str:
-    """sha256 over the shard files' names and bytes (the model card records it)."""
-    h = hashlib.sha256()
-    for p in sorted(Path(folder).glob("*.jsonl*")):
-        h.update(p.name.encode())
-        h.update(p.read_bytes())
-    return h.hexdigest()
 
 
 class ProblemBatches(torch.utils.data.Sampler):

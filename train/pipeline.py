@@ -22,10 +22,10 @@ from perfmodel.model import MLPConfig, PerfMLP, floor_features
 from . import evaluate as ev
 from . import tracking
 from .cublas_head import CublasHeadSettings, CublasRows, fit_cublas_head as fit_cublas_rows, folder_rows, thin_extra_rows
-from .data import (GemmTable, PadTable, concat_gemm, concat_pad, dataset_hash, load_device_datasets, joint_split,
+from .data import (GemmTable, PadTable, concat_gemm, concat_pad, load_device_datasets, joint_split,
                    parse_device_fractions, subsample_training)
 from .distill import DistillSettings
-from .folder import dataset_path, settings_record, write_model_folder
+from .folder import data_sha256, dataset_path, settings_record, write_model_folder
 from .loop import fit_ensemble, fit_lightning
 from .refit import add_student
 
@@ -294,7 +294,7 @@ def model_metadata(settings: TrainSettings, d: TrainData, bundle: artifact.Model
     results = evaluation["results"]
 
     def dataset(ds) -> dict[str, Any]:
-        return {"path": dataset_path(ds.folder), "sha256": dataset_hash(ds.folder), "device": ds.device,
+        return {"path": dataset_path(ds.folder), "sha256": data_sha256(ds.folder)["sha256"], "device": ds.device,
                 "gemm_rows": int(len(ds.gemm.ms)), "gemm_problems": int(len(ds.gemm.problems)),
                 "pad_rows": int(len(ds.pads.orig_ms))}
 
@@ -339,7 +339,7 @@ def run(settings: TrainSettings) -> dict[str, Any]:
     with tracking.mlflow_run(settings.tracking_uri, settings.experiment, "train") as (run, logger, uri):
         params = settings_record(settings)
         mlflow.log_params({k: v for k, v in params.items() if k not in ("command",)})
-        mlflow.log_param("dataset_sha256", dataset_hash(settings.data[0]))
+        mlflow.log_param("dataset_sha256", data_sha256(settings.data[0])["sha256"])
         mlflow.log_param("package_version", __version__)
         bundle = fit_heads(settings, d, logger)
         evaluation = evaluate_tracked(bundle, d, settings.seed, fit_baselines(settings, d, logger))

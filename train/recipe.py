@@ -33,11 +33,13 @@ from typing import Any
 
 import torch
 
+from perfmodel.artifact import code_commit
+
 from . import tracking
 from .call_head import CallHeadSettings
 from .data import slice_dataset
 from .distill import DistillSettings
-from .folder import SHARD_KINDS, code_commit, data_sha256, settings_record, step_record, write_model_folder
+from .folder import SHARD_KINDS, data_sha256, settings_record, step_record, write_model_folder
 from .pipeline import (TrainData, TrainSettings, evaluate_devices, fit_baselines, fit_heads, load_data,
                        model_metadata)
 from .refit import add_student, call_step, static_step
