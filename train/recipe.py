@@ -24,6 +24,7 @@ the data hashes, the threads, the seed and each step with its settings and wall 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import tempfile
 import time
 import typing
@@ -48,7 +49,7 @@ from .static_head import StaticHeadSettings
 # Recipe section -> its settings dataclass; the fields [build] sets for every step are not theirs to set.
 SECTIONS = {"train": TrainSettings, "student": DistillSettings, "static": StaticHeadSettings, "call": CallHeadSettings}
 BUILD_KEYS = {"data": list, "out": str, "seed": int, "threads": int, "slice_problems": int, "mlflow": bool}
-_SET_BY_BUILD = {"data", "out", "model", "seed", "threads", "command", "device"}
+_SET_BY_BUILD = {"data", "out", "model", "seed", "threads", "command"}
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,9 @@ def run_build(path: Path, out: Path | None = None, log: Any = print) -> dict[str
     """Build the model folder of the recipe at path (into out, default the recipe's). Returns the folder,
     the held-out figures and each step's wall time."""
     recipe = load_recipe(path)
+    if recipe.mlflow and importlib.util.find_spec("mlflow") is None:
+        raise RuntimeError("recipe [build].mlflow: tracking needs mlflow, not installed here (pip install "
+                           "'perfmodel[train]'), or set mlflow = false")
     command = build_command(recipe, out)
     if out is not None:
         recipe = replace(recipe, out=Path(out), train=replace(recipe.train, out=Path(out)))
