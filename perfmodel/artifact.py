@@ -248,7 +248,8 @@ def _check_version(folder: Path, meta: dict[str, Any], key: str, supported: tupl
 
 
 def code_commit() -> str:
-    """`git rev-parse HEAD` of the checkout this package runs from, "unknown" outside one or without git."""
+    """`git rev-parse HEAD` of the checkout this package runs from, with "-dirty" where its tracked files
+    differ from that commit; "unknown" outside a checkout or without git."""
     import subprocess
 
     from .locations import checkout_root
@@ -260,7 +261,11 @@ def code_commit() -> str:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return "unknown"
-    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
+    if out.returncode != 0 or not out.stdout.strip():
+        return "unknown"
+    status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True,
+                            text=True, timeout=30)
+    return out.stdout.strip() + ("-dirty" if status.returncode != 0 or status.stdout.strip() else "")
 
 
 def step_record(name: str, settings: dict[str, Any], seconds: float, refit: bool = False,
