@@ -33,6 +33,7 @@ from typing import Any, Iterator, Sequence
 from perfmodel.configs import inductor_default_configs
 from perfmodel.schema import GemmConfig, GemmProblem
 
+from .decisions import triton_expected_gain
 from .predictor import Predictor, _check_top_k
 from .triton_hook import kwargs_to_gemm, rank_positions
 
@@ -103,13 +104,10 @@ def decide(predictor: Predictor, prob: GemmProblem, configs: Sequence[GemmConfig
     configs: the Triton configs Inductor offers (None: Inductor's default list)."""
     cfgs = list(configs) if configs is not None else list(inductor_default_configs())
     best = rank_positions(predictor, prob, cfgs, policy.top_k) if cfgs else []
-    if not best or best[0][1] == float("inf"):
+    if not best:
         return False, [], None
     cublas = predictor.predict_cublas(prob) if predictor.has_cublas else None
-    if cublas is None:
-        return policy.triton_gain <= 0.0, best, None
-    keep = best[0][1] * (1.0 + policy.triton_gain) <= cublas if policy.triton_gain != float("inf") else False
-    return keep, best, cublas
+    return triton_expected_gain(cublas, best[0][1], policy.triton_gain), best, cublas
 
 
 def _uid(choice: Any) -> str:

@@ -160,3 +160,14 @@ def test_compile_runs_a_model_on_the_gpu():
     assert ((out.float() - ref.float()).norm() / ref.float().norm()).item() < 1e-2
     ops = {d.op for d in pc.decisions()}
     assert ops and ops <= {"mm", "addmm"}
+
+
+def test_expected_gain_rule_on_synthetic_times():
+    from perfmodel.serve.decisions import triton_expected_gain
+
+    assert triton_expected_gain(1.0, 0.9, 0.1) is True      # 0.9 x 1.1 = 0.99 <= 1.0
+    assert triton_expected_gain(1.0, 0.95, 0.1) is False    # 1.045 > 1.0
+    assert triton_expected_gain(1.0, 1.0, 0.0) is True      # as fast: kept at gain 0
+    assert triton_expected_gain(1.0, 0.1, float("inf")) is False
+    assert triton_expected_gain(1.0, float("inf"), -0.5) is False  # an unrunnable best is never kept
+    assert triton_expected_gain(None, 0.5, 0.0) is True and triton_expected_gain(None, 0.5, 0.1) is False
