@@ -117,8 +117,9 @@ def _uid(choice: Any) -> str:
 def filter_choices(choices: list, op_name: str, keep_triton: bool, positions: Sequence[int], policy: Policy) -> list:
     """The KernelTemplateChoices of one _finalize_template_configs call that the set-up keeps: the triton::mm
     choices at `positions` (among this call's triton::mm choices) when keep_triton and the op is ranked;
-    default mode's aten choice, unless this call keeps Triton without keep_aten; nothing else (decompose-k,
-    TMA/persistent and contiguous-subgraph templates, aten::bias_addmm, other ops' Triton templates).
+    default mode's aten choice (DEFAULT_ATEN: aten::bias_addmm over aten::addmm), unless this call keeps Triton
+    without keep_aten; nothing else (decompose-k, TMA/persistent and contiguous-subgraph templates, the other
+    aten variants, other ops' Triton templates).
     Never returns an empty list from a non-empty one: then Inductor's choices are left as they are."""
     uids = [_uid(c) for c in choices]
     preferred = DEFAULT_ATEN.get(op_name)
