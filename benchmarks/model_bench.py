@@ -549,6 +549,54 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+_ATEN_NAMES = ("mm", "addmm", "bias_addmm")
+
+
+def calls_report(results: dict[str, Any], stock: str = "max-autotune", ours: str = "perfmodel") -> str:
+    """The model's cuBLAS-or-Triton call judged on Inductor's own in-graph benchmark: for every mm/addmm shape
+    that stock max-autotune benchmarked (its feedback-saver timings), the best aten and the best Triton
+    template time beside the model's predicted cuBLAS and best Triton times (from `ours`'s decisions)."""
+    lines = ["| workload | op m x k x n dtype | Inductor: aten ms / best Triton ms | model: cuBLAS / Triton ms | "
+             "call | time of the model's side / the faster |", "|---|---|---|---|---|---|"]
+    agree, total, cost = 0, 0, []
+    for name, r in results.get("workloads", {}).items():
+        vs = r.get("variants", {})
+        preds = {}
+        for d in vs.get(ours, {}).get("decisions", []):
+            p = d["problem"]
+            preds[(d["op"], p["m"], p["k"], p["n"])] = d
+        seen = set()
+        for o in vs.get(stock, {}).get("autotuned_ops", []):
+            if o.get("op") not in RANKED_OPS_REPORT or "ms" not in o:
+                continue
+            a, b = o["inputs"][-2][0], o["inputs"][-1][0]
+            key = (o["op"], a[0], a[1], b[1])
+            if key in seen or key not in preds:
+                continue
+            seen.add(key)
+            aten = min((t for k, t in o["ms"].items() if k.split(" ")[0] in _ATEN_NAMES), default=None)
+            tri = min((t for k, t in o["ms"].items() if k.startswith("triton_mm")), default=None)
+            d = preds[key]
+            if aten is None or tri is None or d["cublas_ms"] is None or d["triton_ms"] is None:
+                continue
+            model_triton = d["triton_ms"] < d["cublas_ms"]
+            right = model_triton == (tri < aten)
+            agree += right
+            total += 1
+            cost.append((tri if model_triton else aten) / min(tri, aten))
+            lines.append(f"| {name} | {o['op']} {key[1]}x{key[2]}x{key[3]} {o['inputs'][-1][2].replace('torch.', '')} | "
+                         f"{aten:.4f} / {tri:.4f} | {d['cublas_ms']:.4f} / {d['triton_ms']:.4f} | "
+                         f"{'Triton' if model_triton else 'cuBLAS'} ({'right' if right else 'wrong'}) | "
+                         f"{cost[-1]:.3f} |")
+    if total:
+        lines += ["", f"The model's call agrees with Inductor's benchmark on {agree} of {total} GEMM shapes; its side "
+                      f"runs {geomean(cost):.4f}x the faster one (geomean; worst {max(cost):.3f}x)."]
+    return "\n".join(lines)
+
+
+RANKED_OPS_REPORT = ("mm", "addmm")
+
+
 def _merge(results: dict[str, Any], out: dict[str, Any], err: str | None) -> dict[str, Any]:
     """Merge one worker's result (a workload's variants) into results; the merged workload entry."""
     wl = next(w for w in WORKLOADS if w.name == out["workload"])
@@ -573,6 +621,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--min-left", type=float, default=None,
                     help="start a workload only with this many seconds left (default 200 with max-autotune, else 90)")
     ap.add_argument("--force", action="store_true", help="re-run (workload, variant) pairs already in --out")
+    ap.add_argument("--report-calls", action="store_true",
+                    help="CPU: print the model's cuBLAS-or-Triton calls against Inductor's own benchmark in --out")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--res", type=Path, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -582,6 +632,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--variants: unknown {bad}; choose from {', '.join(VARIANTS)}")
     if args.worker:
         _worker(args.worker, variants, args.model, args.res)
+        return 0
+    if args.report_calls:
+        print(calls_report(json.loads(args.out.read_text())))
         return 0
     wanted = WORKLOADS
     if args.workloads:
