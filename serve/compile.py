@@ -260,8 +260,6 @@ def compile(model: Any, *, predictor: Predictor | None = None, policy: Policy | 
             options: dict[str, Any] | None = None, **compile_kwargs: Any) -> Any:
     """torch.compile(model) with the set-up: OPTIONS (plus `options`), the choices handler and the pad
     decision active whenever the returned callable compiles (its first call, and any recompile)."""
-    import functools
-
     import torch
 
     if "mode" in compile_kwargs:
@@ -273,15 +271,22 @@ def compile(model: Any, *, predictor: Predictor | None = None, policy: Policy | 
         raise ValueError(f"options: this torch's Inductor has no {unknown}")
     compiled = torch.compile(model, options=opts, **compile_kwargs)
     pred = predictor if predictor is not None else Predictor.load()
-    pol = policy or Policy()
+    return CompiledModel(compiled, pred, policy or Policy(), pad)
 
-    @functools.wraps(compiled)
-    def run(*args: Any, **kwargs: Any) -> Any:
-        with recommended(pred, policy=pol, pad=pad):
-            return compiled(*args, **kwargs)
 
-    run._orig_mod = getattr(compiled, "_orig_mod", model)  # type: ignore[attr-defined]
-    return run
+class CompiledModel:
+    """What compile() returns: calls the torch.compile'd model inside recommended() (so that every compile and
+    recompile gets the set-up), and passes any other attribute to it (eval(), parameters(), _orig_mod, ...)."""
+
+    def __init__(self, compiled: Any, predictor: Predictor, policy: Policy, pad: bool) -> None:
+        self.__dict__.update(_compiled=compiled, _predictor=predictor, _policy=policy, _pad=pad)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with recommended(self._predictor, policy=self._policy, pad=self._pad):
+            return self._compiled(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["_compiled"], name)
 
 
 def decisions() -> list[GemmDecision]:
