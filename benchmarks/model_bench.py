@@ -36,7 +36,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import traceback
 from dataclasses import dataclass
@@ -328,7 +327,7 @@ def _run_variant(variant: str, wl: Workload, module: Any, inputs: tuple, fwd: Ca
 
     fresh = getattr(ind_utils, "fresh_cache", None) or getattr(ind_utils, "fresh_inductor_cache")
     _reset()
-    row: dict[str, Any] = {"variant": variant}
+    row: dict[str, Any] = {"variant": variant, "run": os.environ.get("MODEL_BENCH_RUN", "?")}
     params = [p for p in module.parameters() if p.requires_grad] if wl.train else []
     grad_param = params[0] if params else None
     if variant.startswith("perfmodel"):
@@ -475,17 +474,50 @@ def geomean(xs: list[float]) -> float:
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
 
 
+def _best(vs: dict[str, Any], base: str, key: str) -> float | None:
+    """The lowest `key` among a workload's rows of variant `base`, its repeats ("default@2") included."""
+    xs = [x[key] for v, x in vs.items() if _base(v) == base and key in x]
+    return min(xs) if xs else None
+
+
+def ratios(results: dict[str, Any]) -> dict[str, dict[str, tuple[float, float]]]:
+    """{our variant: {workload: (step ratio, compile ratio)}}: the fastest default / max-autotune step of any
+    run of the workload over ours (> 1: ours faster), and our compile over the fastest default-mode compile --
+    the comparison least kind to us. Workloads missing a baseline or the variant are left out."""
+    out: dict[str, dict[str, tuple[float, float]]] = {}
+    for name, r in results.get("workloads", {}).items():
+        vs = r.get("variants", {})
+        base = [b for b in (_best(vs, v, "step_ms") for v in BASELINES) if b is not None]
+        default_compile = _best(vs, "default", "compile_s")
+        if len(base) < len(BASELINES) or not default_compile:
+            continue
+        for v, x in vs.items():
+            if _base(v) not in BASELINES and "@" not in v and "step_ms" in x:
+                out.setdefault(v, {})[name] = (min(base) / x["step_ms"], x["compile_s"] / default_compile)
+    return out
+
+
+def headline(results: dict[str, Any], variant: str = "perfmodel") -> tuple[float, float, float, float]:
+    """(step ratio geomean, worst; compile ratio geomean, worst) of a variant over the workloads (ratios())."""
+    rs = list(ratios(results).get(variant, {}).values())
+    sp, cp = [a for a, _ in rs], [b for _, b in rs]
+    return geomean(sp), min(sp), geomean(cp), max(cp)
+
+
 def markdown(results: dict[str, Any]) -> str:
+    """The results table. Our variants are compared with the fastest baseline row of any run of the workload
+    (repeats and earlier runs included) and the fastest default-mode compile: the comparison least kind to us."""
     rows = results.get("workloads", {})
     variants = [v for v in VARIANTS if any(v in r.get("variants", {}) for r in rows.values())]
     ours = [v for v in variants if v not in BASELINES]
     head = "| workload | " + " | ".join(f"{v}: step ms / compile s" for v in variants)
     head += "".join(f" | {v}: step vs best baseline, compile vs default" for v in ours)
     lines = [f"Device: {results.get('device', '?')}; torch {results.get('torch', '?')}. Step = median GPU time "
-             f"of {TIMED_RUNS} CUDA-graph replays, L2 flushed; compile = the first call's wall time. "
-             "held out = no perfmodel rule was tuned on it.", "", head + " |",
-             "|---|" + "---|" * (len(variants) + len(ours))]
-    ratios: dict[str, list[tuple[float, float]]] = {v: [] for v in ours}
+             f"of {TIMED_RUNS} CUDA-graph replays, L2 flushed; compile = the first call's wall time. Ratios: "
+             "the fastest default / max-autotune step of any run of the workload over ours (> 1: ours faster), "
+             "our compile over the fastest default-mode compile. held out = no perfmodel rule was tuned on it.",
+             "", head + " |", "|---|" + "---|" * (len(variants) + len(ours))]
+    rat = ratios(results)
     for name, r in rows.items():
         vs = r.get("variants", {})
         cells = []
@@ -495,31 +527,88 @@ def markdown(results: dict[str, Any]) -> str:
                 cells.append(f"{x['step_ms']:.3f} / {x['compile_s']:.1f}" + ("" if x.get("ok") else " (output off)"))
             else:
                 cells.append("error" if "error" in x else "-")
-        base = [vs[b]["step_ms"] for b in BASELINES if "step_ms" in vs.get(b, {})]
         for v in ours:
-            x = vs.get(v, {})
-            if "step_ms" in x and len(base) == len(BASELINES) and "compile_s" in vs.get("default", {}):
-                sp, cp = min(base) / x["step_ms"], x["compile_s"] / vs["default"]["compile_s"]
-                ratios[v].append((sp, cp))
-                cells.append(f"{sp:.3f} / {cp:.2f}x")
-            else:
-                cells.append("-")
+            sp_cp = rat.get(v, {}).get(name)
+            cells.append(f"{sp_cp[0]:.3f} / {sp_cp[1]:.2f}x" if sp_cp else "-")
         tag = "" if r.get("tuned") else " (held out)"
         lines.append(f"| {name}{tag} | " + " | ".join(cells) + " |")
     lines.append("")
     for v in ours:
-        if ratios[v]:
-            sp, cp = [a for a, _ in ratios[v]], [b for _, b in ratios[v]]
-            lines.append(f"- {v}: step time vs the better of default and max-autotune, geomean {geomean(sp):.3f} "
-                         f"(worst {min(sp):.3f}); compile vs default geomean {geomean(cp):.2f}x (worst "
-                         f"{max(cp):.2f}x), over {len(sp)} workloads")
-    lines += ["", "| workload | variant | compile s | GEMM tuning s | other tuning s | rest s |", "|---|---|---|---|---|---|"]
+        if rat.get(v):
+            g, w, gc, wc = headline(results, v)
+            lines.append(f"- {v}: step time vs the better of default and max-autotune, geomean {g:.3f} "
+                         f"(worst {w:.3f}); compile vs default geomean {gc:.2f}x (worst {wc:.2f}x), over "
+                         f"{len(rat[v])} workloads")
+    lines += ["", "| workload | variant | run | step, compile s | GEMM tuning s | other tuning s | rest s |",
+              "|---|---|---|---|---|---|---|"]
     for name, r in rows.items():
         for v, x in r.get("variants", {}).items():
             if "compile_s" in x:
-                lines.append(f"| {name} | {v} | {x['compile_s']:.1f} | {x['gemm_tuning_s']:.1f} | "
-                             f"{x['other_tuning_s']:.1f} | {x['rest_s']:.1f} |")
+                lines.append(f"| {name} | {v} | {x.get('run', '?')} | {x['step_ms']:.3f} ms, {x['compile_s']:.1f} | "
+                             f"{x['gemm_tuning_s']:.1f} | {x['other_tuning_s']:.1f} | {x['rest_s']:.1f} |")
     return "\n".join(lines)
+
+
+_ATEN_NAMES = ("mm", "addmm", "bias_addmm")
+
+
+def calls_report(results: dict[str, Any], stock: str = "max-autotune", ours: str = "perfmodel") -> str:
+    """The model's cuBLAS-or-Triton call judged on Inductor's own in-graph benchmark: for every mm/addmm shape
+    that stock max-autotune benchmarked (its feedback-saver timings), the best aten and the best Triton
+    template time beside the model's predicted cuBLAS and best Triton times (from `ours`'s decisions)."""
+    lines = ["| workload | op m x k x n dtype | Inductor: aten ms / best Triton ms | model: cuBLAS / Triton ms | "
+             "call | time of the model's side / the faster |", "|---|---|---|---|---|---|"]
+    agree, total, cost = 0, 0, []
+    for name, r in results.get("workloads", {}).items():
+        vs = r.get("variants", {})
+        preds = {}
+        for d in vs.get(ours, {}).get("decisions", []):
+            p = d["problem"]
+            preds[(d["op"], p["m"], p["k"], p["n"])] = d
+        seen = set()
+        for o in vs.get(stock, {}).get("autotuned_ops", []):
+            if o.get("op") not in RANKED_OPS_REPORT or "ms" not in o:
+                continue
+            a, b = o["inputs"][-2][0], o["inputs"][-1][0]
+            key = (o["op"], a[0], a[1], b[1])
+            if key in seen or key not in preds:
+                continue
+            seen.add(key)
+            aten = min((t for k, t in o["ms"].items() if k.split(" ")[0] in _ATEN_NAMES), default=None)
+            tri = min((t for k, t in o["ms"].items() if k.startswith("triton_mm")), default=None)
+            d = preds[key]
+            if aten is None or tri is None or d["cublas_ms"] is None or d["triton_ms"] is None:
+                continue
+            model_triton = d["triton_ms"] < d["cublas_ms"]
+            right = model_triton == (tri < aten)
+            agree += right
+            total += 1
+            cost.append((tri if model_triton else aten) / min(tri, aten))
+            lines.append(f"| {name} | {o['op']} {key[1]}x{key[2]}x{key[3]} {o['inputs'][-1][2].replace('torch.', '')} | "
+                         f"{aten:.4f} / {tri:.4f} | {d['cublas_ms']:.4f} / {d['triton_ms']:.4f} | "
+                         f"{'Triton' if model_triton else 'cuBLAS'} ({'right' if right else 'wrong'}) | "
+                         f"{cost[-1]:.3f} |")
+    if total:
+        lines += ["", f"The model's call agrees with Inductor's benchmark on {agree} of {total} GEMM shapes; its side "
+                      f"runs {geomean(cost):.4f}x the faster one (geomean; worst {max(cost):.3f}x)."]
+    return "\n".join(lines)
+
+
+RANKED_OPS_REPORT = ("mm", "addmm")
+
+
+def _merge(results: dict[str, Any], out: dict[str, Any], err: str | None) -> dict[str, Any]:
+    """Merge one worker's result (a workload's variants) into results; the merged workload entry."""
+    wl = next(w for w in WORKLOADS if w.name == out["workload"])
+    prev = results["workloads"].get(wl.name, {})
+    entry = {**prev, **{k: v for k, v in out.items() if k not in ("variants", "workload")},
+             "variants": {**prev.get("variants", {}), **out.get("variants", {})},
+             "tuned": wl.tuned, "dtype": wl.dtype, "train": wl.train}
+    if err:
+        entry["error"] = err
+        print(f"[model_bench]   {err[-600:]}", flush=True)
+    results["workloads"][wl.name] = entry
+    return entry
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -532,6 +621,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--min-left", type=float, default=None,
                     help="start a workload only with this many seconds left (default 200 with max-autotune, else 90)")
     ap.add_argument("--force", action="store_true", help="re-run (workload, variant) pairs already in --out")
+    ap.add_argument("--report-calls", action="store_true",
+                    help="CPU: print the model's cuBLAS-or-Triton calls against Inductor's own benchmark in --out")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--res", type=Path, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -541,6 +632,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--variants: unknown {bad}; choose from {', '.join(VARIANTS)}")
     if args.worker:
         _worker(args.worker, variants, args.model, args.res)
+        return 0
+    if args.report_calls:
+        print(calls_report(json.loads(args.out.read_text())))
         return 0
     wanted = WORKLOADS
     if args.workloads:
@@ -559,6 +653,13 @@ def main(argv: list[str] | None = None) -> int:
 
     results["triton"] = triton.__version__
     min_left = args.min_left if args.min_left is not None else (200.0 if "max-autotune" in variants else 90.0)
+    # The worker writes its variants here as it goes: a run killed mid-workload (a device call's limit) leaves
+    # them beside --out, and the next run merges them first.
+    os.environ.setdefault("MODEL_BENCH_RUN", time.strftime("%Y-%m-%d %H:%M:%S"))  # labels this run's rows
+    partial = args.out.with_suffix(".partial.json")
+    if partial.is_file():
+        _merge(results, json.loads(partial.read_text()), None)
+        partial.unlink()
     t_start = time.perf_counter()
     for wl in wanted:
         prev = results["workloads"].get(wl.name, {})
@@ -569,33 +670,26 @@ def main(argv: list[str] | None = None) -> int:
         if left < min_left:
             print(f"[model_bench] {left:.0f} s left: {wl.name} and later workloads are left for the next run")
             break
-        with tempfile.TemporaryDirectory() as tmp:
-            res = Path(tmp) / "res.json"
-            cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", wl.name, "--variants", ",".join(todo),
-                   "--res", str(res)] + (["--model", args.model] if args.model else [])
-            t0 = time.perf_counter()
-            print(f"[model_bench] {wl.name}: {', '.join(todo)}", flush=True)
-            try:
-                r = subprocess.run(cmd, capture_output=True, text=True, timeout=max(left, 30.0))
-                err = None if r.returncode == 0 else f"worker exited {r.returncode}: {r.stderr[-3000:]}"
-            except subprocess.TimeoutExpired:
-                err = f"timed out after {left:.0f} s"
-            out = json.loads(res.read_text()) if res.is_file() else {"variants": {}}
-        merged = {**prev.get("variants", {}), **out.get("variants", {})}
-        entry = {**prev, **{k: v for k, v in out.items() if k != "variants"}, "variants": merged,
-                 "tuned": wl.tuned, "dtype": wl.dtype, "train": wl.train,
-                 "process_s": time.perf_counter() - t0}
-        if err:
-            entry["error"] = err
-            print(f"[model_bench]   {err[-600:]}", flush=True)
-        results["workloads"][wl.name] = entry
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", wl.name, "--variants", ",".join(todo),
+               "--res", str(partial)] + (["--model", args.model] if args.model else [])
+        t0 = time.perf_counter()
+        print(f"[model_bench] {wl.name}: {', '.join(todo)}", flush=True)
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=max(left, 30.0))
+            err = None if r.returncode == 0 else f"worker exited {r.returncode}: {r.stderr[-3000:]}"
+        except subprocess.TimeoutExpired:
+            err = f"timed out after {left:.0f} s"
+        out = json.loads(partial.read_text()) if partial.is_file() else {"workload": wl.name, "variants": {}}
+        partial.unlink(missing_ok=True)
+        entry = _merge(results, out, err)
+        entry["process_s"] = time.perf_counter() - t0
         for v in todo:
-            x = merged.get(v, {})
+            x = entry["variants"].get(v, {})
             print(f"[model_bench]   {v}: " + (f"step {x['step_ms']:.3f} ms, compile {x['compile_s']:.1f} s "
                                              f"(GEMM {x['gemm_tuning_s']:.1f}, other {x['other_tuning_s']:.1f}), "
                                              f"rel err {x['rel_err']:.2e}" if "step_ms" in x
                                              else x.get("error", "missing")[:300]), flush=True)
-        args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(results, indent=1))
     text = markdown(results)
     args.out.with_suffix(".md").write_text(text + "\n")

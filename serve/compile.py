@@ -33,6 +33,7 @@ from typing import Any, Iterator, Sequence
 from perfmodel.configs import inductor_default_configs
 from perfmodel.schema import GemmConfig, GemmProblem
 
+from .decisions import triton_expected_gain
 from .predictor import Predictor, _check_top_k
 from .triton_hook import kwargs_to_gemm, rank_positions
 
@@ -103,13 +104,10 @@ def decide(predictor: Predictor, prob: GemmProblem, configs: Sequence[GemmConfig
     configs: the Triton configs Inductor offers (None: Inductor's default list)."""
     cfgs = list(configs) if configs is not None else list(inductor_default_configs())
     best = rank_positions(predictor, prob, cfgs, policy.top_k) if cfgs else []
-    if not best or best[0][1] == float("inf"):
+    if not best:
         return False, [], None
     cublas = predictor.predict_cublas(prob) if predictor.has_cublas else None
-    if cublas is None:
-        return policy.triton_gain <= 0.0, best, None
-    keep = best[0][1] * (1.0 + policy.triton_gain) <= cublas if policy.triton_gain != float("inf") else False
-    return keep, best, cublas
+    return triton_expected_gain(cublas, best[0][1], policy.triton_gain), best, cublas
 
 
 def _uid(choice: Any) -> str:
@@ -119,8 +117,9 @@ def _uid(choice: Any) -> str:
 def filter_choices(choices: list, op_name: str, keep_triton: bool, positions: Sequence[int], policy: Policy) -> list:
     """The KernelTemplateChoices of one _finalize_template_configs call that the set-up keeps: the triton::mm
     choices at `positions` (among this call's triton::mm choices) when keep_triton and the op is ranked;
-    default mode's aten choice, unless this call keeps Triton without keep_aten; nothing else (decompose-k,
-    TMA/persistent and contiguous-subgraph templates, aten::bias_addmm, other ops' Triton templates).
+    default mode's aten choice (DEFAULT_ATEN: aten::bias_addmm over aten::addmm), unless this call keeps Triton
+    without keep_aten; nothing else (decompose-k, TMA/persistent and contiguous-subgraph templates, the other
+    aten variants, other ops' Triton templates).
     Never returns an empty list from a non-empty one: then Inductor's choices are left as they are."""
     uids = [_uid(c) for c in choices]
     preferred = DEFAULT_ATEN.get(op_name)
@@ -261,8 +260,6 @@ def compile(model: Any, *, predictor: Predictor | None = None, policy: Policy | 
             options: dict[str, Any] | None = None, **compile_kwargs: Any) -> Any:
     """torch.compile(model) with the set-up: OPTIONS (plus `options`), the choices handler and the pad
     decision active whenever the returned callable compiles (its first call, and any recompile)."""
-    import functools
-
     import torch
 
     if "mode" in compile_kwargs:
@@ -274,15 +271,22 @@ def compile(model: Any, *, predictor: Predictor | None = None, policy: Policy | 
         raise ValueError(f"options: this torch's Inductor has no {unknown}")
     compiled = torch.compile(model, options=opts, **compile_kwargs)
     pred = predictor if predictor is not None else Predictor.load()
-    pol = policy or Policy()
+    return CompiledModel(compiled, pred, policy or Policy(), pad)
 
-    @functools.wraps(compiled)
-    def run(*args: Any, **kwargs: Any) -> Any:
-        with recommended(pred, policy=pol, pad=pad):
-            return compiled(*args, **kwargs)
 
-    run._orig_mod = getattr(compiled, "_orig_mod", model)  # type: ignore[attr-defined]
-    return run
+class CompiledModel:
+    """What compile() returns: calls the torch.compile'd model inside recommended() (so that every compile and
+    recompile gets the set-up), and passes any other attribute to it (eval(), parameters(), _orig_mod, ...)."""
+
+    def __init__(self, compiled: Any, predictor: Predictor, policy: Policy, pad: bool) -> None:
+        self.__dict__.update(_compiled=compiled, _predictor=predictor, _policy=policy, _pad=pad)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with recommended(self._predictor, policy=self._policy, pad=self._pad):
+            return self._compiled(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["_compiled"], name)
 
 
 def decisions() -> list[GemmDecision]:

@@ -14,6 +14,9 @@ on its own. Two cuBLAS rules live here, for two questions:
   config among those Inductor offers -- with a margin tuned for compile time against kernel time
   (benchmarks/cublas_margin.py). It never asks the call head: margin 0 is the times' call, not the call
   head's.
+- the whole-model set-up's trade (`triton_expected_gain`, perfmodel.serve.compile): keep Triton beside
+  default mode's aten kernel only where the best ranked config is predicted at least `gain` faster than
+  cuBLAS; elsewhere the GEMM lowers as default mode lowers it, with no benchmark.
 
 Imports neither Lightning, nor MLflow, nor pandas.
 """
@@ -29,7 +32,7 @@ if TYPE_CHECKING:  # the Predictor calls this module: no import cycle at run tim
     from .predictor import Predictor
 
 __all__ = ["CUBLAS_MARGIN", "PAD_TRITON_MARGIN", "cublas_preferred", "hook_pad_decision", "kept_positions", "pad_copy_floor_ms",
-           "pad_decision", "padded_path_ms", "triton_dropped", "unpadded_triton_instead"]
+           "pad_decision", "padded_path_ms", "triton_dropped", "triton_expected_gain", "unpadded_triton_instead"]
 
 # install()'s default cublas_margin: keep the Triton mm choices only where the model's best config is
 # predicted more than 5 % faster than cuBLAS. benchmarks/cublas_margin.py on the 173 held-out problems:
@@ -73,6 +76,17 @@ def triton_dropped(cublas_ms: float, best_triton_ms: float, margin: float | None
     x (1 + margin) is below the best ranked (offered) config's; never with margin None. Predicted times
     only (not the call head: see the module docstring)."""
     return margin is not None and cublas_ms * (1.0 + margin) < best_triton_ms
+
+
+def triton_expected_gain(cublas_ms: float | None, best_triton_ms: float, gain: float) -> bool:
+    """The whole-model set-up's rule (perfmodel.serve.compile.Policy.triton_gain): keep Triton where the
+    best ranked config's predicted time x (1 + gain) is at most cuBLAS's; never with gain inf, never for an
+    unrunnable best (inf). Without a cuBLAS head (cublas_ms None) Triton is kept only for gain <= 0."""
+    if math.isinf(gain) or math.isinf(best_triton_ms):
+        return False
+    if cublas_ms is None:
+        return gain <= 0.0
+    return best_triton_ms * (1.0 + gain) <= cublas_ms
 
 
 def kept_positions(order: Sequence[tuple[int, float]]) -> list[int]:

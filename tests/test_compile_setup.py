@@ -160,3 +160,37 @@ def test_compile_runs_a_model_on_the_gpu():
     assert ((out.float() - ref.float()).norm() / ref.float().norm()).item() < 1e-2
     ops = {d.op for d in pc.decisions()}
     assert ops and ops <= {"mm", "addmm"}
+
+
+def test_expected_gain_rule_on_synthetic_times():
+    from perfmodel.serve.decisions import triton_expected_gain
+
+    assert triton_expected_gain(1.0, 0.9, 0.1) is True      # 0.9 x 1.1 = 0.99 <= 1.0
+    assert triton_expected_gain(1.0, 0.95, 0.1) is False    # 1.045 > 1.0
+    assert triton_expected_gain(1.0, 1.0, 0.0) is True      # as fast: kept at gain 0
+    assert triton_expected_gain(1.0, 0.1, float("inf")) is False
+    assert triton_expected_gain(1.0, float("inf"), -0.5) is False  # an unrunnable best is never kept
+    assert triton_expected_gain(None, 0.5, 0.0) is True and triton_expected_gain(None, 0.5, 0.1) is False
+
+
+@pytest.mark.slow
+def test_compile_runs_through_inductor_on_the_cpu(tmp_path, monkeypatch):
+    """The set-up end to end on the CPU: real Inductor lowering, real MMKernelInputs reaching the handler (the
+    private API it relies on), aten kernels (no Triton template runs on the CPU), outputs equal to eager."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    torch._dynamo.reset()
+    model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.ReLU(), torch.nn.Linear(96, 32)).eval()
+    x = torch.randn(48, 64)
+    pc.reset()
+    compiled = pc.compile(model)
+    assert compiled.training is False and compiled._orig_mod is model  # attributes pass through
+    with torch.no_grad():
+        out = compiled(x)
+        ref = model(x)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+    ds = pc.decisions()
+    assert ds, "the handler saw no mm/addmm"
+    shapes = {(d.problem["m"], d.problem["k"], d.problem["n"]) for d in ds}
+    assert shapes <= {(48, 64, 96), (48, 96, 32)} and all(d.problem["dtype"] == "float32" for d in ds)
+    assert not any(d.triton for d in ds)  # no Triton template is offered on the CPU
+    torch._dynamo.reset()

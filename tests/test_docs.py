@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from pathlib import Path
 from typing import Callable
 
@@ -157,9 +158,22 @@ def _h200() -> list[float]:
     return [m["results"][f"{d}/top1_eff"] for d in MODES] + [m["pad"]["pad/total_vs_oracle"]]
 
 
+def _whole_models() -> list[float]:
+    """benchmarks/model_bench.py's headline for perfmodel.serve.compile on the H100: step ratio geomean, worst;
+    compile ratio geomean, worst (the script's own ratios(), against the fastest baseline of any run)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("model_bench", ROOT / "benchmarks" / "model_bench.py")
+    mb = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("model_bench", mb)  # its dataclasses look their module up there
+    spec.loader.exec_module(mb)
+    return list(mb.headline(_json("benchmarks/results/model_bench_h100.json"), "perfmodel"))
+
+
 # Row key (a row's first cell, or the name of the <!-- marker --> it starts with) -> its bold figures,
 # recomputed, in the order printed. A key matches the rows whose key starts with it.
 RESULTS: dict[str, Callable[[], list[float]]] = {
+    "whole-models": _whole_models,
     "config ranking, top-1 efficiency": lambda: [_meta("h100")["metrics"][f"{d}/top1_eff"] for d in MODES],
     "config ranking, top-5 efficiency": lambda: [_meta("h100")["metrics"][f"{d}/top5_eff"] for d in MODES],
     "pad decisions, total time / the oracle's": lambda: [_meta("h100")["pad_metrics"]["pad/total_vs_oracle"]],

@@ -78,6 +78,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                         "device's first (later devices' held-out problems follow its split). The shard headers name "
                         "each folder's device: a model that knows it predicts for it, another (zero-shot) for its "
                         "default device, as it serves an unknown GPU")
+    e.add_argument("--split", choices=("problem", "family"), default=None,
+                   help="the held-out split: by problem, or by family (whole weight shapes held out: every token "
+                        "count of a held-out layer unseen; train/families.py); default: the one the model was "
+                        "trained on (its metadata's settings.split)")
     e.add_argument("--json", action="store_true")
     e.add_argument("--plots", type=Path, default=None, metavar="DIR",
                    help="also write the held-out plots (PNG, needs matplotlib) into DIR")

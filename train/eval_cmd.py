@@ -12,16 +12,19 @@ from perfmodel import artifact
 from perfmodel.locations import default_data_dir
 
 from . import evaluate as ev
+from .regret import format_regret
 
 
 def evaluate_datasets(bundle: artifact.ModelBundle, datasets: list, plots=None, full_space: bool = True,
-                      seed: int | None = None) -> list[dict]:
+                      seed: int | None = None, split: str | None = None) -> list[dict]:
     """evaluate_bundle on each dataset (train/data.py DeviceDataset), on its test problems of the joint
     split of the datasets in the order given (joint_split: give the model's default device's first, as
     training did). Each predicts for the data's device when the model was trained for it, else
     (zero-shot) for the model's default device, as Predictor.load does for a GPU the model does not know.
-    Each result has "device": {"data", "predicted_for", "zero_shot"}."""
-    from .data import joint_split
+    Each result has "device": {"data", "predicted_for", "zero_shot"}, "split" (train/heldout.py
+    choose_split: which split, None for the model's own, and whether the model trained on it) and
+    "regret" (the rank path's regret distribution, train/regret.py)."""
+    from .heldout import choose_split, rank_path_regret
 
     if seed is None:
         seed = int(bundle.metadata.get("settings", {}).get("seed", 0))
@@ -30,7 +33,7 @@ def evaluate_datasets(bundle: artifact.ModelBundle, datasets: list, plots=None, 
     if later_known and datasets[0].device != default:
         raise ValueError(f"data: the held-out problems of {', '.join(later_known)} follow the split of the model's "
                          f"default device {default}: give its dataset first (--data <{default} folder> --data ...)")
-    gemm_splits, pad_splits = joint_split(datasets, seed)
+    gemm_splits, pad_splits, split_info = choose_split(bundle, datasets, split, seed)
     out = []
     for ds, gs, ps in zip(datasets, gemm_splits, pad_splits):
         known = ds.device in bundle.devices
@@ -39,6 +42,10 @@ def evaluate_datasets(bundle: artifact.ModelBundle, datasets: list, plots=None, 
                                  full_space=full_space, seed=seed, split=gs, pad_split=ps)
         res["device"] = {"data": ds.device, "predicted_for": target, "zero_shot": not known,
                          "folder": ds.folder.name}
+        res["split"] = split_info
+        if split_info["contaminated"]:  # the training run's baseline figures are of the model's own split
+            res["results"] = {k: v for k, v in res["results"].items() if not k.endswith("(training run)")}
+        res["regret"] = rank_path_regret(bundle.for_device(target), ds.gemm.subset(gs == 2))
         static = static_results(bundle, ds, gs) if known and ds.device == default else None
         if static:
             res["static"] = static
@@ -72,7 +79,7 @@ def run_eval(args: argparse.Namespace) -> int:
         raise ValueError(f"data: {datasets[0].folder} is {datasets[0].device}'s; its held-out problems follow the "
                          f"split of the model's default device {bundle.devices[0]}: give that device's dataset "
                          "first (--data <its folder> --data ...)")
-    results = evaluate_datasets(bundle, datasets, plots=args.plots)
+    results = evaluate_datasets(bundle, datasets, plots=args.plots, split=args.split)
     if args.log_mlflow:
         import mlflow
 
@@ -101,12 +108,21 @@ def run_eval(args: argparse.Namespace) -> int:
 def _print(out: dict) -> None:
     dev = out["device"]
     zero = f" (zero-shot: the model was not trained for {dev['data']})" if dev["zero_shot"] else ""
-    print(f"Held-out problems: {out['test_problems']} of {dev['data']} (split seed from the model's metadata); "
-          f"predicting for {dev['predicted_for']}{zero}\n")
+    sp = out["split"]
+    print(f"Held-out problems: {out['test_problems']} of {dev['data']}, split by {sp['kind']} (seed {sp['seed']}, "
+          f"the model's metadata); predicting for {dev['predicted_for']}{zero}")
+    if sp["contaminated"]:
+        print(f"Note: the model was trained on the split by {sp['model_split']}, which puts "
+              f"{100 * sp['trained_share']:.0f} % of these test problems in its training set: the figures flatter it.")
+    if sp["kind"] == "family":
+        print(f"Held-out weight shapes (K x N; {sp['source']}): {', '.join(sp['test_keys'])}")
+    print()
     print(ev.format_table(out["results"], ev.TABLE_KEYS))
     print()
     for k, v in {**out["cublas"], **out["pad"]}.items():
         print(f"{k:32s} {v:.4f}")
+    print("\nRegret of the rank path on these problems (the pick's time / the fastest measured - 1):\n")
+    print(format_regret(out["regret"]))
     st = out.get("static")
     if st:
         keys = ["float16/top1_eff", "bfloat16/top1_eff", "fp32_all/top1_eff", "all/top1_eff", "all/top5_eff",

@@ -126,7 +126,7 @@ def model_card(meta: dict[str, Any]) -> str:
 {_devices_md(meta)}
 - Dataset: `{meta['dataset']['path']}`, sha256 `{meta['dataset']['sha256']}`, {meta['dataset']['gemm_rows']} GEMM rows over
   {meta['dataset']['gemm_problems']} problems, {meta['dataset']['pad_rows']} pad rows.
-- Split: by problem (seed {meta['settings']['seed']}): train {meta['split']['train']}, val {meta['split']['val']}, test {meta['split']['test']} problems;
+- Split: by {meta['settings'].get('split', 'problem')} (seed {meta['settings']['seed']}): train {meta['split']['train']}, val {meta['split']['val']}, test {meta['split']['test']} problems;
   no problem is in two sets. Metrics below are on the test problems only.
 - Heads: gemm (Triton config runtime), cublas (torch.mm runtime), pad (orig and padded runtime), and
   screen (a small head distilled from gemm: ranking scores every config with it and the gemm head

@@ -85,6 +85,8 @@ class TrainSettings:
         (128, 128, 128), "hidden widths of the student head ('' for none: predict runs the gemm head)")
     student_epochs: int = _setting(24)
     seed: int = _setting(0)
+    split: str = _setting("problem", "the held-out split: by problem, or by family (whole weight shapes held out, "
+                                     "train/families.py)", choices=("problem", "family"))
     # ---- the PR 156851 baseline (its 12 features, 6x256, BatchNorm, no learned overhead)
     baselines: bool = _setting(True, "skip training the PR 156851 baseline", flag="--no-baselines")
     baseline_hidden: tuple[int, ...] = _setting((256,) * 6, "hidden widths of the PR 156851 baseline")
@@ -187,7 +189,12 @@ def load_data(settings: TrainSettings, datasets: list | None = None) -> TrainDat
     pads = concat_pad([ds.pads for ds in datasets])
     problem_device = np.concatenate([np.full(len(ds.gemm.problems), ds.device, dtype=object) for ds in datasets])
     pad_device = np.concatenate([np.full(len(ds.pads.orig_ms), ds.device, dtype=object) for ds in datasets])
-    gemm_splits, pad_splits = joint_split(datasets, settings.seed)
+    if settings.split == "family":
+        from .families import joint_family_split
+
+        gemm_splits, pad_splits = joint_family_split(datasets, settings.seed)
+    else:
+        gemm_splits, pad_splits = joint_split(datasets, settings.seed)
     split = subsample_training(np.concatenate(gemm_splits), problem_device, gemm.modes, fractions, settings.seed)
     pad_split = subsample_training(np.concatenate(pad_splits), pad_device, pads.modes, fractions, settings.seed)
     spec = specs[datasets[0].device]
@@ -321,6 +328,10 @@ def model_metadata(settings: TrainSettings, d: TrainData, bundle: artifact.Model
         meta["split_by_device"] = {n: split_counts(d.problem_device == n) for n in d.devices}
         meta["metrics_by_device"] = {n: {"results": ev_d["results"]["perfmodel"], "cublas": ev_d["cublas"],
                                          "pad": ev_d["pad"]} for n, ev_d in evaluation["by_device"].items()}
+    if settings.split == "family":  # the held-out keys, for `perfmodel eval` to reuse
+        from .families import held_out_record
+
+        meta["family_split"] = held_out_record(d.datasets, settings.seed)
     if settings.device_fraction:
         meta["device_fraction"] = parse_device_fractions(settings.device_fraction)
     if settings.fast_dev_run:

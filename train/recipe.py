@@ -214,9 +214,10 @@ def _build(recipe: Recipe, train: TrainSettings, record: dict[str, Any], logger:
     if recipe.static is not None:
         if len(d.datasets) > 1:
             raise ValueError("recipe [static]: the static head is fitted to one device's timings (one data folder)")
-        timed("static-head", recipe.static, lambda: static_step(bundle, d.datasets[0], recipe.static, log))
+        timed("static-head", recipe.static, lambda: static_step(bundle, d.datasets[0], recipe.static, log, d.split))
     if recipe.call is not None:
-        timed("call-head", recipe.call, lambda: call_step(bundle, d.datasets, recipe.call, log))
+        splits = [d.split[d.problem_device == ds.device] for ds in d.datasets]  # the run's (problem or family)
+        timed("call-head", recipe.call, lambda: call_step(bundle, d.datasets, recipe.call, log, splits))
     evaluation = timed("evaluate", None, lambda: evaluate_devices(bundle, d, train.seed, baselines))
     return _write(recipe, train, d, bundle, evaluation, record, run_id, time.perf_counter() - t_start)
 

@@ -37,9 +37,8 @@ def student_step(bundle: artifact.ModelBundle, datasets: list, s: DistillSetting
     table = concat_gemm([ds.gemm for ds in datasets])
     device = np.concatenate([np.full(len(ds.gemm.problems), ds.device, dtype=object) for ds in datasets])
     if split is None:
-        seed = model_seed(bundle)
-        split = subsample_training(np.concatenate(joint_split(datasets, seed)[0]), device, table.modes,
-                                   bundle.metadata.get("device_fraction") or {}, seed)
+        split = subsample_training(np.concatenate(model_splits(bundle, datasets)), device, table.modes,
+                                   bundle.metadata.get("device_fraction") or {}, model_seed(bundle))
     return add_student(bundle, table, s, log, split, device)
 
 
@@ -53,20 +52,24 @@ def add_student(bundle: artifact.ModelBundle, table: GemmTable, s: DistillSettin
     return added
 
 
-def static_step(bundle: artifact.ModelBundle, ds: Any, s: StaticHeadSettings, log: Any = print) -> dict[str, Any]:
+def static_step(bundle: artifact.ModelBundle, ds: Any, s: StaticHeadSettings, log: Any = print,
+                split: np.ndarray | None = None) -> dict[str, Any]:
     """Fit the static head on ds (a DeviceDataset of the model's one device, with gemm_static parts) with the
-    model's split, and add it to bundle (static_metrics, static_settings); returns its metrics."""
-    split = joint_split([ds], model_seed(bundle))[0][0]
+    model's split (split: of ds's problems, default model_splits), and add it to bundle (static_metrics,
+    static_settings); returns its metrics."""
+    split = model_splits(bundle, [ds])[0] if split is None else split
     head, metrics = fit_static_head(bundle, ds.gemm, load_static(ds.folder), split, s, log)
     bundle.heads[artifact.STATIC], bundle.encoders[artifact.STATIC] = head, bundle.encoders["gemm"]
     bundle.metadata = {**bundle.metadata, "static_metrics": metrics, "static_settings": settings_record(s)}
     return metrics
 
 
-def call_step(bundle: artifact.ModelBundle, datasets: list, s: CallHeadSettings, log: Any = print) -> dict[str, Any]:
+def call_step(bundle: artifact.ModelBundle, datasets: list, s: CallHeadSettings, log: Any = print,
+              splits: list[np.ndarray] | None = None) -> dict[str, Any]:
     """Fit the call heads (call, and call_static where every dataset has static rows; against the static head
-    bundle has) and add them to bundle; the model's held-out cuBLAS call becomes theirs. Returns their metrics."""
-    splits = joint_split(datasets, model_seed(bundle))[0]
+    bundle has) and add them to bundle; the model's held-out cuBLAS call becomes theirs (splits: each
+    dataset's split of its problems, default model_splits). Returns their metrics."""
+    splits = model_splits(bundle, datasets) if splits is None else splits
     heads, metrics = fit_call_heads(bundle, datasets, splits, s, log)
     for name, head in heads.items():
         bundle.heads[name], bundle.encoders[name] = head, bundle.encoders["cublas"]
@@ -88,7 +91,7 @@ def cublas_step(bundle: artifact.ModelBundle, datasets: list, s: CublasHeadSetti
 
     check_settings(s)
     seed = model_seed(bundle)
-    gemm_splits = joint_split(datasets, seed)[0]
+    gemm_splits = model_splits(bundle, datasets)
     fractions = parse_device_fractions(str(bundle.metadata.get("settings", {}).get("device_fraction") or ""))
     rows = model_rows(datasets, gemm_splits, fractions, seed)
     x = encode_rows(bundle, rows)
@@ -103,6 +106,16 @@ def cublas_step(bundle: artifact.ModelBundle, datasets: list, s: CublasHeadSetti
         for ds, split_ in zip(datasets, gemm_splits)})
     bundle.metadata = meta
     return metrics
+
+
+def model_splits(bundle: artifact.ModelBundle, datasets: list) -> list[np.ndarray]:
+    """The model's split of each dataset's GEMM problems: the family split as its metadata records it for a
+    model trained on one (settings.split "family", train/families.py), else the joint split by problem."""
+    if bundle.metadata.get("settings", {}).get("split") == "family":
+        from .families import joint_family_split
+
+        return joint_family_split(datasets, model_seed(bundle), bundle.metadata.get("family_split"))[0]
+    return joint_split(datasets, model_seed(bundle))[0]
 
 
 def model_seed(bundle: artifact.ModelBundle) -> int:
@@ -183,7 +196,8 @@ def refit_student(s: DistillSettings, log: Any = print, command: str = "") -> di
     t0 = time.perf_counter()
     bundle = load_model(s.model, 0)
     folders = (s.data,) if isinstance(s.data, (str, Path)) else tuple(s.data)
-    if len(folders) == 1 and len(bundle.devices) == 1:  # the model's split of its one dataset
+    family = bundle.metadata.get("settings", {}).get("split") == "family"
+    if len(folders) == 1 and len(bundle.devices) == 1 and not family:  # the model's split of its one dataset
         added = add_student(bundle, load_gemm(Path(folders[0])), s, log)
     else:
         datasets = load_device_datasets([Path(f) for f in folders])
