@@ -154,8 +154,21 @@ def _pad(args: argparse.Namespace) -> int:
     return 0
 
 
+def _record_export(meta: dict[str, Any], args: argparse.Namespace, seconds: float) -> dict[str, Any]:
+    """meta with this export appended to the folder's build record (a refit step: the folder's ONNX changed)."""
+    import sys
+
+    from perfmodel.artifact import append_step, step_record
+
+    settings = {k: getattr(args, k) for k in ("device", "screen_keep", "lead_keep") if getattr(args, k) is not None}
+    command = " ".join(["perfmodel", *sys.argv[1:]]) if sys.argv[1:2] == ["export-onnx"] else "perfmodel export-onnx"
+    return append_step(meta, step_record("export-onnx", settings, seconds, refit=True, command=command))
+
+
 def _export_onnx(args: argparse.Namespace) -> int:
-    from perfmodel.artifact import export_onnx, export_onnx_all, load, onnx_file
+    import time
+
+    from perfmodel.artifact import METADATA, export_onnx, export_onnx_all, load, onnx_file
 
     from perfmodel.locations import default_model_dir
 
@@ -164,9 +177,10 @@ def _export_onnx(args: argparse.Namespace) -> int:
     if args.model is not None and _is_mlflow_uri(str(args.model)):
         raise ValueError("--model: export-onnx needs a model folder (download the MLflow artifacts first)")
     folder = Path(args.model) if args.model is not None else default_model_dir()
+    t0 = time.perf_counter()
     bundle = load(folder)
     if args.screen_keep is not None or args.lead_keep is not None:
-        return _export_keeps(args, folder, bundle)
+        return _export_keeps(args, folder, bundle, t0)
     if args.device is not None:  # one device's file
         bundle = bundle.for_device(args.device)
         outs = [export_onnx(bundle, args.out or folder / onnx_file(bundle))]
@@ -174,18 +188,23 @@ def _export_onnx(args: argparse.Namespace) -> int:
         outs = [export_onnx(bundle, args.out)]
     else:                        # every trained device's, in the folder
         outs = export_onnx_all(bundle, folder)
+    if any(out.resolve().parent == folder.resolve() for out in outs):  # the folder changed: its record says so
+        meta = json.loads((folder / METADATA).read_text())
+        (folder / METADATA).write_text(json.dumps(_record_export(meta, args, time.perf_counter() - t0),
+                                                  indent=2, sort_keys=True))
     for out in outs:
         print(f"wrote {out}")
     return 0
 
 
-def _export_keeps(args: argparse.Namespace, folder: Path, bundle: Any) -> int:
+def _export_keeps(args: argparse.Namespace, folder: Path, bundle: Any, t0: float) -> int:
     """export-onnx --screen-keep / --lead-keep: they are the folder's (metadata.json, one for all its
     devices), so every trained device's ONNX file in the folder is re-traced with them -- none left with the
     old ones, which the loader would refuse as stale -- and only those files: no --out elsewhere, no single
     --device of a model of several. The graphs are written first (beside, then renamed), the metadata
     last: a failed export leaves the folder as it was."""
     import os
+    import time
 
     from perfmodel.artifact import METADATA, check_lead_keep, export_onnx, onnx_file
 
@@ -223,6 +242,7 @@ def _export_keeps(args: argparse.Namespace, folder: Path, bundle: Any) -> int:
     finally:
         for tmp in tmps:
             tmp.unlink(missing_ok=True)
+    meta = _record_export(meta, args, time.perf_counter() - t0)
     (folder / METADATA).write_text(json.dumps(meta, indent=2, sort_keys=True))
     print(f"wrote {', '.join(str(p) for p in own)} and {folder / METADATA} (screen_keep {keep}, lead_keep {lead_keep})")
     return 0

@@ -113,8 +113,12 @@ def test_export_onnx(model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixt
     assert (folder / "model.onnx").is_file()
     p = Predictor.load(folder, backend="onnx")
     assert p.rank(GemmProblem(m=64, n=64, k=64), top_k=1)
+    steps = json.loads((folder / "metadata.json").read_text())["build"]["steps"]
+    assert steps[-1]["step"] == "export-onnx" and steps[-1]["refit"] is True  # the folder's record says so
     rc, _, _ = _run(capsys, "export-onnx", "--model", str(folder), "--out", str(tmp_path / "x.onnx"))
     assert rc == 0 and (tmp_path / "x.onnx").is_file()
+    # an export elsewhere leaves the folder, and its record, as they were
+    assert json.loads((folder / "metadata.json").read_text())["build"]["steps"] == steps
 
 
 def test_export_onnx_screen_keep(model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -128,6 +132,8 @@ def test_export_onnx_screen_keep(model_dir: Path, tmp_path: Path, capsys: pytest
     assert rc == 0, err
     ox, pt = Predictor.load(folder, backend="onnx"), Predictor.load(folder, backend="torch")
     assert ox.screen_keep == pt.screen_keep == ox._run.rank_keep == keep != before
+    last = json.loads((folder / "metadata.json").read_text())["build"]["steps"][-1]
+    assert last["step"] == "export-onnx" and last["settings"] == {"screen_keep": keep}
     prob = GemmProblem(m=3000, n=77, k=1024)
     a, b = ox.rank(prob, top_k=5), pt.rank(prob, top_k=5)
     assert [c for c, _ in a] == [c for c, _ in b]
