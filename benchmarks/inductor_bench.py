@@ -36,9 +36,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/_runner.py
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/_shared/runner.py
 
-from _runner import resolve_model, run_worker, save_results  # noqa: E402
+from _shared.runner import resolve_model, run_worker, save_results  # noqa: E402
 
 from perfmodel.locations import default_model_dir  # noqa: E402
 from perfmodel.serve.inductor import CUBLAS_MARGIN  # noqa: E402

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # _runner
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/_shared/runner.py
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         + ([f"--seeds {args.seeds}"] if args.seeds else [f"--seed {args.seed}"] if args.seed else [])
         + ([f"--epochs {args.epochs}"] if args.epochs is not None else []) + ([f"--hidden {args.hidden}"] if args.hidden else []))
     res["command"] = command
-    from _runner import save_results
+    from _shared.runner import save_results
 
     out = args.out or REPO / "benchmarks" / "results" / f"transfer_{res['new']['device']}.json"
     save_results(out, res, markdown(res, command))
