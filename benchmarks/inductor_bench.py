@@ -9,7 +9,7 @@ after torch._dynamo.reset() inside a fresh Inductor cache (torch._inductor.utils
   perfmodel-pad     as perfmodel-cublas, and Inductor's pad_mm pass decided by the model (pad=True)
 
 Reported per shape: compile time of the first call (lowering + compiling and benchmarking the
-choices), the part of it spent tuning GEMMs (_TuningClock: Inductor's timers around precompiling and
+choices), the part of it spent tuning GEMMs (_shared/clock.py: Inductor's timers around precompiling and
 benchmarking template choices, plus pad_mm's padding decision), the compiled function's GPU time and torch.mm's, side by side (perfmodel.data_gen.measure.Bench: L2
 flushed, a 500 us GPU spin before each run so that the compiled wrapper's Python is not timed, median
 of >= 10 runs), which kernel won (aten mm or a
@@ -23,6 +23,7 @@ compile workers. Each shape runs in try/except and records its error.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -38,6 +39,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/_shared/runner.py
 
+from _shared.clock import CompileClock  # noqa: E402
 from _shared.runner import resolve_model, run_worker, save_results  # noqa: E402
 
 from perfmodel.locations import default_model_dir  # noqa: E402
@@ -101,50 +103,6 @@ def _winner(codes: list[str]) -> str:
     return "other"
 
 
-class _TuningClock:
-    """The part of a compile that max-autotune spends on GEMM choices: Inductor's own timers around
-    precompiling and benchmarking template choices (torch._dynamo.utils.compilation_time_metrics, the
-    `*_template_precompiling` / `*_template_autotuning` events), and the time inside pad_mm's padding
-    decision (stock benchmarks padded vs unpadded mm there; the hook asks the model). The rest of a
-    compile (tracing, lowering, codegen, compiling the chosen kernels and, under max-autotune,
-    coordinate-descent tuning of pointwise and reduction kernels) is neither's to save."""
-
-    KEYS = ("template_precompiling", "template_autotuning")
-
-    def __init__(self) -> None:
-        from torch._dynamo.utils import compilation_time_metrics
-
-        self.metrics = compilation_time_metrics
-        self.pad_s = 0.0
-        self._before: dict[str, float] = {}
-
-    def wrap_pad_decision(self) -> None:
-        from torch._inductor.fx_passes import pad_mm
-
-        inner = pad_mm._should_pad
-
-        def timed(*a, **kw):
-            t0 = time.perf_counter()
-            try:
-                return inner(*a, **kw)
-            finally:
-                self.pad_s += time.perf_counter() - t0
-
-        pad_mm._should_pad = timed
-
-    def _sums(self) -> dict[str, float]:
-        return {k: float(sum(v)) for k, v in self.metrics.items()}
-
-    def start(self) -> None:
-        self._before, self.pad_s = self._sums(), 0.0
-
-    def stop(self) -> dict[str, Any]:
-        delta = {k: v - self._before.get(k, 0.0) for k, v in self._sums().items()}
-        autotune = sum(v for k, v in delta.items() if any(s in k for s in self.KEYS))
-        return {"autotune_s": autotune, "pad_decision_s": self.pad_s, "gemm_tuning_s": autotune + self.pad_s,
-                "timers": {k: round(v, 3) for k, v in sorted(delta.items(), key=lambda kv: -kv[1]) if v >= 0.01}}
-
-
 def _worker(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     from torch._inductor.utils import fresh_inductor_cache, run_and_get_code
@@ -166,7 +124,7 @@ def _worker(args: argparse.Namespace) -> dict[str, Any]:
         return res
 
     si.filter_template_choices = counting_filter  # count what the hook keeps (it looks the name up per call)
-    tuning = _TuningClock()
+    tuning = CompileClock()
     bench = Bench(torch.device("cuda"), torch.cuda.get_device_properties(0).L2_cache_size,
                   TimingSettings(budget_ms=5.0, min_reps=10, max_reps=100, pre_sleep_us=500.0))
     if variant != "stock":
@@ -180,7 +138,8 @@ def _worker(args: argparse.Namespace) -> dict[str, Any]:
         if not ok:
             out["error"] = "perfmodel.serve.inductor.install() returned False (Inductor API check failed); see warnings"
             return out
-    tuning.wrap_pad_decision()  # stock's pad_mm benchmark, or the hook's decision
+    pad_clock = contextlib.ExitStack()  # open for the whole worker, closed before the hook is uninstalled
+    pad_clock.enter_context(tuning.pad_timing())  # stock's pad_mm benchmark, or the hook's decision
 
     def mm(a, b):
         return torch.mm(a, b)
@@ -228,6 +187,7 @@ def _worker(args: argparse.Namespace) -> dict[str, Any]:
         out["shapes"].append(row)
         args.worker_out.write_text(json.dumps(out, indent=1))  # a timed-out worker keeps the shapes done
         torch._dynamo.reset()
+    pad_clock.close()
     if variant != "stock":
         si.uninstall()
     return out

@@ -45,6 +45,9 @@ from typing import Any, Callable
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/_shared/clock.py
+
+from _shared.clock import CompileClock  # noqa: E402
 
 
 # ---------------------------------------------------------------------------------------------- workloads
@@ -142,10 +145,6 @@ BASELINES = ("default", "max-autotune")
 TIMED_RUNS = 30
 REL_TOL = 0.05   # relative Frobenius error against eager allowed for a fp16/bf16 model with random weights
 
-GEMM_OPS = ("mm", "addmm", "mm_plus_mm", "_int_mm", "scaled_mm")
-_TIMER_SUFFIXES = ("_template_precompiling", "_template_autotuning")
-_POINTWISE_TUNING = ("CachingAutotuner.coordinate_descent_tuning", "CachingAutotuner.benchmark_all_configs")
-
 
 # ------------------------------------------------------------------------------------------------- worker
 def _base(variant: str) -> str:
@@ -178,56 +177,6 @@ def _compile(variant: str, module: Any, predictor: Any) -> tuple[Any, Any]:
 
     return (torch.compile(module, options=dict(pc.OPTIONS)),
             pc.recommended(predictor, policy=_policy(variant), pad=True))
-
-
-def _timer_sums() -> dict[str, float]:
-    from torch._dynamo.utils import compilation_time_metrics
-
-    return {k: float(sum(v)) for k, v in compilation_time_metrics.items()}
-
-
-def _split(before: dict[str, float], after: dict[str, float], pad_s: float) -> dict[str, Any]:
-    diff = {k: after[k] - before.get(k, 0.0) for k in after if after[k] - before.get(k, 0.0) > 0}
-    gemm = pad_s
-    other = 0.0
-    for k, v in diff.items():
-        if k.endswith(_TIMER_SUFFIXES):
-            op = k[: -len(next(s for s in _TIMER_SUFFIXES if k.endswith(s)))]
-            if op in GEMM_OPS:
-                gemm += v
-            else:
-                other += v
-        elif k in _POINTWISE_TUNING:
-            other += v
-    return {"gemm_tuning_s": gemm, "other_tuning_s": other, "pad_decision_s": pad_s,
-            "timers": {k: round(v, 4) for k, v in sorted(diff.items()) if v >= 0.01}}
-
-
-class _PadClock:
-    """Time spent inside pad_mm's padding decision (stock benchmarks padded vs unpadded mm there)."""
-
-    def __init__(self) -> None:
-        from torch._inductor.fx_passes import pad_mm
-
-        self.mod, self.s = pad_mm, 0.0
-        clock = self
-
-        def timed(*a: Any, **kw: Any) -> Any:
-            t0 = time.perf_counter()
-            try:
-                return clock.mod._perfmodel_bench_inner(*a, **kw)
-            finally:
-                clock.s += time.perf_counter() - t0
-        self.timed = timed
-
-    def __enter__(self) -> "_PadClock":
-        # wraps whatever decision is installed now (the perfmodel set-up's, inside its recommended() block)
-        self.mod._perfmodel_bench_inner = self.mod._should_pad
-        self.mod._should_pad = self.timed
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.mod._should_pad = self.mod._perfmodel_bench_inner
 
 
 class _Feedback:
@@ -349,14 +298,15 @@ def _run_variant(variant: str, wl: Workload, module: Any, inputs: tuple, fwd: Ca
                 return loss
             return _flat(fwd(compiled, *inputs))
 
-        before = _timer_sums()
-        with _PadClock() as pad_clock:
+        clock = CompileClock()
+        with clock.pad_timing():  # opened inside the set-up's recommended(): it times the set-up's decision
+            clock.start()
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             step()
             torch.cuda.synchronize()
             row["compile_s"] = time.perf_counter() - t0
-            row.update(_split(before, _timer_sums(), pad_clock.s))
+            row.update(clock.stop())
             row["rest_s"] = row["compile_s"] - row["gemm_tuning_s"] - row["other_tuning_s"]
             for _ in range(4):  # CUDA-graph trees record on the second or third call
                 step()
@@ -401,7 +351,7 @@ def _run_variant(variant: str, wl: Workload, module: Any, inputs: tuple, fwd: Ca
         row["summary"] = pc.summary()
     counters = torch._dynamo.utils.counters
     row["graphs"] = int(counters["stats"].get("unique_graphs", 0))
-    del compiled
+    compiled = None  # frees the compiled model (its CUDA-graph pool) before the next variant
     _reset()
     if wl.train:
         for p in params:
@@ -463,7 +413,7 @@ def _worker(name: str, variants: list[str], model: str | None, res_file: Path) -
         except Exception as exc:  # noqa: BLE001 -- one variant's failure must not lose the others
             result["variants"][v] = {"variant": v, "error": f"{type(exc).__name__}: {exc}",
                                      "traceback": traceback.format_exc()[-3000:]}
-            torch._dynamo.reset()
+            _reset()
             torch.cuda.empty_cache()
         save()
     save()
