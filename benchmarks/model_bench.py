@@ -12,6 +12,8 @@ after the other, each after torch._dynamo.reset() in a fresh Inductor cache:
   perfmodel-aten   the same options, the model never keeps Triton (a check: default mode's choices under the
                    set-up's options)
   perfmodel-zero   Triton alone where predicted >= 10 % faster: no GEMM benchmark at all
+  perfmodel-1x1mm  the set-up with Inductor's max_autotune_gemm lowering of channels-last 1x1 convolutions as
+                   mm (ranked like any mm) instead of default mode's convolution
 
 Per variant: compile time = the first call's wall time, split into GEMM autotuning (Inductor's mm/addmm
 template precompiling and autotuning timers, plus pad_mm's padding decision), other autotuning (bmm,
@@ -136,11 +138,11 @@ WORKLOADS = [
     Workload("Qwen2-7B widths (2 layers), bf16, 4x512", _lm(_hf("Qwen2ForCausalLM", "Qwen2Config", **_QWEN2),
                                                            "bfloat16", _ids(152064, 4, 512)), "bfloat16"),
     Workload("T5-base, bf16, 8x512 -> 128", _t5("bfloat16", 8, 512, 128), "bfloat16"),
-    Workload("ResNet-50, fp16, batch 64", _vision("resnet50", "float16", 64), "float16"),
+    Workload("ResNet-50, fp16, batch 64", _vision("resnet50", "float16", 64), "float16", tuned=True),  # 1x1 convs
     Workload("GPT-2 (6 layers) training step, bf16, 8x512", _gpt2_train("bfloat16", 8, 512, 6), "bfloat16",
              train=True),
 ]
-VARIANTS = ("default", "max-autotune", "perfmodel", "perfmodel-aten", "perfmodel-zero")
+VARIANTS = ("default", "max-autotune", "perfmodel", "perfmodel-aten", "perfmodel-zero", "perfmodel-1x1mm")
 BASELINES = ("default", "max-autotune")
 TIMED_RUNS = 30
 REL_TOL = 0.05   # relative Frobenius error against eager allowed for a fp16/bf16 model with random weights
@@ -157,7 +159,8 @@ def _policy(variant: str) -> Any:
 
     return {"perfmodel": Policy(),
             "perfmodel-aten": Policy(triton_gain=float("inf")),
-            "perfmodel-zero": Policy(triton_gain=0.10, top_k=1, keep_aten=False)}[_base(variant)]
+            "perfmodel-zero": Policy(triton_gain=0.10, top_k=1, keep_aten=False),
+            "perfmodel-1x1mm": Policy(conv_1x1_as_mm=True)}[_base(variant)]
 
 
 def _compile(variant: str, module: Any, predictor: Any) -> tuple[Any, Any]:
@@ -571,6 +574,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--min-left", type=float, default=None,
                     help="start a workload only with this many seconds left (default 200 with max-autotune, else 90)")
     ap.add_argument("--force", action="store_true", help="re-run (workload, variant) pairs already in --out")
+    ap.add_argument("--render", action="store_true", help="CPU: rewrite --out's .md table from --out (after merging "
+                    "results of runs on several GPUs into one file)")
     ap.add_argument("--report-calls", action="store_true",
                     help="CPU: print the model's cuBLAS-or-Triton calls against Inductor's own benchmark in --out")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -585,6 +590,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.report_calls:
         print(calls_report(json.loads(args.out.read_text())))
+        return 0
+    if args.render:
+        text = markdown(json.loads(args.out.read_text()))
+        args.out.with_suffix(".md").write_text(text + "\n")
+        print(text)
         return 0
     wanted = WORKLOADS
     if args.workloads:

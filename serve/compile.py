@@ -18,7 +18,10 @@ enabled (`max_autotune_gemm`), and an InductorChoices handler that decides, per 
 - otherwise: aten's own choice alone, as default mode lowers it (no benchmark).
 
 Every other templated op (bmm, baddbmm, convolution, mm_plus_mm, ...) keeps aten's choice alone, as default
-mode has it. With pad=True the pad_mm pass's padding benchmark is the model's pad decision too.
+mode has it. Convolutions keep default mode's lowering whole: under `max_autotune_gemm` Inductor would lower a
+channels-last 1x1 convolution as an mm (kernel/conv.py, convert_1x1_conv_to_mm); the set-up lowers it as a
+convolution, as default mode does, unless Policy(conv_1x1_as_mm=True). With pad=True the pad_mm pass's
+padding benchmark is the model's pad decision too.
 
 Private Inductor APIs move between releases: the handler checks them (serve.inductor.check_torch_api) and a
 failure inside it falls back to Inductor's choices with one warning.
@@ -67,19 +70,23 @@ TRITON_GAIN = 0.0
 class Policy:
     """How the handler decides. triton_gain: keep Triton where predicted >= this fraction faster than cuBLAS
     (inf: never). top_k: Triton configs kept. keep_aten: keep aten's choice beside them (Inductor benchmarks
-    the few kept) or not (no benchmark: the model's top-1 is used as it is)."""
+    the few kept) or not (no benchmark: the model's top-1 is used as it is). conv_1x1_as_mm: let Inductor lower
+    channels-last 1x1 convolutions as mm (then ranked like any mm), as max_autotune_gemm does; off, they stay
+    convolutions, as in default mode."""
 
     triton_gain: float = TRITON_GAIN
     top_k: int = 1
     keep_aten: bool = True
+    conv_1x1_as_mm: bool = False
 
     def __post_init__(self) -> None:
         _check_top_k(self.top_k)
         if isinstance(self.triton_gain, bool) or not isinstance(self.triton_gain, (int, float)) \
                 or not self.triton_gain > -1.0:
             raise ValueError(f"triton_gain: expected a number > -1 (or inf), got {self.triton_gain!r}")
-        if not isinstance(self.keep_aten, bool):
-            raise TypeError(f"keep_aten: expected a bool, got {type(self.keep_aten).__name__}")
+        for name in ("keep_aten", "conv_1x1_as_mm"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name}: expected a bool, got {type(getattr(self, name)).__name__}")
         if not self.keep_aten and self.top_k != 1:
             raise ValueError("top_k: without keep_aten only the model's top-1 config can be used (top_k=1)")
 
@@ -222,12 +229,34 @@ def _handler_class() -> type:
 
 
 @contextlib.contextmanager
-def recommended(predictor: Predictor | None = None, *, policy: Policy | None = None, pad: bool = True,
-                model: Any = None, backend: str | None = None) -> Iterator[Predictor]:
-    """Install the set-up's choices handler (this thread) and, with pad, the model's pad_mm decision
-    (process-wide) for the block; Inductor's options are torch.compile's (see compile(), OPTIONS)."""
-    from torch._inductor.virtualized import V
+def _default_conv_lowering() -> Iterator[None]:
+    """For the block (process-wide), Inductor's convolution lowering runs with max_autotune_gemm off: a 1x1
+    convolution stays a convolution (cuDNN), as in default mode, instead of becoming an mm."""
+    import torch
+    from torch._inductor import config, lowering
 
+    conv = lowering.lowerings.get(torch.ops.aten.convolution.default)
+    if conv is None:
+        yield
+        return
+
+    def convolution(*args: Any, **kwargs: Any) -> Any:
+        with config.patch(max_autotune_gemm=False):
+            return conv(*args, **kwargs)
+
+    keys = [k for k, v in lowering.lowerings.items() if v is conv]
+    for k in keys:
+        lowering.lowerings[k] = convolution
+    try:
+        yield
+    finally:
+        for k in keys:
+            if lowering.lowerings.get(k) is convolution:
+                lowering.lowerings[k] = conv
+
+
+def _resolve(predictor: Predictor | None, policy: Policy | None, pad: bool, model: Any = None,
+             backend: str | None = None) -> tuple[Predictor, Policy]:
     from . import inductor
 
     problem = inductor.check_torch_api()
@@ -242,48 +271,94 @@ def recommended(predictor: Predictor | None = None, *, policy: Policy | None = N
         predictor = predictor.with_kernel("inductor")
     if pad and not predictor.has_pad:
         raise ValueError(f"pad: the model {predictor.source} has no pad head")
+    return predictor, policy
+
+
+@contextlib.contextmanager
+def _installed(predictor: Predictor, policy: Policy, pad: bool) -> Iterator[None]:
+    """The choices handler (this thread), default mode's convolution lowering and, with pad, the model's
+    pad_mm decision (both process-wide) for the block."""
+    from torch._inductor.fx_passes import pad_mm
+    from torch._inductor.virtualized import V
+
+    from . import inductor
+
     prior = V.choices
     V.set_choices_handler(_handler_class()(predictor, policy))
-    from torch._inductor.fx_passes import pad_mm
-
     pad_prior = pad_mm._should_pad
     if pad:
         pad_mm._should_pad = inductor._pad_hook(predictor, pad_prior)
     try:
-        yield predictor
+        with contextlib.nullcontext() if policy.conv_1x1_as_mm else _default_conv_lowering():
+            yield
     finally:
         V.set_choices_handler(prior)
         pad_mm._should_pad = pad_prior
 
 
+@contextlib.contextmanager
+def recommended(predictor: Predictor | None = None, *, policy: Policy | None = None, pad: bool = True,
+                model: Any = None, backend: str | None = None) -> Iterator[Predictor]:
+    """Install the set-up's choices handler (this thread), default mode's convolution lowering and, with pad,
+    the model's pad_mm decision (process-wide) for the block; Inductor's options are torch.compile's (see
+    compile(), OPTIONS). A backward graph compiled after the block (a training step's first backward, which
+    autograd may run on another thread) does not see it: compile() covers both."""
+    predictor, policy = _resolve(predictor, policy, pad, model, backend)
+    with _installed(predictor, policy, pad):
+        yield predictor
+
+
+def _backend(options: dict[str, Any], predictor: Predictor, policy: Policy, pad: bool) -> Any:
+    """torch.compile's Inductor backend with the set-up installed around every graph compile: the forward's
+    (with the pad decision, taken in the joint graph) and the backward's, which AOTAutograd compiles at the
+    first backward call, on autograd's thread."""
+    import torch
+    from torch._inductor import compile_fx as cfx
+
+    class PerfmodelBackend(torch._TorchCompileInductorWrapper):  # type: ignore[name-defined]
+        def __call__(self, model_: Any, inputs_: Any, **kwargs: Any) -> Any:
+            inner_compile = cfx.compile_fx_inner
+
+            def inner(*args: Any, **kw: Any) -> Any:
+                with _installed(predictor, policy, pad=False):
+                    return inner_compile(*args, **kw)
+
+            patches = {**self.config, **(kwargs.get("config_patches") or {})}
+            with _installed(predictor, policy, pad):
+                return cfx.compile_fx(model_, inputs_, inner_compile=inner, config_patches=patches)
+
+    return PerfmodelBackend(None, options, None)
+
+
 def compile(model: Any, *, predictor: Predictor | None = None, policy: Policy | None = None, pad: bool = True,
             options: dict[str, Any] | None = None, **compile_kwargs: Any) -> Any:
-    """torch.compile(model) with the set-up: OPTIONS (plus `options`), the choices handler and the pad
-    decision active whenever the returned callable compiles (its first call, and any recompile)."""
+    """torch.compile(model) with the set-up: OPTIONS (plus `options`), and the choices handler, the
+    convolution lowering and the pad decision installed around every graph compile (forward and backward,
+    the first call's and any recompile's)."""
     import torch
 
-    if "mode" in compile_kwargs:
-        raise ValueError("mode: perfmodel.serve.compile sets Inductor's options itself (pass options=...)")
+    if "mode" in compile_kwargs or "backend" in compile_kwargs:
+        name = "mode" if "mode" in compile_kwargs else "backend"
+        raise ValueError(f"{name}: perfmodel.serve.compile sets Inductor's options itself (pass options=...)")
     opts = {**OPTIONS, **(options or {})}
     known = torch._inductor.config.get_config_copy()
     unknown = [k for k in opts if k not in known]
     if unknown:
         raise ValueError(f"options: this torch's Inductor has no {unknown}")
-    compiled = torch.compile(model, options=opts, **compile_kwargs)
-    pred = predictor if predictor is not None else Predictor.load()
-    return CompiledModel(compiled, pred, policy or Policy(), pad)
+    pred, pol = _resolve(predictor, policy, pad)
+    compiled = torch.compile(model, backend=_backend(opts, pred, pol, pad), **compile_kwargs)
+    return CompiledModel(compiled, pred, pol, pad)
 
 
 class CompiledModel:
-    """What compile() returns: calls the torch.compile'd model inside recommended() (so that every compile and
-    recompile gets the set-up), and passes any other attribute to it (eval(), parameters(), _orig_mod, ...)."""
+    """What compile() returns: the torch.compile'd model (its backend installs the set-up), which passes any
+    other attribute to it (eval(), parameters(), _orig_mod, ...)."""
 
     def __init__(self, compiled: Any, predictor: Predictor, policy: Policy, pad: bool) -> None:
         self.__dict__.update(_compiled=compiled, _predictor=predictor, _policy=policy, _pad=pad)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        with recommended(self._predictor, policy=self._policy, pad=self._pad):
-            return self._compiled(*args, **kwargs)
+        return self._compiled(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.__dict__["_compiled"], name)

@@ -162,6 +162,19 @@ def test_compile_runs_a_model_on_the_gpu():
     assert ops and ops <= {"mm", "addmm"}
 
 
+@pytest.mark.gpu
+def test_compile_decides_the_backward_on_the_gpu():
+    """On CUDA, autograd runs the backward (and AOTAutograd's lazy backward compile) on its own thread."""
+    dev = torch.device("cuda")
+    model = torch.nn.Sequential(torch.nn.Linear(768, 3072), torch.nn.GELU(), torch.nn.Linear(3072, 768)).to(
+        dev, torch.bfloat16)
+    x = torch.randn(2048, 768, device=dev, dtype=torch.bfloat16)
+    pc.reset()
+    pc.compile(model)(x).float().square().mean().backward()
+    shapes = {(d.problem["m"], d.problem["k"], d.problem["n"]) for d in pc.decisions()}
+    assert (768, 2048, 3072) in shapes or (3072, 2048, 768) in shapes, shapes  # a weight gradient
+
+
 def test_expected_gain_rule_on_synthetic_times():
     from perfmodel.serve.decisions import triton_expected_gain
 
@@ -193,4 +206,56 @@ def test_compile_runs_through_inductor_on_the_cpu(tmp_path, monkeypatch):
     shapes = {(d.problem["m"], d.problem["k"], d.problem["n"]) for d in ds}
     assert shapes <= {(48, 64, 96), (48, 96, 32)} and all(d.problem["dtype"] == "float32" for d in ds)
     assert not any(d.triton for d in ds)  # no Triton template is offered on the CPU
+    torch._dynamo.reset()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("as_mm", [False, True])
+def test_1x1_convolution_stays_a_convolution_unless_asked(tmp_path, monkeypatch, as_mm):
+    """Real Inductor lowering on the CPU: under max_autotune_gemm Inductor turns a channels-last 1x1 convolution
+    into an mm; the set-up keeps default mode's convolution unless Policy(conv_1x1_as_mm=True)."""
+    from torch._inductor import lowering
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    torch._dynamo.reset()
+    conv = lowering.lowerings[torch.ops.aten.convolution.default]
+    model = torch.nn.Conv2d(32, 48, 1, bias=False).eval()
+    x = torch.randn(2, 32, 8, 8).to(memory_format=torch.channels_last)
+    pc.reset()
+    with torch.no_grad():
+        out = pc.compile(model, policy=pc.Policy(conv_1x1_as_mm=as_mm))(x)
+        ref = model(x)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+    shapes = {(d.op, d.problem["m"], d.problem["k"], d.problem["n"]) for d in pc.decisions()}
+    assert shapes == ({("mm", 128, 32, 48)} if as_mm else set())
+    assert lowering.lowerings[torch.ops.aten.convolution.default] is conv  # the lowering is put back
+    torch._dynamo.reset()
+
+
+def test_policy_refuses_a_non_bool_conv_flag():
+    with pytest.raises(TypeError, match="conv_1x1_as_mm"):
+        pc.Policy(conv_1x1_as_mm=1)
+
+
+@pytest.mark.slow
+def test_the_backward_graph_gets_the_set_up_too(tmp_path, monkeypatch):
+    """A training step on the CPU through real Inductor: AOTAutograd compiles the backward at the first
+    backward call, outside the forward call (on a GPU, on autograd's own thread); the set-up's handler
+    decides its GEMMs as well (the weight and input gradients), and gradients equal eager's."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(64, 96)
+    ref_model = torch.nn.Linear(64, 96)
+    ref_model.load_state_dict(model.state_dict())
+    x = torch.randn(48, 64, requires_grad=True)
+    x_ref = x.detach().clone().requires_grad_(True)
+    pc.reset()
+    pc.compile(model)(x).square().sum().backward()
+    ref_model(x_ref).square().sum().backward()
+    torch.testing.assert_close(model.weight.grad, ref_model.weight.grad, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(x.grad, x_ref.grad, rtol=1e-4, atol=1e-4)
+    shapes = {(d.problem["m"], d.problem["k"], d.problem["n"]) for d in pc.decisions()}
+    assert (48, 64, 96) in shapes                       # the forward's addmm
+    assert {(48, 96, 64), (96, 48, 64)} <= shapes      # grad input and grad weight
     torch._dynamo.reset()
