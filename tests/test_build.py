@@ -152,12 +152,12 @@ def test_a_failed_build_leaves_the_previous_folder(tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)
 
     def fail(*a, **k):
-        raise RuntimeError("the call step failed")
+        raise RuntimeError("the problem step failed")
 
-    monkeypatch.setattr(recipe, "call_step", fail)
+    monkeypatch.setattr(recipe, "problem_step", fail)
     small = (REPO / "recipes" / "ci-small.toml").read_text().replace("slice_problems = 200", "slice_problems = 40")
     (tmp_path / "r.toml").write_text(small)
-    with pytest.raises(RuntimeError, match="call step"):
+    with pytest.raises(RuntimeError, match="problem step"):
         recipe.run_build(tmp_path / "r.toml", out=out, log=lambda *a: None)
     assert [p.name for p in out.iterdir()] == ["metadata.json"] and (out / "metadata.json").read_text() == "{}"
     assert [p.name for p in tmp_path.iterdir()] == ["model", "r.toml"]  # no temporary folder left
