@@ -25,7 +25,7 @@ FORMAT = "perfmodel-artifact"
 WEIGHTS = "model.safetensors"
 METADATA = "metadata.json"
 ONNX = "model.onnx"
-HEADS = ("gemm", "cublas", "pad", "screen", "student", "static", "call", "call_static")  # all but gemm are optional
+HEADS = ("gemm", "cublas", "pad", "screen", "student", "static", "call", "call_static", "problem")  # all but gemm optional
 # The head that predict / predict_many serve when a folder has it: one MLP distilled from the gemm head
 # (perfmodel distill, train/distill.py); a folder without it predicts with the gemm head.
 STUDENT = "student"
@@ -38,6 +38,55 @@ STATIC = "static"
 # static one (kernel="inductor"); below 0, cuBLAS wins (Candidates.prefer_cublas). Only their score is served.
 CALL = "call"
 CALL_STATIC = "call_static"
+# The problem network (perfmodel problem-head, train/problem_head.py): one MLP on the cuBLAS head's features
+# in place of the cublas, call and call_static heads, one output each (metadata "problem_outputs" names
+# them, in column order): torch.mm's log ms (floored as the cuBLAS head is), then the call margins (their
+# score served). problem_output() gives each output as the head it replaces; a folder of the old layout
+# has those heads themselves.
+PROBLEM = "problem"
+PROBLEM_OUTPUTS = ("cublas", CALL, CALL_STATIC)
+
+
+class OutputColumn(torch.nn.Module):
+    """One output of a multi-output head, served as a head of one output: score(x) and forward(x) are the
+    head's column `column` (forward: after the head's floors)."""
+
+    def __init__(self, head: PerfMLP, column: int) -> None:
+        super().__init__()
+        self.head, self.column = head, column
+
+    @property
+    def cfg(self) -> MLPConfig:
+        return replace(self.head.cfg, n_outputs=1)
+
+    def score(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head.score(x)[:, self.column]
+
+    def floor(self, score: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """score (this column's) -> log ms, by the head's floors of the column."""
+        full = torch.zeros(score.shape[0], self.head.cfg.n_outputs, dtype=score.dtype)
+        full[:, self.column] = score
+        return self.head.floor(full, x)[:, self.column]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(x)[:, self.column]
+
+
+def problem_columns(bundle: "ModelBundle") -> dict[str, int]:
+    """{output name: column} of the bundle's problem network (metadata "problem_outputs"); {} without one."""
+    if PROBLEM not in bundle.heads:
+        return {}
+    names = list(bundle.metadata.get("problem_outputs") or [])
+    return {n: i for i, n in enumerate(names)}
+
+
+def problem_output(bundle: "ModelBundle", name: str) -> "PerfMLP | OutputColumn | None":
+    """The head that gives `name` (one of PROBLEM_OUTPUTS): the folder's own head of that name (the old
+    layout), else that column of the problem network, else None (the model has no such output)."""
+    if name in bundle.heads:
+        return bundle.heads[name]
+    col = problem_columns(bundle).get(name)
+    return None if col is None else OutputColumn(bundle.heads[PROBLEM], col)
 
 
 def with_static(score: torch.Tensor, static: torch.Tensor,
@@ -208,6 +257,14 @@ def load(folder: Path) -> ModelBundle:
         heads[name], encoders[name] = head.eval(), enc
     if "gemm" not in heads:
         raise ArtifactError(f"{folder}: no gemm head")
+    if PROBLEM in heads:
+        outs = meta.get("problem_outputs")
+        if not isinstance(outs, list) or len(outs) != heads[PROBLEM].cfg.n_outputs \
+                or not set(outs) <= set(PROBLEM_OUTPUTS) or outs[:1] != ["cublas"]:
+            raise ArtifactError(f"{meta_path}: 'problem_outputs' must name the problem head's "
+                                f"{heads[PROBLEM].cfg.n_outputs} outputs, cublas first, from {PROBLEM_OUTPUTS}")
+    if PROBLEM in heads:  # the problem features' encoder by its kind, as the cuBLAS head's (its callers' key)
+        encoders.setdefault("cublas", encoders[PROBLEM])
     bundle = ModelBundle(spec, heads, encoders, meta)
     try:
         check_lead_keep(bundle, meta.get("lead_keep", 0), meta.get("screen_keep", DEFAULT_SCREEN_KEEP))

@@ -27,7 +27,8 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import torch
 
-from perfmodel.artifact import CALL, CALL_STATIC, STATIC, ModelBundle, predict_head, with_static
+from perfmodel.artifact import (CALL, CALL_STATIC, PROBLEM, STATIC, ModelBundle, predict_head, problem_columns,
+                                problem_output, with_static)
 from perfmodel.configs import pruned_space, runnable
 from perfmodel.features import configs_tensor, pad_tensor, problems_array, problems_tensor
 from perfmodel.ranking import screened_rank, screens
@@ -203,7 +204,7 @@ class Predictor:
 
     @property
     def has_cublas(self) -> bool:
-        return "cublas" in self.bundle.heads
+        return _output_source(self.bundle, "cublas") is not None
 
     @property
     def has_pad(self) -> bool:
@@ -430,7 +431,14 @@ class Predictor:
         """Predicted ms of torch.mm for each problem (1-D)."""
         if not self.has_cublas:
             raise RuntimeError(f"{self.source}: this model has no cuBLAS head")
-        return self._ms("cublas", self._cublas_x(_check_problems(problems)), "problems (cuBLAS)")
+        return self._cublas_ms(self._cublas_x(_check_problems(problems)))
+
+    def _cublas_ms(self, x: torch.Tensor) -> np.ndarray:
+        """Predicted torch.mm ms on the problems' cuBLAS features x: the cuBLAS head's, or the problem
+        network's cuBLAS output (perfmodel.artifact.PROBLEM)."""
+        head, col = _output_source(self.bundle, "cublas")
+        log_ms = self._run(head, x)
+        return self._checked(np.exp(log_ms if col is None else log_ms[:, col]), "problems (cuBLAS)", positive=True)
 
     def _cublas_x(self, problems: Sequence[GemmProblem]) -> torch.Tensor:
         """The problems' features for the cuBLAS head, which its call heads take too (perfmodel call-head)."""
@@ -464,7 +472,7 @@ class Predictor:
         cublas_ms, prefer = None, False
         if self.has_cublas:  # one encoding for the cuBLAS head and its call head
             x = self._cublas_x([prob])
-            cublas_ms = float(self._ms("cublas", x, "problems (cuBLAS)")[0])
+            cublas_ms = float(self._cublas_ms(x)[0])
             call = self._call_head
             call_score = None if call is None else float(self._call_scores(call, x)[0])
             prefer = bool(decisions.cublas_preferred(call_score, cublas_ms, float(ms[0]),
@@ -476,7 +484,7 @@ class Predictor:
     def _call_head(self) -> str | None:
         """The model's cuBLAS call head for this kernel mode (perfmodel call-head), or None."""
         name = CALL_STATIC if self._static else CALL
-        return name if name in self.bundle.heads else None
+        return name if _output_source(self.bundle, name) is not None else None
 
     def prefers_cublas_many(self, problems: Sequence[GemmProblem]) -> np.ndarray:
         """For each problem, whether cuBLAS is predicted faster than the best Triton config of the model's
@@ -489,12 +497,13 @@ class Predictor:
         if call is not None:  # the call head alone: no ranking, no cuBLAS time needed
             return decisions.cublas_preferred(self._call_scores(call, x), None, None)
         best = np.array([r[0][1] for r in self.rank_many(problems, top_k=1)])
-        return decisions.cublas_preferred(None, self._ms("cublas", x, "problems (cuBLAS)"), best)
+        return decisions.cublas_preferred(None, self._cublas_ms(x), best)
 
     def _call_scores(self, name: str, x: torch.Tensor) -> np.ndarray:
-        """A call head's output on the problems' cuBLAS features x (below 0: cuBLAS wins)."""
+        """A call head's output (or the problem network's call output) on the problems' cuBLAS features x
+        (below 0: cuBLAS wins)."""
         with torch.inference_mode():
-            return self.bundle.heads[name].score(x).double().numpy().reshape(-1)
+            return problem_output(self.bundle, name).score(x).double().numpy().reshape(-1)
 
     def pad(self, pp: PadProblem) -> PadDecision:
         """Whether padding pp's operands to the dtype alignment pays off (Inductor's pad_mm decision):
@@ -512,3 +521,12 @@ class Predictor:
     def __repr__(self) -> str:
         return (f"Predictor(source={self.source!r}, backend={self.backend!r}, device={self.spec.name!r}, "
                 f"kernel={self.kernel!r})")
+
+
+def _output_source(bundle: ModelBundle, name: str) -> tuple[str, int | None] | None:
+    """(head, column) that gives the output `name` (cublas, call, call_static): the folder's own head of that
+    name (column None: its whole output), else the problem network's column; None where the model has none."""
+    if name in bundle.heads:
+        return name, None
+    col = problem_columns(bundle).get(name)
+    return None if col is None else (PROBLEM, col)

@@ -221,8 +221,8 @@ class _OnnxRunner(Runner):
                 raise ArtifactError(f"{path}: unexpected ONNX input {inp.name!r}")
             self.widths[head] = inp.shape[1]
             head_outputs |= {o.name for o in sess.get_outputs()}
-        for name, enc in bundle.encoders.items():
-            if self.widths.get(name) != len(enc) or not {f"{name}_log_ms", f"{name}_score"} <= head_outputs:
+        for name in bundle.heads:  # (encoders may hold one by kind beside the heads': perfmodel.artifact.load)
+            if self.widths.get(name) != len(bundle.encoders[name]) or not {f"{name}_log_ms", f"{name}_score"} <= head_outputs:
                 raise ArtifactError(f"{path}: the ONNX graph does not match head {name!r} of the weights "
                                     f"(re-export with `perfmodel export-onnx`)")
         self.heads = frozenset(self.head_sessions)

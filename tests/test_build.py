@@ -51,21 +51,34 @@ def test_ci_recipe_builds_a_model_the_predictor_serves(built):
         for kernel in ("autotune", "inductor"):  # the static head serves the inductor mode
             assert Predictor.load(built, backend=backend, kernel=kernel).rank(prob, cfgs, top_k=1)[0]
     assert ranked["torch"][0] == ranked["onnx"][0]
+    # the problem network serves the cuBLAS time and the call, the same on both backends
+    probs = [GemmProblem(m=m, n=n, k=k, dtype=d) for m, n, k, d in ((512, 4096, 1024, "bfloat16"), (64, 768, 3072, "float16"),
+                                                                     (4096, 4096, 4096, "float32"))]
+    for kernel in ("autotune", "inductor"):
+        ms, prefer = {}, {}
+        for backend in ("torch", "onnx"):
+            p = Predictor.load(built, backend=backend, kernel=kernel)
+            assert p.has_cublas
+            ms[backend], prefer[backend] = p.predict_cublas_many(probs), p.prefers_cublas_many(probs)
+        # float32 rounding of two graphs of the same weights (the backends' check: rtol 1e-3)
+        assert ms["torch"] == pytest.approx(ms["onnx"], rel=1e-3) and (ms["torch"] > 0).all()
+        assert (prefer["torch"] == prefer["onnx"]).all()
 
 
 @pytest.mark.slow
 def test_the_build_record(built):
     meta = json.loads((built / "metadata.json").read_text())
-    assert set(meta["heads"]) == {"gemm", "screen", "cublas", "pad", "student", "static", "call", "call_static"}
+    assert set(meta["heads"]) == {"gemm", "screen", "pad", "student", "static", "problem"}
+    assert meta["problem_outputs"] == ["cublas", "call", "call_static"]
     b = meta["build"]
     assert b["recipe"]["text"] == (REPO / "recipes" / "ci-small.toml").read_text()
     assert b["command"] == f"perfmodel build --recipe recipes/ci-small.toml --out {built}"
     assert [s["step"] for s in b["steps"]] == ["data", "load", "train", "baselines", "distill", "static-head",
-                                               "call-head", "evaluate", "write"]
+                                               "problem-head", "evaluate", "write"]
     assert all(s["seconds"] >= 0 for s in b["steps"]) and b["threads"] == 2 and b["seed"] == 0
     assert b["commit"] == "unknown" or len(b["commit"].removesuffix("-dirty")) == 40
     steps = {s["step"]: s["settings"] for s in b["steps"]}
-    assert steps["train"]["epochs"] == 2 and steps["static-head"]["hidden"] == [16] and steps["call-head"]["members"] == 1
+    assert steps["train"]["epochs"] == 2 and steps["static-head"]["hidden"] == [16] and steps["problem-head"]["members"] == 1
     # the hash over every shard file of data/h100: sorted paths relative to the folder, then each file's bytes
     folder = REPO / "data" / "h100"
     h = hashlib.sha256()
@@ -122,7 +135,11 @@ def test_recipe_errors_name_the_key(tmp_path):
     shipped = json.loads((REPO / "models" / "h100" / "metadata.json").read_text())
     assert (r.train.epochs, r.train.gemm_members, r.train.screen_keep, r.train.lead_keep) == \
         (shipped["settings"]["epochs"], shipped["settings"]["gemm_members"], shipped["screen_keep"], shipped["lead_keep"])
-    assert r.call.epochs == shipped["call_settings"]["epochs"] and r.static.epochs == shipped["static_settings"]["epochs"]
+    assert r.static.epochs == shipped["static_settings"]["epochs"]
+    # the problem network in place of the shipped cuBLAS and call heads, with the cuBLAS head's settings
+    assert r.call is None and (r.problem.hidden, r.problem.members, r.problem.epochs) == (
+        tuple(shipped["cublas_head_settings"]["hidden"]), shipped["cublas_head_settings"]["members"],
+        shipped["cublas_head_settings"]["epochs"])
 
 
 def test_a_failed_build_leaves_the_previous_folder(tmp_path, monkeypatch):
@@ -135,12 +152,12 @@ def test_a_failed_build_leaves_the_previous_folder(tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)
 
     def fail(*a, **k):
-        raise RuntimeError("the call step failed")
+        raise RuntimeError("the problem step failed")
 
-    monkeypatch.setattr(recipe, "call_step", fail)
+    monkeypatch.setattr(recipe, "problem_step", fail)
     small = (REPO / "recipes" / "ci-small.toml").read_text().replace("slice_problems = 200", "slice_problems = 40")
     (tmp_path / "r.toml").write_text(small)
-    with pytest.raises(RuntimeError, match="call step"):
+    with pytest.raises(RuntimeError, match="problem step"):
         recipe.run_build(tmp_path / "r.toml", out=out, log=lambda *a: None)
     assert [p.name for p in out.iterdir()] == ["metadata.json"] and (out / "metadata.json").read_text() == "{}"
     assert [p.name for p in tmp_path.iterdir()] == ["model", "r.toml"]  # no temporary folder left

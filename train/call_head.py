@@ -96,7 +96,7 @@ def times_call(bundle: artifact.ModelBundle, table: GemmTable, static: PerfMLP |
     best = np.full(len(table.problems), np.inf)
     np.minimum.at(best, table.problem_idx, log_ms)
     with torch.inference_mode():
-        cub = ev.head_outputs(bundle.heads["cublas"], bundle.encoders["cublas"].encode(torch.from_numpy(table.problems)))[1]
+        cub = ev.head_outputs(artifact.problem_output(bundle, "cublas"), bundle.encoders["cublas"].encode(torch.from_numpy(table.problems)))[1]
     return cub - best
 
 

@@ -117,6 +117,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                  "dataset: GEMM problems, cublas_only problems, pad rows' unpadded times", CublasHeadSettings(),
                  "the model's dataset; a model of several devices: repeat, one folder per device in the model's "
                  "device order", "each member's hidden widths", head_settings, several_devices=True)
+    from .problem_head import ProblemHeadSettings
+
+    _head_parser(sub, "problem-head", "fit the problem network (torch.mm's time and the cuBLAS-or-Triton calls, one "
+                 "MLP) in place of a model folder's cublas, call and call_static heads", ProblemHeadSettings(),
+                 "the model's dataset; its gemm_static parts give the call_static output; a model of several "
+                 "devices: repeat, one folder per device in the model's device order", "each member's hidden widths",
+                 head_settings, several_devices=True)
 
 
 def _head_parser(sub: argparse._SubParsersAction, name: str, help: str, settings: typing.Any, data_help: str,
@@ -149,7 +156,7 @@ def _from_args(cls: typing.Any, args: argparse.Namespace) -> typing.Any:
     return cls(**{k: getattr(args, k) for k in cls.__dataclass_fields__})
 
 
-REFITS = ("distill", "static-head", "call-head", "cublas-head")
+REFITS = ("distill", "static-head", "call-head", "cublas-head", "problem-head")
 
 
 def _refit(args: argparse.Namespace, command: str) -> dict:
@@ -158,6 +165,7 @@ def _refit(args: argparse.Namespace, command: str) -> dict:
     from .call_head import CallHeadSettings
     from .cublas_head import CublasHeadSettings
     from .distill import DistillSettings
+    from .problem_head import ProblemHeadSettings
     from .static_head import StaticHeadSettings
 
     if args.command == "distill":
@@ -170,7 +178,8 @@ def _refit(args: argparse.Namespace, command: str) -> dict:
             given["data"] = tuple(given["data"])
         return refit.refit_student(DistillSettings(**given), command=command)
     fit, cls = {"static-head": (refit.refit_static, StaticHeadSettings), "call-head": (refit.refit_call, CallHeadSettings),
-                "cublas-head": (refit.refit_cublas, CublasHeadSettings)}[args.command]
+                "cublas-head": (refit.refit_cublas, CublasHeadSettings),
+                "problem-head": (refit.refit_problem, ProblemHeadSettings)}[args.command]
     return fit(_from_args(cls, args), command=command)
 
 

@@ -65,8 +65,9 @@ def static_results(bundle: artifact.ModelBundle, ds, split: np.ndarray) -> dict 
     st = split_static(ds.gemm, load_static(ds.folder), split)
     if not len(st.problems):
         return None
-    return {"problems": len(st.problems), "autotune": ranking_metrics(bundle, None, st, bundle.heads.get(artifact.CALL)),
-            "inductor": ranking_metrics(bundle, bundle.heads[artifact.STATIC], st, bundle.heads.get(artifact.CALL_STATIC))}
+    calls = {name: artifact.problem_output(bundle, name) for name in (artifact.CALL, artifact.CALL_STATIC)}
+    return {"problems": len(st.problems), "autotune": ranking_metrics(bundle, None, st, calls[artifact.CALL]),
+            "inductor": ranking_metrics(bundle, bundle.heads[artifact.STATIC], st, calls[artifact.CALL_STATIC])}
 
 
 def run_eval(args: argparse.Namespace) -> int:

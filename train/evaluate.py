@@ -65,8 +65,8 @@ def evaluate_bundle(bundle, data, *, seed: int | None = None,
         best_pred = np.full(len(test.problems), np.inf)
         np.minimum.at(best_pred, test.problem_idx, pred)
         cx = bundle.encoders["cublas"].encode(torch.from_numpy(test.problems))
-        call = bundle.heads.get(artifact.CALL)
-        cmet = cublas_metrics(test, bundle.heads["cublas"].eval()(cx).double().numpy(), best_pred,
+        call = artifact.problem_output(bundle, artifact.CALL)
+        cmet = cublas_metrics(test, artifact.problem_output(bundle, "cublas").eval()(cx).double().numpy(), best_pred,
                               None if call is None else call.eval().score(cx).double().numpy())
         pmet = {}
         if "pad" in bundle.heads:

@@ -128,7 +128,7 @@ def model_card(meta: dict[str, Any]) -> str:
   {meta['dataset']['gemm_problems']} problems, {meta['dataset']['pad_rows']} pad rows.
 - Split: by {meta['settings'].get('split', 'problem')} (seed {meta['settings']['seed']}): train {meta['split']['train']}, val {meta['split']['val']}, test {meta['split']['test']} problems;
   no problem is in two sets. Metrics below are on the test problems only.
-- Heads: gemm (Triton config runtime), cublas (torch.mm runtime), pad (orig and padded runtime), and
+- Heads: gemm (Triton config runtime), {_problem_heads(meta)}, pad (orig and padded runtime), and
   screen (a small head distilled from gemm: ranking scores every config with it and the gemm head
   only its best {meta.get('screen_keep', '-')} per problem, when there are more than twice as many).
   Networks (hidden widths): {'; '.join(nets) or '-'}.
@@ -207,6 +207,12 @@ def _static_line(meta: dict[str, Any]) -> str:
             f"{m['problems/train']} train problems' static rows.\n")
 
 
+def _problem_heads(meta: dict[str, Any]) -> str:
+    """The card's name of the heads on the problem features: the cublas head, or the problem network's outputs."""
+    outs = meta.get("problem_outputs")
+    return "cublas (torch.mm runtime)" if not outs else f"problem (one network: {', '.join(outs)})"
+
+
 def _cublas_line(meta: dict[str, Any]) -> str:
     """The model card's line on a cuBLAS head refitted on every torch.mm time (`perfmodel cublas-head`)."""
     m = meta.get("cublas_head_metrics")
@@ -225,7 +231,9 @@ def _cublas_line(meta: dict[str, Any]) -> str:
     by = m.get("by_device") or {}
     n = sum(sum(d.get("rows", {}).values()) for d in by.values()) if by else sum(m.get("rows", {}).values())
     per = " ".join(f"{dev}: {errors(d)}." for dev, d in by.items()) if by else errors(m) + "."
-    return (f"- cuBLAS head (`perfmodel cublas-head`): fitted on {n} torch.mm times{f' of {len(by)} devices' if by else ''} "
+    head = ("problem network's cuBLAS output (`perfmodel problem-head`)" if "problem_outputs" in meta
+            else "cuBLAS head (`perfmodel cublas-head`)")
+    return (f"- {head}: fitted on {n} torch.mm times{f' of {len(by)} devices' if by else ''} "
             f"(GEMM problems, problems of every alignment class and layout timed for cuBLAS alone, pad rows' unpadded "
             f"times); mean |log error| on each kind's test rows{' (the head before it -> this one)' if _has_before(m) else ''}: "
             f"{per}\n")
@@ -248,7 +256,9 @@ def _call_line(meta: dict[str, Any]) -> str:
 
     by = m.get("by_device") or {}
     where = "; ".join(f"{dev}: {right(d)}" for dev, d in by.items()) if by else right(m)
-    return (f"- cuBLAS call heads (`perfmodel call-head`; `prefer_cublas`): the call whether cuBLAS beats the best "
+    head = ("problem network's call outputs (`perfmodel problem-head`" if "problem_outputs" in meta
+            else "cuBLAS call heads (`perfmodel call-head`")
+    return (f"- {head}; `prefer_cublas`): the call whether cuBLAS beats the best "
             f"Triton config is right on {where}.\n")
 
 

@@ -24,11 +24,12 @@ def fit_plain(head: PerfMLP, x: torch.Tensor, y: torch.Tensor, s: Any, seed: int
               device: str = "cpu") -> PerfMLP:
     """head (inputs standardised on x) fitted so that forward(rows) matches y: AdamW (s.lr, s.weight_decay),
     one cycle over s.epochs epochs of s.batch_rows-row batches shuffled by seed; on_epoch(epoch, mean train
-    loss) after each epoch. loss: "smooth_l1" (s.huber_beta) on forward's output flattened, or "l1" on it
-    as it is. whole_batches: a last partial batch of each epoch is left out (else it is a smaller batch).
+    loss) after each epoch. loss: "smooth_l1" (s.huber_beta) on forward's output flattened, "l1" on it
+    as it is, or "masked_smooth_l1" for several outputs (y (N, k), NaN where a row has no target): per
+    output the smooth L1 over its rows with a target, the outputs' means summed. whole_batches: a last partial batch of each epoch is left out (else it is a smaller batch).
     device: where the rows and the head live while fitting (the head comes back on the CPU, in eval mode)."""
-    if loss not in ("smooth_l1", "l1"):
-        raise ValueError(f"loss: expected 'smooth_l1' or 'l1', got {loss!r}")
+    if loss not in ("smooth_l1", "l1", "masked_smooth_l1"):
+        raise ValueError(f"loss: expected 'smooth_l1', 'l1' or 'masked_smooth_l1', got {loss!r}")
     head.set_normalisation(x.mean(0), x.std(0))
     dev = torch.device(device)
     head.to(dev).train()
@@ -43,6 +44,8 @@ def fit_plain(head: PerfMLP, x: torch.Tensor, y: torch.Tensor, s: Any, seed: int
             idx = order[i * s.batch_rows:(i + 1) * s.batch_rows]
             if loss == "l1":
                 value = (forward(xd[idx]) - yd[idx]).abs().mean()
+            elif loss == "masked_smooth_l1":
+                value = masked_smooth_l1(forward(xd[idx]), yd[idx], s.huber_beta)
             else:
                 value = torch.nn.functional.smooth_l1_loss(forward(xd[idx]).reshape(-1), yd[idx], beta=s.huber_beta)
             opt.zero_grad(set_to_none=True)
@@ -53,6 +56,14 @@ def fit_plain(head: PerfMLP, x: torch.Tensor, y: torch.Tensor, s: Any, seed: int
         if on_epoch is not None:
             on_epoch(epoch + 1, total / steps)
     return head.to("cpu").eval()
+
+
+def masked_smooth_l1(pred: torch.Tensor, y: torch.Tensor, beta: float) -> torch.Tensor:
+    """pred, y (N, k), y NaN where a row has no target for an output: per output the smooth L1 mean over
+    its rows with a target (0 for an output with none), summed over the outputs."""
+    have = torch.isfinite(y)
+    err = torch.nn.functional.smooth_l1_loss(pred, torch.where(have, y, pred.detach()), reduction="none", beta=beta)
+    return ((err * have).sum(0) / have.sum(0).clamp(min=1)).sum()
 
 
 def fit_ensemble(fit_member: Callable[[int], PerfMLP], n: int, average: str, single_as_is: bool = True) -> PerfMLP:

@@ -23,6 +23,7 @@ from .data import (GemmTable, concat_gemm, joint_split, load_device_datasets, lo
                    subsample_training)
 from .distill import DistillSettings, fit_student_head
 from .folder import append_step, setting_value, settings_record, step_record, write_model_folder
+from .problem_head import ProblemHeadSettings, fit_problem_head, with_problem_head
 from .static_head import StaticHeadSettings, fit_static_head, load_static
 
 
@@ -108,6 +109,33 @@ def cublas_step(bundle: artifact.ModelBundle, datasets: list, s: CublasHeadSetti
     return metrics
 
 
+def problem_step(bundle: artifact.ModelBundle, datasets: list, s: ProblemHeadSettings, log: Any = print,
+                 splits: list[np.ndarray] | None = None) -> dict[str, Any]:
+    """Fit the problem network (train/problem_head.py) on datasets and put it in bundle in place of the cublas,
+    call and call_static heads (splits: each dataset's split of its problems, default model_splits); its
+    figures into cublas_head_metrics and call_metrics, the held-out GEMM problems' cuBLAS figures
+    re-evaluated with it. Returns its metrics."""
+    splits = model_splits(bundle, datasets) if splits is None else splits
+    fractions = parse_device_fractions(str(bundle.metadata.get("settings", {}).get("device_fraction") or ""))
+    head, metrics = fit_problem_head(bundle, datasets, splits, s, fractions, model_seed(bundle), log)
+    served = with_problem_head(bundle, head, tuple(metrics["outputs"]))
+    bundle.heads, bundle.encoders = served.heads, served.encoders
+    saved = {**settings_record(s, exclude=("data",)), "data": [setting_value(ds.folder) for ds in datasets]}
+    meta = {k: v for k, v in served.metadata.items() if k not in ("call_settings", "cublas_head_settings")}
+    meta.update({"cublas_head_metrics": metrics["cublas_head_metrics"], "call_metrics": metrics["call_metrics"],
+                 "problem_settings": saved})
+    devices = [ds.device for ds in datasets]
+    by_call = metrics["call_metrics"].get("by_device") or {devices[0]: metrics["call_metrics"]}
+    got = {ds.device: gemm_test_metrics(served.for_device(ds.device), ds.gemm, split_)
+           for ds, split_ in zip(datasets, splits)}
+    for dev, m in by_call.items():
+        if f"{artifact.CALL}/test/choice_accuracy" in m:
+            got[dev]["cublas/choice_accuracy"] = m[f"{artifact.CALL}/test/choice_accuracy"]
+    merge_cublas_metrics(meta, devices, got)
+    bundle.metadata = meta
+    return metrics
+
+
 def model_splits(bundle: artifact.ModelBundle, datasets: list) -> list[np.ndarray]:
     """The model's split of each dataset's GEMM problems: the family split as its metadata records it for a
     model trained on one (settings.split "family", train/families.py), else the joint split by problem."""
@@ -146,8 +174,8 @@ def gemm_test_metrics(bundle: artifact.ModelBundle, table: GemmTable, split: np.
         best = np.full(len(test.problems), np.inf)
         np.minimum.at(best, test.problem_idx, pred)
         cx = bundle.encoders["cublas"].encode(torch.from_numpy(test.problems))
-        call = bundle.heads.get(artifact.CALL)
-        return ev.cublas_metrics(test, ev.head_outputs(bundle.heads["cublas"], cx)[1], best,
+        call = artifact.problem_output(bundle, artifact.CALL)
+        return ev.cublas_metrics(test, ev.head_outputs(artifact.problem_output(bundle, "cublas"), cx)[1], best,
                                  None if call is None else call.eval().score(cx).double().numpy())
 
 
@@ -225,10 +253,21 @@ def refit_call(s: CallHeadSettings, log: Any = print, command: str = "") -> dict
     """`perfmodel call-head`: the call heads of the folder s.model, rewritten in place."""
     t0 = time.perf_counter()
     bundle = load_model(s.model, s.threads)
+    _no_problem_head(bundle, s.model, "call-head")
     if "cublas" not in bundle.heads:
         raise ValueError(f"model: {s.model} has no cuBLAS head, so it makes no cuBLAS call")
     metrics = call_step(bundle, model_datasets(s, bundle), s, log)
     _rewrite(bundle, s, "call-head", t0, command)
+    return metrics
+
+
+def refit_problem(s: ProblemHeadSettings, log: Any = print, command: str = "") -> dict[str, Any]:
+    """`perfmodel problem-head`: the problem network of the folder s.model, in place of its cublas, call and
+    call_static heads (or its problem network refitted), rewritten in place."""
+    t0 = time.perf_counter()
+    bundle = load_model(s.model, s.threads)
+    metrics = problem_step(bundle, model_datasets(s, bundle), s, log)
+    _rewrite(bundle, s, "problem-head", t0, command)
     return metrics
 
 
@@ -238,8 +277,16 @@ def refit_cublas(s: CublasHeadSettings, log: Any = print, command: str = "") -> 
     check_settings(s)
     t0 = time.perf_counter()
     bundle = load_model(s.model, s.threads)
+    _no_problem_head(bundle, s.model, "cublas-head")
     if "cublas" not in bundle.heads:
         raise ValueError(f"model: {s.model} has no cuBLAS head to refit")
     metrics = cublas_step(bundle, model_datasets(s, bundle), s, log)
     _rewrite(bundle, s, "cublas-head", t0, command)
     return metrics
+
+
+def _no_problem_head(bundle: artifact.ModelBundle, model: Path, command: str) -> None:
+    """ValueError naming model for a folder whose problem network holds the head `command` refits."""
+    if artifact.PROBLEM in bundle.heads:
+        raise ValueError(f"model: {model} has a problem network in place of the cublas and call heads; refit it "
+                         f"with `perfmodel problem-head`, not `perfmodel {command}`")

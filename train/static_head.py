@@ -127,9 +127,10 @@ def ranking_metrics(bundle: artifact.ModelBundle, head: PerfMLP | None, table: G
     o = static_outputs(bundle, head, table)
     r = ev.rank_path(table, o["log_ms"], o["screen"], bundle.screen_keep, o["score"], o["lead"], bundle.lead_keep)
     out = {k: v for k, v in r.items() if "top1" in k or "top5" in k or "spearman" in k}
-    if "cublas" in bundle.heads and np.isfinite(table.cublas_ms).any():
+    cublas = artifact.problem_output(bundle, "cublas")
+    if cublas is not None and np.isfinite(table.cublas_ms).any():
         with torch.inference_mode():
-            cub = ev.head_outputs(bundle.heads["cublas"], bundle.encoders["cublas"].encode(torch.from_numpy(table.problems)))[1]
+            cub = ev.head_outputs(cublas, bundle.encoders["cublas"].encode(torch.from_numpy(table.problems)))[1]
         best = np.full(len(table.problems), np.inf)
         np.minimum.at(best, table.problem_idx, o["log_ms"])
         cx = bundle.encoders["cublas"].encode(torch.from_numpy(table.problems))
