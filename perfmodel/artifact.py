@@ -25,7 +25,8 @@ FORMAT = "perfmodel-artifact"
 WEIGHTS = "model.safetensors"
 METADATA = "metadata.json"
 ONNX = "model.onnx"
-HEADS = ("gemm", "cublas", "pad", "screen", "student", "static", "call", "call_static")  # all but gemm are optional
+HEADS = ("gemm", "cublas", "pad", "screen", "student", "static", "call", "call_static", "bmm",
+         "bmm_aten")  # all but gemm are optional
 # The head that predict / predict_many serve when a folder has it: one MLP distilled from the gemm head
 # (perfmodel distill, train/distill.py); a folder without it predicts with the gemm head.
 STUDENT = "student"
@@ -38,6 +39,11 @@ STATIC = "static"
 # static one (kernel="inductor"); below 0, cuBLAS wins (Candidates.prefer_cublas). Only their score is served.
 CALL = "call"
 CALL_STATIC = "call_static"
+# The batched GEMM (torch.bmm / baddbmm) heads (perfmodel bmm-head, train/bmm_head.py): log ms of a config of
+# Inductor's bmm template as Inductor compiles it, on the "bmm" encoder; and log ms of aten::bmm, on the
+# "bmm_aten" encoder. The Predictor serves a GemmProblem with batch > 1 by them.
+BMM = "bmm"
+BMM_ATEN = "bmm_aten"
 
 
 def with_static(score: torch.Tensor, static: torch.Tensor,

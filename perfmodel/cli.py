@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command in ("gen", "data"):
             from perfmodel.data_gen.cli import run
-        elif args.command in ("train", "build", "eval", "distill", "static-head", "call-head", "cublas-head"):
+        elif args.command in ("train", "build", "eval", "distill", "static-head", "call-head", "cublas-head", "bmm-head"):
             from perfmodel.train.cli import run
         else:
             from perfmodel.serve.commands import run

@@ -11,13 +11,15 @@ The steps, in the order the heads depend on each other:
 4. static   -- the static head (kernel="inductor"), on the gemm head and the screen;
 5. call     -- the cuBLAS call heads: call against the cuBLAS head's baseline, call_static against the
                static head;
+   bmm      -- the bmm heads (Inductor's bmm template and aten::bmm), on the first data folder's bmm rows;
+               skipped, with a message, where it has none;
 6. evaluate -- the held-out evaluation with every head in place (the cuBLAS figures use the call head);
 7. write    -- weights, metadata with the build record, the ONNX export, the model card; atomically: a
                failed build leaves the previous folder in place.
 
 The recipe's sections: [build] (data, out, seed, threads, slice_problems, mlflow), [train] (TrainSettings,
 the flags of `perfmodel train`), [student] (DistillSettings), [static] (StaticHeadSettings), [call]
-(CallHeadSettings); a head section left out is a head the model does not have. Paths are relative to the
+(CallHeadSettings), [bmm] (BmmHeadSettings); a head section left out is a head the model does not have. Paths are relative to the
 working directory. The metadata's `build` record keeps the recipe's text, the command, the code commit,
 the data hashes, the threads, the seed and each step with its settings and wall time (train/folder.py).
 """
@@ -37,17 +39,19 @@ import torch
 from perfmodel.artifact import code_commit
 
 from . import tracking
+from .bmm_head import BmmHeadSettings
 from .call_head import CallHeadSettings
 from .data import slice_dataset
 from .distill import DistillSettings
 from .folder import SHARD_KINDS, data_sha256, settings_record, step_record, write_model_folder
 from .pipeline import (TrainData, TrainSettings, evaluate_devices, fit_baselines, fit_heads, load_data,
                        model_metadata)
-from .refit import add_student, call_step, static_step
+from .refit import add_student, bmm_step, call_step, static_step
 from .static_head import StaticHeadSettings
 
 # Recipe section -> its settings dataclass; the fields [build] sets for every step are not theirs to set.
-SECTIONS = {"train": TrainSettings, "student": DistillSettings, "static": StaticHeadSettings, "call": CallHeadSettings}
+SECTIONS = {"train": TrainSettings, "student": DistillSettings, "static": StaticHeadSettings, "call": CallHeadSettings,
+            "bmm": BmmHeadSettings}
 BUILD_KEYS = {"data": list, "out": str, "seed": int, "threads": int, "slice_problems": int, "mlflow": bool}
 _SET_BY_BUILD = {"data", "out", "model", "seed", "threads", "command"}
 
@@ -67,6 +71,7 @@ class Recipe:
     student: DistillSettings | None = None
     static: StaticHeadSettings | None = None
     call: CallHeadSettings | None = None
+    bmm: BmmHeadSettings | None = None
 
 
 def _tomllib():
@@ -218,6 +223,8 @@ def _build(recipe: Recipe, train: TrainSettings, record: dict[str, Any], logger:
     if recipe.call is not None:
         splits = [d.split[d.problem_device == ds.device] for ds in d.datasets]  # the run's (problem or family)
         timed("call-head", recipe.call, lambda: call_step(bundle, d.datasets, recipe.call, log, splits))
+    if recipe.bmm is not None:  # the default device's folder (slices hold no bmm rows: the step is skipped)
+        timed("bmm-head", recipe.bmm, lambda: bmm_step(bundle, d.datasets[0].folder, recipe.bmm, log))
     evaluation = timed("evaluate", None, lambda: evaluate_devices(bundle, d, train.seed, baselines))
     return _write(recipe, train, d, bundle, evaluation, record, run_id, time.perf_counter() - t_start)
 
@@ -227,7 +234,7 @@ def _write(recipe: Recipe, train: TrainSettings, d: TrainData, bundle: Any, eval
     """The model folder: model_metadata, the heads' own entries (student, static, call, cuBLAS), the build
     record; written atomically, the write itself (ONNX export, card, load check) its last step."""
     added = {k: v for k, v in bundle.metadata.items()
-             if k.startswith(("student_", "static_", "call_", "cublas_head_"))}
+             if k.startswith(("student_", "static_", "call_", "cublas_head_", "bmm_"))}
     meta = {**model_metadata(train, d, bundle, evaluation, settings_record(train), run_id, seconds), **added,
             "build": record}
     first = record["data"][0]  # the recipe's folder and the hash over every shard file of it
