@@ -11,8 +11,8 @@ import torch
 
 from perfmodel import artifact
 from perfmodel.devices import get_spec
-from perfmodel.train.bmm_head import (BmmHeadSettings, encode, fit_bmm_heads, floor_column, load_bmm,
-                                      predict_log_ms, split_by_shape)
+from perfmodel.train.bmm_head import (BmmHeadSettings, BmmTable, cross_validate, encode, fit_bmm_heads,
+                                      floor_column, load_bmm, predict_log_ms, shape_folds, split_by_shape)
 from perfmodel.train.refit import bmm_step, refit_bmm
 from tests._synthetic import (make_synthetic_bundle, synthetic_header, write_synthetic_bmm, write_synthetic_dataset,
                               write_synthetic_model)
@@ -71,7 +71,42 @@ def test_the_fitter_learns_floors_and_writes_nothing(bmm_data, tmp_path):
     assert torch.allclose(x[:, f].double(), one, rtol=1e-5)
 
 
-@pytest.mark.parametrize("field, value", [("epochs", 0), ("members", 0), ("aten_epochs", -1), ("hidden", ()),
+def _as_batch_one(t: BmmTable) -> BmmTable:
+    """t's rows as batch-1 rows (what static_table makes of a folder's gemm_static rows)."""
+    p = t.problems.copy()
+    p[:, 8] = 1
+    return BmmTable(p, t.modes, t.families, t.shape, np.full(len(p), np.nan), t.problem_idx, t.configs, t.ms / 8,
+                    t.inductor)
+
+
+def test_batch_one_rows_join_the_triton_heads_training_set_only(bmm_data):
+    t = load_bmm(bmm_data)
+    split = split_by_shape(t, 0)
+    extra = _as_batch_one(t)
+    _, with_rows = fit_bmm_heads(t, split, SPEC, 3, BmmHeadSettings(**SMALL), quiet, extra)
+    _, without = fit_bmm_heads(t, split, SPEC, 3, BmmHeadSettings(**SMALL, static_rows=False), quiet, extra)
+    assert with_rows["static_rows"] == len(t.ms) and without["static_rows"] == 0
+    # the figures are on table's problems either way; the aten head never sees the extra rows
+    assert with_rows["test/problems"] == without["test/problems"]
+    assert with_rows["test/aten/mean_abs_log_err"] == without["test/aten/mean_abs_log_err"]
+    assert with_rows["test/triton/mean_abs_log_err"] != without["test/triton/mean_abs_log_err"]
+
+
+def test_cross_validation_holds_every_problem_out_once(bmm_data):
+    t = load_bmm(bmm_data)
+    folds = shape_folds(t, 4, 0)
+    assert set(folds.tolist()) == {0, 1, 2, 3}
+    for s in set(t.shape.tolist()):
+        assert len(set(folds[t.shape == s].tolist())) == 1
+    said: list[str] = []
+    m = cross_validate(t, SPEC, 3, BmmHeadSettings(**SMALL, cv_folds=4), 0, None, said.append)
+    assert m["cv/problems"] == len(t.problems) and m["cv/folds"] == 4 and m["cv/members"] == 1
+    assert 0.0 < m["cv/all/top1_eff"] <= m["cv/all/top5_eff"] <= 1.0 and 0.0 <= m["cv/call/accuracy"] <= 1.0
+    assert sum("fold" in line for line in said) == 4
+
+
+@pytest.mark.parametrize("field, value", [("cv_folds", 1), ("cv_folds", -1), ("rank_weight", -1.0),
+                                          ("problems_per_batch", 0), ("epochs", 0), ("members", 0), ("aten_epochs", -1), ("hidden", ()),
                                           ("aten_hidden", (0,)), ("batch_rows", 2.5)])
 def test_bad_settings_are_refused_naming_the_field(bmm_data, field, value):
     t = load_bmm(bmm_data)

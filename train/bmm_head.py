@@ -24,8 +24,9 @@ Lightning and no MLflow.
 """
 from __future__ import annotations
 
+import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ from perfmodel.locations import default_model_dir
 from perfmodel.model import MLPConfig, PerfMLP
 
 from .data import _mode, _problem_row, split_problems
+from .losses import within_problem_loss
 from .loop import fit_ensemble, fit_plain
 
 BMM, BMM_ATEN = artifact.BMM, artifact.BMM_ATEN
@@ -53,14 +55,27 @@ class BmmHeadSettings:
     # chosen on the val problems (top-1 and the call; docs/model.md, "Batched GEMMs")
     hidden: tuple[int, ...] = (128, 128, 128)
     members: int = 3
-    epochs: int = 200
+    epochs: int = 100
     batch_rows: int = 256
     lr: float = 2e-3
     weight_decay: float = 1e-4
     huber_beta: float = 0.05
+    # the Triton head: smooth L1 on the floored log ms plus rank_weight x the within-problem ranking term
+    # (train/losses.py, rank_tau), on batches of problems_per_batch whole problems
+    rank_weight: float = 3.0
+    rank_tau: float = 0.3
+    problems_per_batch: int = 8
+    # the folder's gemm_static rows (Inductor's mm template as Inductor compiles it, perfmodel gen static)
+    # as batch-1 rows of the Triton head's training set: the bmm template is the mm template with a batch
+    # dimension in its grid, and these rows cover ~1,500 more shapes
+    static_rows: bool = True
     aten_hidden: tuple[int, ...] = (64, 64)
     aten_members: int = 5
     aten_epochs: int = 400
+    # > 0: also cross-validate -- every problem held out once, in cv_folds folds by shape (seeded), each fold's
+    # heads fitted with cv_members members -- for figures over all the problems ("cv/" in the metrics)
+    cv_folds: int = 0
+    cv_members: int = 1
     seed: int = 0
     threads: int = 0               # torch CPU threads (0: torch's default)
 
@@ -169,15 +184,51 @@ def split_by_shape(table: BmmTable, seed: int) -> np.ndarray:
     return split_problems(table.modes[first], seed)[table.shape]
 
 
-def fit_member(x: torch.Tensor, y: torch.Tensor, hidden: tuple[int, ...], s: BmmHeadSettings, epochs: int,
-               seed: int, floor: int) -> PerfMLP:
-    """One MLP (standardised inputs, no norm layers, a learned overhead, the physical floor on input column
-    floor) fitted to the log ms y with smooth L1 on its floored output."""
+def new_head(n_inputs: int, hidden: tuple[int, ...], seed: int, floor: int) -> PerfMLP:
+    """An MLP (no norm layers, a learned overhead, the physical floor on input column floor)."""
     torch.manual_seed(seed)
-    head = PerfMLP(MLPConfig(x.shape[1], tuple(hidden), "none", floor_features=(floor,)))
+    return PerfMLP(MLPConfig(n_inputs, tuple(hidden), "none", floor_features=(floor,)))
+
+
+def fit_aten(x: torch.Tensor, y: torch.Tensor, s: BmmHeadSettings, seed: int, floor: int) -> PerfMLP:
+    """One aten::bmm member fitted to the log ms y with smooth L1 on its floored output (fit_plain)."""
     plain = type("S", (), {"lr": s.lr, "weight_decay": s.weight_decay, "batch_rows": s.batch_rows,
-                           "huber_beta": s.huber_beta, "epochs": epochs})
+                           "huber_beta": s.huber_beta, "epochs": s.aten_epochs})
+    head = new_head(x.shape[1], s.aten_hidden, seed, floor)
     return fit_plain(head, x, y, plain, seed, head)
+
+
+def fit_ranked(x: torch.Tensor, y: torch.Tensor, group: np.ndarray, s: BmmHeadSettings, seed: int,
+               floor: int) -> PerfMLP:
+    """One Triton member (inputs standardised on x) fitted on batches of s.problems_per_batch whole problems
+    (group: each row's problem): smooth L1 on the floored log ms plus s.rank_weight x within_problem_loss on
+    the score; AdamW, one cycle over s.epochs epochs, shuffled by seed."""
+    head = new_head(x.shape[1], s.hidden, seed, floor)
+    head.set_normalisation(x.mean(0), x.std(0))
+    head.train()
+    order = np.argsort(group, kind="stable")
+    cuts = np.flatnonzero(np.r_[True, group[order][1:] != group[order][:-1], True])
+    rows = [torch.from_numpy(order[a:b]) for a, b in zip(cuts[:-1], cuts[1:])]   # each problem's rows
+    steps = math.ceil(len(rows) / s.problems_per_batch)
+    opt = torch.optim.AdamW(head.parameters(), lr=s.lr, weight_decay=s.weight_decay)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=s.lr, total_steps=s.epochs * steps, pct_start=0.1)
+    rng = np.random.default_rng(seed)
+    for _ in range(s.epochs):
+        perm = rng.permutation(len(rows))
+        for i in range(steps):
+            batch = [rows[j] for j in perm[i * s.problems_per_batch:(i + 1) * s.problems_per_batch]]
+            idx = torch.cat(batch)
+            inv = torch.cat([torch.full((len(r),), k) for k, r in enumerate(batch)])
+            xb, yb = x[idx], y[idx]
+            z = head.score(xb)
+            loss = torch.nn.functional.smooth_l1_loss(head.floor(z, xb).reshape(-1), yb, beta=s.huber_beta)
+            if s.rank_weight > 0:
+                loss = loss + s.rank_weight * within_problem_loss(z.reshape(-1), yb, inv, s.rank_tau)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+    return head.eval()
 
 
 def encode(table: BmmTable, spec: Any, version: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -193,24 +244,45 @@ def floor_column(kind: str, spec: Any, version: int) -> int:
     return FeatureEncoder(spec, kind, version).names.index("log_bmm_roofline_ms")
 
 
+def static_table(folder: Path) -> BmmTable | None:
+    """The folder's gemm_static rows (train/static_head.py load_static) as batch-1 bmm rows, family "mm"; None
+    where it has none."""
+    from .static_head import has_static_rows, load_static
+
+    if not has_static_rows(folder):
+        return None
+    st = load_static(folder)
+    n = len(st.problems)
+    return BmmTable(np.concatenate([st.problems, np.ones((n, 1))], 1), st.modes, np.full(n, "mm"), np.arange(n),
+                    np.full(n, np.nan), st.problem_idx, st.configs, st.ms, np.zeros(len(st.ms), dtype=bool))
+
+
 def fit_bmm_heads(table: BmmTable, split: np.ndarray, spec: Any, version: int, s: BmmHeadSettings,
-                  log: Any = print) -> tuple[dict[str, PerfMLP], dict[str, Any]]:
+                  log: Any = print, extra: BmmTable | None = None) -> tuple[dict[str, PerfMLP], dict[str, Any]]:
     """The bmm and bmm_aten heads fitted on the train problems (split: per problem of table) for device spec
-    (encoder version), and their figures per split. Writes nothing."""
+    (encoder version), the Triton head also on every row of extra (static_table's batch-1 rows) where
+    s.static_rows; and their figures per split of table. Writes nothing."""
     check_settings(s)
     t0 = time.perf_counter()
     x, xa = encode(table, spec, version)
     y, ya = torch.from_numpy(np.log(table.ms)).float(), torch.from_numpy(np.log(table.aten_ms)).float()
-    tr = torch.from_numpy(split[table.problem_idx] == 0)
+    tr = split[table.problem_idx] == 0
     tra = torch.from_numpy((split == 0) & np.isfinite(table.aten_ms))
+    xt, yt, group = x[torch.from_numpy(tr)], y[torch.from_numpy(tr)], table.problem_idx[tr]
+    extra_rows = 0
+    if extra is not None and s.static_rows:
+        extra_rows = len(extra.ms)
+        xt = torch.cat([xt, encode(extra, spec, version)[0]])
+        yt = torch.cat([yt, torch.from_numpy(np.log(extra.ms)).float()])
+        group = np.concatenate([group, extra.problem_idx + len(table.problems)])
     log(f"bmm-head: {len(table.problems)} problems ({int((split == 0).sum())} train), {len(table.ms)} Triton rows "
-        f"({int(tr.sum())} train), {int(np.isfinite(table.aten_ms).sum())} aten::bmm times")
+        f"({int(tr.sum())} train, + {extra_rows} batch-1 static rows), "
+        f"{int(np.isfinite(table.aten_ms).sum())} aten::bmm times")
     f, fa = floor_column("bmm", spec, version), floor_column("bmm_aten", spec, version)
-    head = fit_ensemble(lambda i: fit_member(x[tr], y[tr], s.hidden, s, s.epochs, s.seed + i, f), s.members,
-                        "before_floor")
-    aten = fit_ensemble(lambda i: fit_member(xa[tra], ya[tra], s.aten_hidden, s, s.aten_epochs, s.seed + i, fa),
-                        s.aten_members, "before_floor")
+    head = fit_ensemble(lambda i: fit_ranked(xt, yt, group, s, s.seed + i, f), s.members, "before_floor")
+    aten = fit_ensemble(lambda i: fit_aten(xa[tra], ya[tra], s, s.seed + i, fa), s.aten_members, "before_floor")
     metrics = bmm_metrics(table, split, predict_log_ms(head, x), predict_log_ms(aten, xa))
+    metrics["static_rows"] = extra_rows
     metrics["seconds"] = time.perf_counter() - t0
     _log_figures(metrics, log)
     return {BMM: head, BMM_ATEN: aten}, metrics
@@ -223,10 +295,14 @@ def predict_log_ms(head: PerfMLP, x: torch.Tensor) -> np.ndarray:
 
 def check_settings(s: BmmHeadSettings) -> None:
     """ValueError naming the field of a setting out of range."""
-    for name in ("epochs", "members", "batch_rows", "aten_members", "aten_epochs"):
+    for name in ("epochs", "members", "batch_rows", "aten_members", "aten_epochs", "problems_per_batch", "cv_members"):
         v = getattr(s, name)
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name}: must be an int >= 1, got {v!r}")
+    if isinstance(s.cv_folds, bool) or not isinstance(s.cv_folds, int) or s.cv_folds < 0 or s.cv_folds == 1:
+        raise ValueError(f"cv_folds: must be 0 (none) or an int >= 2, got {s.cv_folds!r}")
+    if isinstance(s.rank_weight, bool) or not s.rank_weight >= 0:
+        raise ValueError(f"rank_weight: must be >= 0, got {s.rank_weight!r}")
     for name in ("hidden", "aten_hidden"):
         if not getattr(s, name) or min(getattr(s, name)) < 1:
             raise ValueError(f"{name}: expected one or more widths >= 1, got {getattr(s, name)}")
@@ -302,6 +378,41 @@ def _log_figures(m: dict[str, Any], log: Any) -> None:
         call = m.get(f"{split}/call/accuracy")
         log(f"bmm-head: {split} problems ({m[f'{split}/problems']}): top-1/top-5 {per}"
             + (f"; aten-or-Triton call right on {call:.4f}" if call is not None else ""))
+
+
+def shape_folds(table: BmmTable, folds: int, seed: int) -> np.ndarray:
+    """Per problem, its fold (0 .. folds - 1): the shapes dealt out round-robin in a seeded order within each
+    dtype mode, each problem in its shape's fold."""
+    first = np.unique(table.shape, return_index=True)[1]
+    modes = table.modes[first]
+    rng = np.random.default_rng(seed)
+    fold = np.zeros(len(first), dtype=np.int64)
+    for mode in np.unique(modes):
+        idx = rng.permutation(np.flatnonzero(modes == mode))
+        fold[idx] = np.arange(len(idx)) % folds
+    return fold[table.shape]
+
+
+def cross_validate(table: BmmTable, spec: Any, version: int, s: BmmHeadSettings, seed: int,
+                   extra: BmmTable | None = None, log: Any = print) -> dict[str, Any]:
+    """bmm_metrics with every problem held out once: s.cv_folds folds by shape (shape_folds with seed), each
+    fold's heads (s.cv_members members) fitted on the other folds' problems (and extra); "cv/" figures."""
+    fold = shape_folds(table, s.cv_folds, seed)
+    pred, pred_aten = np.zeros(len(table.ms)), np.zeros(len(table.problems))
+    one = replace(s, members=s.cv_members, aten_members=s.cv_members)
+    x, xa = encode(table, spec, version)
+    for f in range(s.cv_folds):
+        held = fold == f
+        heads, _ = fit_bmm_heads(table, np.where(held, 2, 0), spec, version, one, lambda *a: None, extra)
+        rows = held[table.problem_idx]
+        pred[rows] = predict_log_ms(heads[BMM], x[torch.from_numpy(rows)])
+        pred_aten[held] = predict_log_ms(heads[BMM_ATEN], xa[torch.from_numpy(held)])
+        log(f"bmm-head: cross-validation fold {f + 1}/{s.cv_folds} ({int(held.sum())} problems held out)")
+    m = bmm_metrics(table, np.full(len(table.problems), 2), pred, pred_aten)
+    out = {"cv/" + k.removeprefix("test/"): v for k, v in m.items()}
+    out.update({"cv/folds": s.cv_folds, "cv/members": s.cv_members})
+    _log_figures({k.replace("cv/", "test/", 1): v for k, v in out.items()}, lambda t: log(t.replace("test", "cv", 1)))
+    return out
 
 
 def zero_shot_figures(bundle: artifact.ModelBundle, table: BmmTable, split: np.ndarray) -> dict[str, float]:

@@ -17,8 +17,8 @@ from perfmodel import artifact
 from perfmodel.locations import default_data_dir
 
 from . import evaluate as ev
-from .bmm_head import (BmmHeadSettings, bmm_data_record, fit_bmm_heads, has_bmm_rows, load_bmm_checked, split_by_shape,
-                       zero_shot_figures)
+from .bmm_head import (BmmHeadSettings, bmm_data_record, cross_validate, fit_bmm_heads, has_bmm_rows, load_bmm_checked, split_by_shape,
+                       static_table, zero_shot_figures)
 from .call_head import CallHeadSettings, fit_call_heads
 from .cublas_head import CublasHeadSettings, check_settings, encode_rows, fit_cublas_head, model_rows
 from .data import (GemmTable, concat_gemm, joint_split, load_device_datasets, load_gemm, parse_device_fractions,
@@ -122,8 +122,11 @@ def bmm_step(bundle: artifact.ModelBundle, folder: Path, s: BmmHeadSettings, log
     table = load_bmm_checked(folder, bundle.devices[0])
     version = bundle.encoders["gemm"].version
     split = split_by_shape(table, model_seed(bundle))
-    heads, metrics = fit_bmm_heads(table, split, bundle.spec, version, s, log)
+    extra = static_table(folder)  # the folder's gemm_static rows as batch-1 rows (s.static_rows)
+    heads, metrics = fit_bmm_heads(table, split, bundle.spec, version, s, log, extra)
     metrics["zero_shot"] = zero_shot_figures(bundle, table, split)
+    if s.cv_folds:
+        metrics.update(cross_validate(table, bundle.spec, version, s, model_seed(bundle), extra, log))
     for name, head in heads.items():
         bundle.heads[name] = head
         bundle.encoders[name] = FeatureEncoder(bundle.spec, name, version)
