@@ -26,7 +26,7 @@ WEIGHTS = "model.safetensors"
 METADATA = "metadata.json"
 ONNX = "model.onnx"
 HEADS = ("gemm", "cublas", "pad", "screen", "student", "static", "call", "call_static", "bmm",
-         "bmm_aten")  # all but gemm are optional
+         "bmm_aten", "bmm_call")  # all but gemm are optional
 # The head that predict / predict_many serve when a folder has it: one MLP distilled from the gemm head
 # (perfmodel distill, train/distill.py); a folder without it predicts with the gemm head.
 STUDENT = "student"
@@ -41,9 +41,12 @@ CALL = "call"
 CALL_STATIC = "call_static"
 # The batched GEMM (torch.bmm / baddbmm) heads (perfmodel bmm-head, train/bmm_head.py): log ms of a config of
 # Inductor's bmm template as Inductor compiles it, on the "bmm" encoder; and log ms of aten::bmm, on the
-# "bmm_aten" encoder. The Predictor serves a GemmProblem with batch > 1 by them.
+# "bmm_aten" encoder; and the bmm call head, per problem log(aten::bmm ms / the best Triton config's ms) on the
+# "bmm_aten" encoder (below 0, aten::bmm wins; only its score is served). The Predictor serves a GemmProblem
+# with batch > 1 by them.
 BMM = "bmm"
 BMM_ATEN = "bmm_aten"
+BMM_CALL = "bmm_call"
 
 
 def with_static(score: torch.Tensor, static: torch.Tensor,

@@ -3,8 +3,10 @@
 The model's bmm heads (perfmodel bmm-head, train/bmm_head.py) predict them: `bmm`, the log ms of a config of
 Inductor's bmm template (timed as Inductor compiles it, so the one kernel both kernel modes get: a batched
 problem is not ranked by the gemm head, its screen or the static head), and `bmm_aten`, the log ms of
-aten::bmm (the aten-or-Triton call: Candidates.cublas_ms and prefer_cublas, predict_cublas). Both heads'
-outputs carry the physical floor of the whole batch (flops and bytes times the batch). The rows are
+aten::bmm (predict_cublas, Candidates.cublas_ms), both with the physical floor of the whole batch (flops and
+bytes times the batch); and `bmm_call`, the aten-or-Triton call (Candidates.prefer_cublas,
+prefers_cublas_many, and the hooks through aten_call_ms): per problem log(aten::bmm ms / the best config's
+ms), below 0 aten::bmm wins. The rows are
 encoded here (the "bmm" / "bmm_aten" encoders) and scored by the Predictor's runner, so the torch and onnx
 backends serve them alike (model.onnx has each head's graph, bmm_x -> bmm_log_ms / bmm_score). Configs sort
 by the bmm head's score (its output before the floors, which never reorder a problem's configs), ties in
@@ -17,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 import torch
 
-from perfmodel.artifact import BMM, BMM_ATEN
+from perfmodel.artifact import BMM, BMM_ATEN, BMM_CALL
 from perfmodel.features import bmm_problems_tensor
 from perfmodel.schema import GemmProblem
 
@@ -85,3 +87,23 @@ def aten_ms(predictor: "Predictor", problems: Sequence[GemmProblem]) -> np.ndarr
     with torch.inference_mode():
         x = predictor.bundle.encoders[BMM_ATEN].encode(bmm_problems_tensor(problems))
     return predictor._ms(BMM_ATEN, x, "problems (aten::bmm)")
+
+
+def call_scores(predictor: "Predictor", problems: Sequence[GemmProblem]) -> np.ndarray | None:
+    """The bmm call head's output per problem (log(aten::bmm ms / the best config's ms); below 0 aten::bmm
+    wins), or None where the model has no call head."""
+    if BMM_CALL not in predictor.bundle.heads:
+        return None
+    with torch.inference_mode():
+        x = predictor.bundle.encoders[BMM_CALL].encode(bmm_problems_tensor(problems))
+    return predictor._checked(predictor._run.score(BMM_CALL, x).numpy().astype(np.float64).reshape(-1),
+                              "problems (bmm call)")
+
+
+def aten_call_ms(predictor: "Predictor", prob: GemmProblem, best_ms: float) -> float:
+    """The aten::bmm time the hooks weigh against the best ranked config's predicted time best_ms: what the
+    call head implies (best_ms x exp(its output): aten wins exactly where the call says so), else the
+    bmm_aten head's time. The hooks' rules (decisions.triton_expected_gain, triton_dropped) take it as the
+    aten kernel's time."""
+    score = call_scores(predictor, [prob])
+    return float(best_ms * np.exp(score[0])) if score is not None else float(aten_ms(predictor, [prob])[0])

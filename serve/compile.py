@@ -27,6 +27,7 @@ failure inside it falls back to Inductor's choices with one warning.
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator, Sequence
@@ -34,6 +35,7 @@ from typing import Any, Iterator, Sequence
 from perfmodel.configs import inductor_default_configs
 from perfmodel.schema import GemmConfig, GemmProblem
 
+from . import bmm
 from .decisions import triton_expected_gain
 from .predictor import Predictor, _check_top_k
 from .triton_hook import kwargs_to_gemm, rank_positions
@@ -92,7 +94,7 @@ class Policy:
 @dataclass
 class GemmDecision:
     """One mm/addmm/bmm/baddbmm the handler saw: the problem (with its batch for a bmm), the model's times
-    (cublas_ms: aten::bmm's for a bmm), what it kept."""
+    (cublas_ms: for a bmm, the aten::bmm time the model's call implies), what it kept."""
 
     op: str
     problem: dict[str, Any]
@@ -107,11 +109,15 @@ class GemmDecision:
 def decide(predictor: Predictor, prob: GemmProblem, configs: Sequence[GemmConfig] | None,
            policy: Policy) -> tuple[bool, list[tuple[int, float]], float | None]:
     """(keep Triton, the top_k (position in configs, predicted ms), cuBLAS predicted ms) for one GEMM.
-    configs: the Triton configs Inductor offers (None: Inductor's default list)."""
+    configs: the Triton configs Inductor offers (None: Inductor's default list). For a bmm (batch > 1) the
+    aten time is aten::bmm's as the model's call implies it (serve.bmm.aten_call_ms)."""
     cfgs = list(configs) if configs is not None else list(inductor_default_configs())
     best = rank_positions(predictor, prob, cfgs, policy.top_k) if cfgs else []
     if not best:
         return False, [], None
+    if prob.batch > 1:  # a bmm: the aten::bmm time the model's call implies (perfmodel.serve.bmm.aten_call_ms)
+        cublas = bmm.aten_call_ms(predictor, prob, best[0][1]) if math.isfinite(best[0][1]) else None
+        return triton_expected_gain(cublas, best[0][1], policy.triton_gain) and cublas is not None, best, cublas
     cublas = predictor.predict_cublas(prob) if predictor.has_cublas else None
     return triton_expected_gain(cublas, best[0][1], policy.triton_gain), best, cublas
 

@@ -42,6 +42,7 @@ from perfmodel.schema import GemmConfig, GemmProblem, PadProblem, is_column_majo
 # The decisions are perfmodel.serve.decisions'; their names stay importable from here.
 from .decisions import (CUBLAS_MARGIN, PAD_TRITON_MARGIN, hook_pad_decision, pad_copy_floor_ms,  # noqa: F401
                         padded_path_ms, triton_dropped, unpadded_triton_instead)
+from . import bmm
 from .predictor import Predictor, _check_top_k
 from .triton_hook import kwargs_to_gemm, rank_positions
 
@@ -153,7 +154,9 @@ def filter_template_choices(choices: list, kernel_inputs: Any, op_name: str, pre
     best = rank_positions(predictor, prob, cfgs, top_k)
     keep = {idx[j] for j, _ in best}
     if cublas_margin is not None and has_aten and predictor.has_cublas:
-        if triton_dropped(predictor.predict_cublas(prob), best[0][1], cublas_margin):
+        # a bmm: the aten::bmm time the model's call implies (perfmodel.serve.bmm.aten_call_ms)
+        aten = bmm.aten_call_ms(predictor, prob, best[0][1]) if prob.batch > 1 else predictor.predict_cublas(prob)
+        if triton_dropped(aten, best[0][1], cublas_margin):
             keep = set()
     ranked = set(idx)
     return [c for i, c in enumerate(choices) if i not in ranked or i in keep]

@@ -491,7 +491,9 @@ class Predictor:
 
     def _bmm_candidates(self, prob: GemmProblem, configs: Any, top_k: int, margin: float, max_k: int) -> Candidates:
         """candidates() of a bmm: the bmm head's ranking (configs the device can run), widened alike, with
-        aten::bmm's predicted time as cublas_ms and the call aten's time below the best config's."""
+        aten::bmm's predicted time as cublas_ms and the call as for a GEMM: the bmm call head's (aten::bmm
+        faster than the whole space's best; with configs given, also aten's time below the best given
+        config's), else aten's time below the best config's."""
         ranked = bmm.rank(self, [prob], configs, 10**9)[0]          # every config, the runnable ones first
         ranked = ([r for r in ranked if math.isfinite(r[1])] or ranked)[:max_k]
         k = min(top_k, len(ranked))
@@ -499,7 +501,9 @@ class Predictor:
         while k < len(ranked) and ranked[k][1] <= bound:
             k += 1
         aten = float(bmm.aten_ms(self, [prob])[0]) if bmm.BMM_ATEN in self.bundle.heads else None
-        prefer = aten is not None and bool(decisions.cublas_preferred(None, aten, ranked[0][1]))
+        call = bmm.call_scores(self, [prob])
+        prefer = aten is not None and bool(decisions.cublas_preferred(
+            None if call is None else float(call[0]), aten, ranked[0][1], ranked[0][1] if configs is not None else None))
         return Candidates(configs=tuple(c for c, _ in ranked[:k]), predicted_ms=tuple(t for _, t in ranked[:k]),
                           cublas_ms=aten, prefer_cublas=prefer)
 
@@ -514,7 +518,10 @@ class Predictor:
         config space (1-D bool): the call head's call, or without one the cuBLAS head's time below the
         best ranked config's. RuntimeError if the model has no cuBLAS head."""
         problems = _check_problems(problems)
-        if bmm.batched(problems):  # aten::bmm's predicted time below the bmm head's best config's
+        if bmm.batched(problems):  # the bmm call head, else aten::bmm's time below the bmm head's best config's
+            call = bmm.call_scores(self, problems)
+            if call is not None:
+                return decisions.cublas_preferred(call, None, None)
             best = np.array([r[0][1] for r in bmm.rank(self, problems, None, 1)])
             return decisions.cublas_preferred(None, bmm.aten_ms(self, problems), best)
         if not self.has_cublas:

@@ -18,7 +18,8 @@ from tests._synthetic import (make_synthetic_bundle, synthetic_header, write_syn
                               write_synthetic_model)
 
 SPEC = get_spec("h100-sxm")
-SMALL = dict(hidden=(32, 32), members=1, epochs=40, aten_hidden=(16,), aten_members=1, aten_epochs=400)
+SMALL = dict(hidden=(32, 32), members=1, epochs=40, aten_hidden=(16,), aten_members=1, aten_epochs=400,
+             call_hidden=(8,), call_members=1, call_epochs=50)
 
 
 def quiet(*_a) -> None:
@@ -54,12 +55,13 @@ def test_the_fitter_learns_floors_and_writes_nothing(bmm_data, tmp_path):
     split = split_by_shape(t, 0)
     before = sorted(bmm_data.rglob("*"))
     heads, m = fit_bmm_heads(t, split, SPEC, 3, BmmHeadSettings(**SMALL), log=quiet)
-    assert set(heads) == {artifact.BMM, artifact.BMM_ATEN} and sorted(bmm_data.rglob("*")) == before
+    assert set(heads) == {artifact.BMM, artifact.BMM_ATEN, artifact.BMM_CALL} and sorted(bmm_data.rglob("*")) == before
     # the synthetic times span orders of magnitude: the heads fit far better than a constant
     y = np.log(t.ms)
     assert m["train/triton/mean_abs_log_err"] < 0.5 * np.abs(y - np.median(y)).mean()
     assert m["train/aten/mean_abs_log_err"] < 0.5 * np.abs(np.log(t.aten_ms) - np.median(np.log(t.aten_ms))).mean()
-    for key in ("test/all/top1_eff", "test/all/top5_eff", "val/all/top1_eff", "test/call/accuracy"):
+    for key in ("test/all/top1_eff", "test/all/top5_eff", "val/all/top1_eff", "test/call/accuracy",
+                "test/call/accuracy_times", "test/call/accuracy_always_triton"):
         assert 0.0 < m[key] <= 1.0, key
     assert m["test/problems"] + m["val/problems"] + m["train/problems"] == len(t.problems)
     # the physical floor: the whole batch's roofline (one matrix's times the batch)
@@ -138,8 +140,9 @@ def test_refit_adds_the_heads_and_records_the_step(bmm_data, tmp_path):
     model = write_synthetic_model(tmp_path / "m", hidden=(16, 16))
     m = refit_bmm(BmmHeadSettings(model=model, data=bmm_data, **SMALL), log=quiet, command="perfmodel bmm-head")
     bundle = artifact.load(model)
-    assert {artifact.BMM, artifact.BMM_ATEN} <= set(bundle.heads)
-    assert bundle.encoders[artifact.BMM].kind == "bmm" and bundle.encoders[artifact.BMM_ATEN].kind == "bmm_aten"
+    assert {artifact.BMM, artifact.BMM_ATEN, artifact.BMM_CALL} <= set(bundle.heads)
+    assert [bundle.encoders[h].kind for h in (artifact.BMM, artifact.BMM_ATEN, artifact.BMM_CALL)] == \
+        ["bmm", "bmm_aten", "bmm_aten"]
     meta = json.loads((model / "metadata.json").read_text())
     step = meta["build"]["steps"][-1]
     assert step["step"] == "bmm-head" and step["refit"] and step["command"] == "perfmodel bmm-head"

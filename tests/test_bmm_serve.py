@@ -15,6 +15,7 @@ from perfmodel import GemmConfig, GemmProblem, Predictor, artifact
 from perfmodel.configs import inductor_default_configs
 from perfmodel.devices import get_spec
 from perfmodel.features import bmm_problems_tensor, configs_tensor
+from perfmodel.serve import bmm as sbmm
 from perfmodel.serve import compile as pc
 from perfmodel.serve import inductor as si
 from perfmodel.train.bmm_head import BmmHeadSettings
@@ -80,10 +81,14 @@ def test_the_physical_floor_is_the_whole_batchs(pred):
 def test_candidates_and_the_aten_call(pred):
     c = pred.candidates(PROB, CFGS, top_k=2, margin=0.0)
     aten = pred.predict_cublas(PROB)
+    call = float(sbmm.call_scores(pred, [PROB])[0])  # the bmm call head: below 0, aten::bmm wins
     assert c.cublas_ms == pytest.approx(aten, rel=1e-6)
-    assert c.prefer_cublas == (aten < c.best_ms)
+    assert c.prefer_cublas == (call < 0 or aten < c.best_ms)  # a list of the caller's own: also its best's time
+    assert pred.candidates(PROB, top_k=2).prefer_cublas == (call < 0)
     assert list(c.configs) == [cfg for cfg, _ in pred.rank(PROB, CFGS, top_k=2)]
-    assert pred.prefers_cublas_many([PROB]).tolist() == [aten < pred.rank(PROB, top_k=1)[0][1]]
+    assert pred.prefers_cublas_many([PROB]).tolist() == [call < 0]
+    # the hooks weigh the aten time the call implies: aten wins exactly where the call says so
+    assert (sbmm.aten_call_ms(pred, PROB, c.best_ms) < c.best_ms) == (call < 0)
     assert pred.has_bmm
 
 
@@ -189,7 +194,8 @@ def test_the_whole_model_handler_decides_a_bmm_by_the_models_call(model_dir):
         assert [c.template.uid for c in out] == want
         (d,) = pc.decisions()
         assert d.op == "bmm" and d.problem["batch"] == 96 and d.triton == (len(want) == 2)
-        assert d.cublas_ms == pytest.approx(pred.predict_cublas(PROB), rel=1e-6)
+        best_ms = pred.rank(PROB, CFGS, top_k=1)[0][1]
+        assert d.cublas_ms == pytest.approx(sbmm.aten_call_ms(pred, PROB, best_ms), rel=1e-6)
         if d.triton:
             assert d.configs == [str(pred.rank(PROB, CFGS, top_k=1)[0][0])]
         assert "bmm 96x512x64x512 float16 NT" in pc.summary()

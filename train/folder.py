@@ -277,9 +277,18 @@ def _bmm_md(meta: dict[str, Any]) -> str:
             rows.append(f"| {g} | {m[f'test/{g}/problems']} | {m[f'test/{g}/top1_eff']:.4f} | {m[f'test/{g}/top5_eff']:.4f} "
                         f"| {'-' if z is None else f'{z:.4f}'} |")
     call = m.get("test/call/accuracy")
-    call_md = "" if call is None else (f"\nThe aten-or-Triton call (aten::bmm's predicted time against the best ranked "
-                                       f"config's) is right on {call:.3f} of the {m['test/call/problems']} test problems "
-                                       f"(aten::bmm wins on {m['test/call/aten_wins_frac']:.3f} of them).\n")
+    call_md = "" if call is None else (
+        f"\nThe aten-or-Triton call (the bmm_call head) is right on {call:.3f} of the {m['test/call/problems']} test "
+        f"problems (aten::bmm's predicted time against the best ranked config's: "
+        f"{m.get('test/call/accuracy_times', float('nan')):.3f}; always Triton: "
+        f"{m.get('test/call/accuracy_always_triton', float('nan')):.3f}).\n")
+    cv = m.get("cv/all/top1_eff")
+    if cv is not None:
+        per = ", ".join(f"{g} {m[f'cv/{g}/top1_eff']:.4f} / {m[f'cv/{g}/top5_eff']:.4f}"
+                        for g in ("float16", "bfloat16", "tf32", "float32") if f"cv/{g}/top1_eff" in m)
+        call_md += (f"\nCross-validated ({m['cv/folds']} folds by shape, every one of the {m['cv/problems']} problems "
+                    f"held out once; the Triton head {m['cv/members']} member per fold): top-1 / top-5 {cv:.4f} / "
+                    f"{m['cv/all/top5_eff']:.4f} ({per}); the call right on {m.get('cv/call/accuracy', float('nan')):.3f}.\n")
     return "## Batched GEMMs (held-out problems)\n\n" + "\n".join(rows) + "\n" + call_md + "\n"
 
 

@@ -127,9 +127,10 @@ def bmm_step(bundle: artifact.ModelBundle, folder: Path, s: BmmHeadSettings, log
     metrics["zero_shot"] = zero_shot_figures(bundle, table, split)
     if s.cv_folds:
         metrics.update(cross_validate(table, bundle.spec, version, s, model_seed(bundle), extra, log))
+    kinds = {artifact.BMM: "bmm", artifact.BMM_ATEN: "bmm_aten", artifact.BMM_CALL: "bmm_aten"}
     for name, head in heads.items():
         bundle.heads[name] = head
-        bundle.encoders[name] = FeatureEncoder(bundle.spec, name, version)
+        bundle.encoders[name] = FeatureEncoder(bundle.spec, kinds[name], version)
     settings = {**settings_record(s, exclude=("data",)), "data": bmm_data_record(folder), "split_seed": model_seed(bundle)}
     bundle.metadata = {**bundle.metadata, "bmm_metrics": metrics, "bmm_settings": settings}
     return metrics
