@@ -25,7 +25,8 @@ FORMAT = "perfmodel-artifact"
 WEIGHTS = "model.safetensors"
 METADATA = "metadata.json"
 ONNX = "model.onnx"
-HEADS = ("gemm", "cublas", "pad", "screen", "student", "static", "call", "call_static", "problem")  # all but gemm optional
+HEADS = ("gemm", "cublas", "pad", "screen", "student", "static", "call", "call_static", "problem", "bmm",
+         "bmm_aten", "bmm_call")  # all but gemm are optional
 # The head that predict / predict_many serve when a folder has it: one MLP distilled from the gemm head
 # (perfmodel distill, train/distill.py); a folder without it predicts with the gemm head.
 STUDENT = "student"
@@ -87,6 +88,14 @@ def problem_output(bundle: "ModelBundle", name: str) -> "PerfMLP | OutputColumn 
         return bundle.heads[name]
     col = problem_columns(bundle).get(name)
     return None if col is None else OutputColumn(bundle.heads[PROBLEM], col)
+# The batched GEMM (torch.bmm / baddbmm) heads (perfmodel bmm-head, train/bmm_head.py): log ms of a config of
+# Inductor's bmm template as Inductor compiles it, on the "bmm" encoder; and log ms of aten::bmm, on the
+# "bmm_aten" encoder; and the bmm call head, per problem log(aten::bmm ms / the best Triton config's ms) on the
+# "bmm_aten" encoder (below 0, aten::bmm wins; only its score is served). The Predictor serves a GemmProblem
+# with batch > 1 by them.
+BMM = "bmm"
+BMM_ATEN = "bmm_aten"
+BMM_CALL = "bmm_call"
 
 
 def with_static(score: torch.Tensor, static: torch.Tensor,

@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command in ("gen", "data"):
             from perfmodel.data_gen.cli import run
         elif args.command in ("train", "build", "eval", "distill", "static-head", "call-head", "cublas-head",
-                              "problem-head"):
+                              "problem-head", "bmm-head"):
             from perfmodel.train.cli import run
         else:
             from perfmodel.serve.commands import run

@@ -25,6 +25,14 @@ DEVICE_FEATURES = ("log_max_sm_clock_ghz", "log_l2_mb", "log_smem_optin_kb")
 
 PROBLEM_COLUMNS = ("m", "n", "k", "dtype_bytes", "is_bf16", "allow_tf32", "transpose_left", "transpose_right")
 CONFIG_COLUMNS = ("block_m", "block_n", "block_k", "group_m", "num_stages", "num_warps")
+# A batched GEMM (bmm): the problem columns and its batch (the "bmm" and "bmm_aten" encoders).
+BMM_PROBLEM_COLUMNS = PROBLEM_COLUMNS + ("batch",)
+# What the bmm encoders add to the GEMM ("bmm") and problem ("bmm_aten") features of one matrix of the
+# batch: the batch, the whole bmm's roofline (flops and bytes scaled by the batch: the physical floor's
+# column) and, for a config, the grid Inductor's bmm template launches -- tiles x batch programs -- in waves
+# over the SMs.
+BMM_FEATURES = ("log_batch", "log_bmm_roofline_ms", "log_bmm_waves", "bmm_last_wave_fill")
+BMM_ATEN_FEATURES = BMM_FEATURES[:2]
 PAD_COLUMNS = ("m", "k", "n", "dtype_bytes", "is_bf16", "allow_tf32", "transpose_left", "transpose_right",
                "prepadded_left", "prepadded_right", "alignment")
 
@@ -53,6 +61,12 @@ def configs_tensor(configs: Sequence[GemmConfig], device: torch.device | str = "
         else torch.empty(0, len(CONFIG_COLUMNS), dtype=torch.float64, device=device)
 
 
+def bmm_problems_tensor(problems: Sequence[GemmProblem], device: torch.device | str = "cpu") -> torch.Tensor:
+    """(P, len(BMM_PROBLEM_COLUMNS)) float64: the problem columns and each problem's batch."""
+    batch = np.array([[p.batch] for p in problems], dtype=np.float64).reshape(-1, 1)
+    return torch.from_numpy(np.concatenate([problems_array(problems), batch], 1)).to(device)
+
+
 def pad_tensor(problems: Sequence[PadProblem], device: torch.device | str = "cpu") -> torch.Tensor:
     rows = [(p.m, p.k, p.n, DTYPE_BYTES[p.dtype], p.dtype == "bfloat16", p.allow_tf32, p.transpose_left,
              p.transpose_right, p.prepadded_left, p.prepadded_right, p.alignment) for p in problems]
@@ -73,16 +87,23 @@ class FeatureEncoder:
     """Problem (+ config) columns -> raw feature matrix (float32), for one device.
 
     kind: "gemm" (problem x Triton config), "cublas" (problem only), "pad" (PadProblem),
-    "pr156851" (the 12 log features of the PR 156851 baseline).
+    "pr156851" (the 12 log features of the PR 156851 baseline), "bmm" (a batched problem, BMM_PROBLEM_COLUMNS,
+    x a config of Inductor's bmm template: the gemm features of one matrix and BMM_FEATURES), "bmm_aten" (a
+    batched problem alone: the cublas features of one matrix and BMM_ATEN_FEATURES).
     """
 
+    KINDS = ("gemm", "cublas", "pad", "pr156851", "bmm", "bmm_aten")
+    # the encoder whose features a bmm encoder's start with
+    _BASE = {"bmm": "gemm", "bmm_aten": "cublas"}
+
     def __init__(self, spec: DeviceSpec, kind: str = "gemm", version: int = ENCODER_VERSION) -> None:
-        if kind not in ("gemm", "cublas", "pad", "pr156851"):
+        if kind not in self.KINDS:
             raise ValueError(f"kind: unknown encoder kind {kind!r}")
         if version not in SUPPORTED_ENCODER_VERSIONS:
             raise ValueError(f"version: encoder version {version!r} is not one of {SUPPORTED_ENCODER_VERSIONS}")
         self.spec = spec
         self.kind = kind
+        self._base_kind = self._BASE.get(kind, kind)
         self.version = version
         # problem features: 24, plus the device features from version 3
         self._np = 24 + (len(DEVICE_FEATURES) if version >= 3 else 0)
@@ -97,6 +118,8 @@ class FeatureEncoder:
                    "log_dram_gbs") + (DEVICE_FEATURES if self.version >= 3 else ())
         if self.kind == "cublas":
             return problem
+        if self.kind == "bmm_aten":
+            return problem + BMM_ATEN_FEATURES
         if self.kind == "pr156851":
             return PR156851_FEATURES
         if self.kind == "pad":
@@ -110,7 +133,8 @@ class FeatureEncoder:
         return problem + ("log_block_m", "log_block_n", "log_block_k", "log_group_m", "num_stages", "num_warps",
                           "log_tiles", "log_waves", "last_wave_fill", "tile_waste_mn", "tile_waste_k",
                           "log_k_iters", "log_smem_stage_kb", "smem_frac", "log_acc_regs", "log_tile_intensity",
-                          "log_tiled_load_gb", "log_tiled_load_ms", "log_full_waves", "log_grouped_rows")
+                          "log_tiled_load_gb", "log_tiled_load_ms", "log_full_waves", "log_grouped_rows") \
+            + (BMM_FEATURES if self.kind == "bmm" else ())
 
     def __len__(self) -> int:
         return len(self.names)
@@ -172,7 +196,7 @@ class FeatureEncoder:
         flag_map[3, 6], flag_map[5, 6] = 2 / 8, 1 / 8
         self._flag_map = flag_map
         self._rotate = torch.tensor([1, 2, 0])
-        if self.kind != "gemm":
+        if self._base_kind != "gemm":
             return
         # GEMM, three linear parts summed into the 20 config features:
         # cross  [log tiles_m, log tiles_n, log k_iters, log tiled load bytes, log full waves, log grouped rows,
@@ -247,6 +271,8 @@ class FeatureEncoder:
         """problems (..., 8) [and configs (..., 6)], leading dims broadcastable -> (N, F) float32."""
         if self.kind == "pad":
             return self.encode_pad(problems)
+        if self.kind in self._BASE:
+            return self._encode_bmm(problems, configs, config_part)
         p = problems.to(torch.float64)
         if self.kind == "cublas":
             return self._problem_block(p).reshape(-1, len(self.names)).to(torch.float32)
@@ -264,6 +290,30 @@ class FeatureEncoder:
         cross, cfg_part, per_problem = self._gemm_parts(p, c, config_part)
         x = cross @ self._cross_map44 + cfg_part + per_problem
         return x.reshape(-1, len(self.names))
+
+    def _encode_bmm(self, problems: torch.Tensor, configs: torch.Tensor | None,
+                    config_part: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        """problems (..., 9) BMM_PROBLEM_COLUMNS [and configs (..., 6)] -> (N, F): one matrix's gemm (or
+        cublas) features, then BMM_FEATURES (BMM_ATEN_FEATURES)."""
+        p = problems.to(torch.float64)
+        one, log_b = p[..., :8], p[..., 8:9].log()                              # (..., 8), (..., 1)
+        block = self._problem_block(one)
+        roofline = block[..., 18:19] + log_b                                    # the whole batch's, log ms
+        if self.kind == "bmm_aten":
+            return torch.cat([block, log_b, roofline], -1).reshape(-1, len(self.names)).to(torch.float32)
+        if configs is None:
+            raise ValueError("configs: required for a GEMM encoder")
+        c = configs.to(torch.float64)
+        cross, cfg_part, per_problem = self._gemm_parts(one, c, config_part)
+        x = (cross @ self._cross_map44 + cfg_part + per_problem)[..., : len(self.names) - len(BMM_FEATURES)]
+        # the bmm template's grid: cdiv(m, BM) * cdiv(n, BN) tiles for each matrix of the batch
+        programs = (torch.ceil(one[..., 0:1] / c[..., 0:1]) * torch.ceil(one[..., 1:2] / c[..., 1:2])
+                    * p[..., 8:9])
+        waves = torch.ceil(programs / self._sm)
+        lead = x.shape[:-1]
+        extra = torch.cat([log_b.expand(*lead, 1), roofline.expand(*lead, 1), (programs / self._sm).log(),
+                           programs / (waves * self._sm)], -1).to(torch.float32)
+        return torch.cat([x, extra], -1).reshape(-1, len(self.names))
 
     def cross_parts(self, problems: torch.Tensor, configs: torch.Tensor,
                     config_part: tuple[torch.Tensor, torch.Tensor] | None = None

@@ -10,18 +10,19 @@ Stock max-autotune benchmarks every Triton config of every GEMM, bmm and convolu
 tunes every pointwise and reduction kernel at its first run; on whole models most of that buys nothing over
 default mode (docs/benchmarks.md, "Whole models"). The set-up here compiles as default mode does
 (CUDA graphs, no coordinate descent, no pointwise/reduction autotuning) with Inductor's GEMM templates
-enabled (`max_autotune_gemm`), and an InductorChoices handler that decides, per mm/addmm:
+enabled (`max_autotune_gemm`), and an InductorChoices handler that decides, per mm/addmm -- and per
+bmm/baddbmm where the model has bmm heads (Inductor's bmm template against aten::bmm / aten::baddbmm):
 
 - the model's best Triton config (its kernel as Inductor compiles it) predicted faster than cuBLAS by
   `triton_gain` or more: keep the model's top_k Triton configs, beside aten's choice when keep_aten (Inductor
   then benchmarks those few) -- or alone (no benchmark at all);
 - otherwise: aten's own choice alone, as default mode lowers it (no benchmark).
 
-Every other templated op (bmm, baddbmm, convolution, mm_plus_mm, ...) keeps aten's choice alone, as default
-mode has it. Convolutions keep default mode's lowering whole: under `max_autotune_gemm` Inductor would lower a
+Convolutions keep default mode's lowering whole: under `max_autotune_gemm` Inductor would lower a
 channels-last 1x1 convolution as an mm (kernel/conv.py, convert_1x1_conv_to_mm); the set-up lowers it as a
 convolution, as default mode does, unless Policy(conv_1x1_as_mm=True). With pad=True the pad_mm pass's
-padding benchmark is the model's pad decision too.
+padding benchmark is the model's pad decision too. Every other templated op (convolution, mm_plus_mm, ...;
+bmm and baddbmm with a model without bmm heads) keeps aten's choice alone, as default mode has it.
 
 Private Inductor APIs move between releases: the handler checks them (serve.inductor.check_torch_api) and a
 failure inside it falls back to Inductor's choices with one warning.
@@ -29,6 +30,7 @@ failure inside it falls back to Inductor's choices with one warning.
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator, Sequence
@@ -36,12 +38,17 @@ from typing import Any, Iterator, Sequence
 from perfmodel.configs import inductor_default_configs
 from perfmodel.schema import GemmConfig, GemmProblem
 
+from . import bmm
 from .decisions import triton_expected_gain
 from .predictor import Predictor, _check_top_k
 from .triton_hook import kwargs_to_gemm, rank_positions
 
-RANKED_OPS = ("mm", "addmm")
+RANKED_OPS = ("mm", "addmm", "bmm", "baddbmm")
 TRITON_MM = "triton::mm"
+# The Triton template the handler ranks for each op: Inductor's mm template, and its bmm template (whose configs
+# come from the same heuristics and map to the same GemmConfig)
+TRITON_TEMPLATE = {"mm": TRITON_MM, "addmm": TRITON_MM, "bmm": "triton::bmm", "baddbmm": "triton::bmm"}
+BMM_OPS = ("bmm", "baddbmm")
 # The aten choice that gives default mode's kernel, in order of preference. Under max_autotune_gemm Inductor
 # hands aten::addmm the bias expanded to [M, N]: ATen then copies the bias into the output and runs the GEMM
 # with beta=1 (on the H100, GPT-2's 48 addmm bias copies cost 0.61 ms of a 3.3 ms step), where default mode
@@ -93,7 +100,8 @@ class Policy:
 
 @dataclass
 class GemmDecision:
-    """One mm/addmm the handler saw: the problem, the model's times, what it kept."""
+    """One mm/addmm/bmm/baddbmm the handler saw: the problem (with its batch for a bmm), the model's times
+    (cublas_ms: for a bmm, the aten::bmm time the model's call implies), what it kept."""
 
     op: str
     problem: dict[str, Any]
@@ -108,11 +116,15 @@ class GemmDecision:
 def decide(predictor: Predictor, prob: GemmProblem, configs: Sequence[GemmConfig] | None,
            policy: Policy) -> tuple[bool, list[tuple[int, float]], float | None]:
     """(keep Triton, the top_k (position in configs, predicted ms), cuBLAS predicted ms) for one GEMM.
-    configs: the Triton configs Inductor offers (None: Inductor's default list)."""
+    configs: the Triton configs Inductor offers (None: Inductor's default list). For a bmm (batch > 1) the
+    aten time is aten::bmm's as the model's call implies it (serve.bmm.aten_call_ms)."""
     cfgs = list(configs) if configs is not None else list(inductor_default_configs())
     best = rank_positions(predictor, prob, cfgs, policy.top_k) if cfgs else []
     if not best:
         return False, [], None
+    if prob.batch > 1:  # a bmm: the aten::bmm time the model's call implies (perfmodel.serve.bmm.aten_call_ms)
+        cublas = bmm.aten_call_ms(predictor, prob, best[0][1]) if math.isfinite(best[0][1]) else None
+        return triton_expected_gain(cublas, best[0][1], policy.triton_gain) and cublas is not None, best, cublas
     cublas = predictor.predict_cublas(prob) if predictor.has_cublas else None
     return triton_expected_gain(cublas, best[0][1], policy.triton_gain), best, cublas
 
@@ -122,8 +134,9 @@ def _uid(choice: Any) -> str:
 
 
 def filter_choices(choices: list, op_name: str, keep_triton: bool, positions: Sequence[int], policy: Policy) -> list:
-    """The KernelTemplateChoices of one _finalize_template_configs call that the set-up keeps: the triton::mm
-    choices at `positions` (among this call's triton::mm choices) when keep_triton and the op is ranked;
+    """The KernelTemplateChoices of one _finalize_template_configs call that the set-up keeps: the op's Triton
+    template's choices (TRITON_TEMPLATE: triton::mm, triton::bmm) at `positions` (among this call's choices of
+    that template) when keep_triton and the op is ranked;
     default mode's aten choice (DEFAULT_ATEN: aten::bias_addmm over aten::addmm), unless this call keeps Triton
     without keep_aten; nothing else (decompose-k, TMA/persistent and contiguous-subgraph templates, the other
     aten variants, other ops' Triton templates).
@@ -131,11 +144,12 @@ def filter_choices(choices: list, op_name: str, keep_triton: bool, positions: Se
     uids = [_uid(c) for c in choices]
     preferred = DEFAULT_ATEN.get(op_name)
     aten_pick = next((u for u in preferred if u in uids), None) if preferred else None
-    tri = [c for c, u in zip(choices, uids) if u == TRITON_MM] if op_name in RANKED_OPS and keep_triton else []
+    template = TRITON_TEMPLATE.get(op_name, TRITON_MM)
+    tri = [c for c, u in zip(choices, uids) if u == template] if op_name in RANKED_OPS and keep_triton else []
     kept_tri = [c for j, c in enumerate(tri) if j in set(positions)]
     out = []
     for c, uid in zip(choices, uids):
-        if uid == TRITON_MM:
+        if uid == template:
             if any(c is k for k in kept_tri):
                 out.append(c)
         elif uid.startswith("aten::") and (aten_pick is None or uid == aten_pick):
@@ -194,11 +208,11 @@ def _handler_class() -> type:
             choices = super()._finalize_template_configs(template_choices, kernel_inputs, templates, op_name,
                                                          kwarg_overrides)
             try:
-                if op_name not in RANKED_OPS:
+                if op_name not in RANKED_OPS or (op_name in BMM_OPS and not self.perfmodel.has_bmm):
                     with _state.lock:
                         _state.other_ops[op_name] = _state.other_ops.get(op_name, 0) + 1
                     return filter_choices(choices, op_name, False, [], self.policy)
-                tri = [c for c in choices if _uid(c) == TRITON_MM]
+                tri = [c for c in choices if _uid(c) == TRITON_TEMPLATE[op_name]]
                 cfgs: list[GemmConfig] = []
                 for c in tri:
                     try:
@@ -365,7 +379,7 @@ class CompiledModel:
 
 
 def decisions() -> list[GemmDecision]:
-    """The mm/addmm decisions made since the last reset(), in the order first seen."""
+    """The mm/addmm/bmm/baddbmm decisions made since the last reset(), in the order first seen."""
     with _state.lock:
         return list(_state.decisions.values())
 
@@ -387,11 +401,12 @@ def summary() -> str:
     for d in ds:
         p = d.problem
         lay = ("T" if p["transpose_left"] else "N") + ("T" if p["transpose_right"] else "N")
-        times = (f"cuBLAS {d.cublas_ms:.4f} ms, best Triton {d.triton_ms:.4f} ms" if d.cublas_ms is not None
+        times = (f"{'aten::bmm' if d.op in BMM_OPS else 'cuBLAS'} {d.cublas_ms:.4f} ms, best Triton {d.triton_ms:.4f} ms" if d.cublas_ms is not None
                  and d.triton_ms is not None else "no prediction")
         what = f"Triton {', '.join(d.configs)}" + (" + aten" if d.choices_kept > len(d.configs) else "") \
             if d.triton else "aten"
-        lines.append(f"  {d.op} {p['m']}x{p['k']}x{p['n']} {p['dtype']} {lay}: {times} -> {what}")
+        batch = f"{p['batch']}x" if p.get("batch", 1) > 1 else ""
+        lines.append(f"  {d.op} {batch}{p['m']}x{p['k']}x{p['n']} {p['dtype']} {lay}: {times} -> {what}")
     if other:
         lines.append("  aten alone (not ranked): " + ", ".join(f"{k} x{v}" for k, v in sorted(other.items())))
     if errors:

@@ -1,4 +1,4 @@
-"""Inductor hook: under max-autotune, compile and benchmark only the model's top-k Triton mm configs.
+"""Inductor hook: under max-autotune, compile and benchmark only the model's top-k Triton mm and bmm configs.
 
     from perfmodel.serve import inductor
     inductor.install(top_k=5)          # or: with inductor.installed(top_k=5): ...
@@ -9,7 +9,9 @@ It installs, through torch._inductor.virtualized.V.set_choices_handler, a subcla
 torch._inductor.choices.InductorChoices whose _finalize_template_configs -- called with every
 template's KernelTemplateChoice generator before any is turned into a (costly) ChoiceCaller -- keeps,
 for mm/addmm, only the top_k choices of the canonical Triton mm template ("triton::mm") by predicted
-time. aten (cuBLAS), decompose-k, TMA/persistent and other templates pass through unchanged.
+time, and for bmm/baddbmm the top_k of Inductor's Triton bmm template ("triton::bmm"; its configs are the
+mm heuristics' and map to the same GemmConfig) by the model's bmm head (a model without one leaves them
+to Inductor). aten (cuBLAS), decompose-k, TMA/persistent and other templates pass through unchanged.
 
 Private APIs move between torch releases: install() checks what it relies on and, when something is
 missing, warns once and leaves Inductor's default behaviour (returns False). A failure inside the hook
@@ -40,11 +42,20 @@ from perfmodel.schema import GemmConfig, GemmProblem, PadProblem, is_column_majo
 # The decisions are perfmodel.serve.decisions'; their names stay importable from here.
 from .decisions import (CUBLAS_MARGIN, PAD_TRITON_MARGIN, hook_pad_decision, pad_copy_floor_ms,  # noqa: F401
                         padded_path_ms, triton_dropped, unpadded_triton_instead)
+from . import bmm
 from .predictor import Predictor, _check_top_k
 from .triton_hook import kwargs_to_gemm, rank_positions
 
 MM_OPS = ("mm", "addmm")
 TRITON_MM_TEMPLATES = ("triton::mm",)
+# Batched GEMMs: Inductor's bmm template serves torch.bmm and torch.baddbmm (torch/_inductor/kernel/bmm.py)
+BMM_OPS = ("bmm", "baddbmm")
+TRITON_BMM_TEMPLATES = ("triton::bmm",)
+# What install() ranks by default: the ops and the Triton templates of both
+RANKED_OPS = MM_OPS + BMM_OPS
+RANKED_TEMPLATES = TRITON_MM_TEMPLATES + TRITON_BMM_TEMPLATES
+# The Triton templates that lower each op: an mm's choices are never ranked as a bmm's, nor the other way
+_OP_TEMPLATES = {**{op: TRITON_MM_TEMPLATES for op in MM_OPS}, **{op: TRITON_BMM_TEMPLATES for op in BMM_OPS}}
 # The parameters of InductorChoices._finalize_template_configs that this hook was written against.
 _EXPECTED_PARAMS = ("self", "template_choices", "kernel_inputs", "templates", "op_name", "kwarg_overrides")
 
@@ -82,17 +93,21 @@ def check_torch_api() -> str | None:
 
 
 def problem_from_kernel_inputs(kernel_inputs: Any) -> GemmProblem:
-    """The GemmProblem of Inductor's MMKernelInputs (mm: nodes (mat1, mat2); addmm: (bias, mat1, mat2)).
-    ValueError for what the model does not cover (batched, unsupported dtype, unhinted shapes)."""
+    """The GemmProblem of Inductor's MMKernelInputs (mm: nodes (mat1, mat2); addmm: (bias, mat1, mat2); bmm:
+    (mat1, mat2) of shapes (b, m, k), (b, k, n): batch b; baddbmm: (bias, mat1, mat2)); each operand's layout
+    from its last two dims. ValueError for what the model does not cover (operands of other ranks or
+    batches, unsupported dtype, unhinted shapes)."""
     n_nodes = len(kernel_inputs.nodes())
     i1 = getattr(kernel_inputs, "_mat1_idx", -2) % n_nodes
     i2 = getattr(kernel_inputs, "_mat2_idx", -1) % n_nodes
     shapes, strides = kernel_inputs.shapes_hinted(), kernel_inputs.strides_hinted()
-    if len(shapes[i1]) != 2 or len(shapes[i2]) != 2:
-        raise ValueError(f"shape: batched operands {shapes[i1]} @ {shapes[i2]} are not modelled")
+    ranks = (len(shapes[i1]), len(shapes[i2]))
+    if ranks not in ((2, 2), (3, 3)) or (ranks == (3, 3) and int(shapes[i1][0]) != int(shapes[i2][0])):
+        raise ValueError(f"shape: operands {tuple(shapes[i1])} @ {tuple(shapes[i2])} are not an mm or a bmm")
+    batch = int(shapes[i1][0]) if ranks == (3, 3) else 1
     m, n, k = (int(x) for x in kernel_inputs.mnk_hinted())
     dtype = kernel_inputs.dtypes()[i1]
-    return GemmProblem(m=m, n=n, k=k, dtype=dtype,
+    return GemmProblem(m=m, n=n, k=k, dtype=dtype, batch=batch,
                        transpose_left=is_column_major(shapes[i1], strides[i1]),
                        transpose_right=is_column_major(shapes[i2], strides[i2]))
 
@@ -102,14 +117,16 @@ def _uid(ktc: Any) -> str | None:
 
 
 def filter_template_choices(choices: list, kernel_inputs: Any, op_name: str, predictor: Predictor, top_k: int,
-                            *, ops: Sequence[str] = MM_OPS, templates: Sequence[str] = TRITON_MM_TEMPLATES,
+                            *, ops: Sequence[str] = RANKED_OPS, templates: Sequence[str] = RANKED_TEMPLATES,
                             cublas_margin: float | None = None) -> list:
     """Keeps the top_k KernelTemplateChoices of the ranked templates by predicted time, every other
     choice unchanged and in Inductor's order. With cublas_margin set, drops the ranked templates
-    altogether when cuBLAS's predicted time x (1 + cublas_margin) is below the best of them
-    (perfmodel.serve.decisions.triton_dropped; an aten choice must be present to fall back on)."""
+    altogether when cuBLAS's (aten::bmm's, for a bmm) predicted time x (1 + cublas_margin) is below the best
+    of them (perfmodel.serve.decisions.triton_dropped; an aten choice must be present to fall back on).
+    A bmm/baddbmm is left as Inductor has it where the model has no bmm heads."""
     if op_name not in ops:
         return choices
+    templates = [t for t in templates if t in _OP_TEMPLATES.get(op_name, templates)]
     idx: list[int] = []
     cfgs: list[GemmConfig] = []
     allow_tf32 = False
@@ -129,13 +146,17 @@ def filter_template_choices(choices: list, kernel_inputs: Any, op_name: str, pre
     try:
         prob = problem_from_kernel_inputs(kernel_inputs)
     except ValueError:
-        return choices  # a problem the model does not cover (batched, int8, ...): Inductor's default
+        return choices  # a problem the model does not cover (int8, 4-D, ...): Inductor's default
+    if prob.batch > 1 and not predictor.has_bmm:
+        return choices  # no bmm heads: Inductor's own autotuning
     if prob.dtype == "float32" and allow_tf32:
         prob = replace(prob, allow_tf32=True)
     best = rank_positions(predictor, prob, cfgs, top_k)
     keep = {idx[j] for j, _ in best}
     if cublas_margin is not None and has_aten and predictor.has_cublas:
-        if triton_dropped(predictor.predict_cublas(prob), best[0][1], cublas_margin):
+        # a bmm: the aten::bmm time the model's call implies (perfmodel.serve.bmm.aten_call_ms)
+        aten = bmm.aten_call_ms(predictor, prob, best[0][1]) if prob.batch > 1 else predictor.predict_cublas(prob)
+        if triton_dropped(aten, best[0][1], cublas_margin):
             keep = set()
     ranked = set(idx)
     return [c for i, c in enumerate(choices) if i not in ranked or i in keep]
@@ -264,9 +285,10 @@ def _check_device(predictor: Predictor) -> None:
 
 
 def install(top_k: int = 5, predictor: Predictor | None = None, *, model: Any = None, backend: str | None = None,
-            ops: Sequence[str] = MM_OPS, templates: Sequence[str] = TRITON_MM_TEMPLATES,
+            ops: Sequence[str] = RANKED_OPS, templates: Sequence[str] = RANKED_TEMPLATES,
             cublas_margin: float | None = CUBLAS_MARGIN, pad: bool = False, kernel: str | None = None) -> bool:
-    """Install the hook in this thread. predictor: a loaded Predictor (default: Predictor.load(model,
+    """Install the hook in this thread. ops / templates: what it ranks (default: mm, addmm, bmm, baddbmm and
+    their Triton templates; a bmm is ranked only by a model with bmm heads). predictor: a loaded Predictor (default: Predictor.load(model,
     backend=backend), loaded now so that a missing model fails here, not inside a compile).
     kernel: the kernel mode to rank for (Predictor.with_kernel); None: "inductor" -- the mm template as
     Inductor compiles it, for static shapes -- when the model has a static head, else the predictor's own.

@@ -34,7 +34,7 @@ from perfmodel.features import configs_tensor, pad_tensor, problems_array, probl
 from perfmodel.ranking import screened_rank, screens
 from perfmodel.schema import DTYPE_BYTES, DTYPES, GemmConfig, GemmProblem, PadDecision, PadProblem
 
-from . import decisions
+from . import bmm, decisions
 from .loading import BACKENDS, MLFLOW_SCHEMES, load_model
 from .runners import KERNELS, Runner, _ConfigPart
 
@@ -85,9 +85,7 @@ def _check_kernel(kernel: Any) -> None:
 def _check_problem(prob: Any, name: str = "prob") -> GemmProblem:
     if not isinstance(prob, GemmProblem):
         raise TypeError(f"{name}: expected a GemmProblem, got {type(prob).__name__}")
-    if prob.batch != 1:  # no bmm head yet: a batched problem is refused, never predicted as one GEMM
-        raise ValueError(f"batch: {name} has batch={prob.batch}; this model predicts plain GEMMs only (batch=1)")
-    return prob
+    return prob  # batch > 1 (a bmm) goes to the model's bmm heads (perfmodel.serve.bmm)
 
 
 def _check_problems(problems: Any) -> list[GemmProblem]:
@@ -211,6 +209,11 @@ class Predictor:
         return "pad" in self.bundle.heads
 
     @property
+    def has_bmm(self) -> bool:
+        """Whether the model predicts batched GEMMs (GemmProblem(batch > 1)): it has bmm heads."""
+        return bmm.BMM in self.bundle.heads
+
+    @property
     def has_screen(self) -> bool:
         return "screen" in self.bundle.heads
 
@@ -293,6 +296,8 @@ class Predictor:
         configs None: the pruned space of the model's device for prob.dtype. Served by the student
         head when the model has one (`Predictor.predict_head`), else by the gemm head."""
         prob = _check_problem(prob)
+        if prob.batch > 1:
+            return bmm.predict(self, [prob], configs)[0]
         _, ct, part, fits = self._configs(configs, prob.dtype)
         return self._unrunnable_inf(self._predict_ms([prob], ct, part, f"prob {prob}"), fits, [prob])[0]
 
@@ -301,6 +306,8 @@ class Predictor:
         """[len(problems), len(configs)] predicted ms, every problem with every config in one pass.
         configs None needs problems of one dtype (the default space depends on it)."""
         problems = _check_problems(problems)
+        if bmm.batched(problems):
+            return bmm.predict(self, problems, configs)
         _, ct, part, fits = self._configs(configs, self._common_dtype(problems, configs))
         return self._unrunnable_inf(self._predict_ms(problems, ct, part, "problems"), fits, problems)
 
@@ -396,6 +403,8 @@ class Predictor:
         Fewer when fewer configs are given; ties keep the given order."""
         top_k = _check_top_k(top_k)
         prob = _check_problem(prob)
+        if prob.batch > 1:
+            return bmm.rank(self, [prob], configs, top_k)[0]
         cfgs, ct, part, fits = self._configs(configs, prob.dtype)
         ok = self._runnable(fits, [prob])
         if ok is not None:
@@ -416,6 +425,8 @@ class Predictor:
         """rank() for many problems in one batched pass: one list per problem."""
         top_k = _check_top_k(top_k)
         problems = _check_problems(problems)
+        if bmm.batched(problems):
+            return bmm.rank(self, problems, configs, top_k)
         cfgs, ct, part, fits = self._configs(configs, self._common_dtype(problems, configs))
         ok = self._runnable(fits, problems)
         if ok is not None:
@@ -424,11 +435,15 @@ class Predictor:
         return [[(cfgs[i], t) for i, t in zip(ri, rm)] for ri, rm in zip(idx, ms)]
 
     def predict_cublas(self, prob: GemmProblem) -> float:
-        """Predicted ms of torch.mm (cuBLAS) on prob. RuntimeError if the model has no cuBLAS head."""
+        """Predicted ms of torch.mm (cuBLAS) on prob -- of aten::bmm for a batched one (batch > 1, the bmm_aten
+        head). RuntimeError if the model has no cuBLAS head."""
         return float(self.predict_cublas_many([_check_problem(prob)])[0])
 
     def predict_cublas_many(self, problems: Sequence[GemmProblem]) -> np.ndarray:
-        """Predicted ms of torch.mm for each problem (1-D)."""
+        """Predicted ms of torch.mm for each problem (1-D); of aten::bmm for batched problems."""
+        problems = _check_problems(problems)
+        if bmm.batched(problems):
+            return bmm.aten_ms(self, problems)
         if not self.has_cublas:
             raise RuntimeError(f"{self.source}: this model has no cuBLAS head")
         return self._cublas_ms(self._cublas_x(_check_problems(problems)))
@@ -459,6 +474,8 @@ class Predictor:
         if not (math.isfinite(margin) and margin >= 0):
             raise ValueError(f"margin: must be finite and >= 0, got {margin}")
         prob = _check_problem(prob)
+        if prob.batch > 1:
+            return self._bmm_candidates(prob, configs, top_k, margin, max_k)
         cfgs, ct, part, fits = self._configs(configs, prob.dtype)
         ok = self._runnable(fits, [prob])
         if ok is not None and ok[0].any():  # a config the device cannot run is never a candidate
@@ -480,6 +497,24 @@ class Predictor:
         return Candidates(configs=tuple(cfgs[i] for i in idx[:k]), predicted_ms=tuple(float(t) for t in ms[:k]),
                           cublas_ms=cublas_ms, prefer_cublas=prefer)
 
+    def _bmm_candidates(self, prob: GemmProblem, configs: Any, top_k: int, margin: float, max_k: int) -> Candidates:
+        """candidates() of a bmm: the bmm head's ranking (configs the device can run), widened alike, with
+        aten::bmm's predicted time as cublas_ms and the call as for a GEMM: the bmm call head's (aten::bmm
+        faster than the whole space's best; with configs given, also aten's time below the best given
+        config's), else aten's time below the best config's."""
+        ranked = bmm.rank(self, [prob], configs, 10**9)[0]          # every config, the runnable ones first
+        ranked = ([r for r in ranked if math.isfinite(r[1])] or ranked)[:max_k]
+        k = min(top_k, len(ranked))
+        bound = ranked[k - 1][1] * (1.0 + margin)
+        while k < len(ranked) and ranked[k][1] <= bound:
+            k += 1
+        aten = float(bmm.aten_ms(self, [prob])[0]) if bmm.BMM_ATEN in self.bundle.heads else None
+        call = bmm.call_scores(self, [prob])
+        prefer = aten is not None and bool(decisions.cublas_preferred(
+            None if call is None else float(call[0]), aten, ranked[0][1], ranked[0][1] if configs is not None else None))
+        return Candidates(configs=tuple(c for c, _ in ranked[:k]), predicted_ms=tuple(t for _, t in ranked[:k]),
+                          cublas_ms=aten, prefer_cublas=prefer)
+
     @property
     def _call_head(self) -> str | None:
         """The model's cuBLAS call head for this kernel mode (perfmodel call-head), or None."""
@@ -491,6 +526,12 @@ class Predictor:
         config space (1-D bool): the call head's call, or without one the cuBLAS head's time below the
         best ranked config's. RuntimeError if the model has no cuBLAS head."""
         problems = _check_problems(problems)
+        if bmm.batched(problems):  # the bmm call head, else aten::bmm's time below the bmm head's best config's
+            call = bmm.call_scores(self, problems)
+            if call is not None:
+                return decisions.cublas_preferred(call, None, None)
+            best = np.array([r[0][1] for r in bmm.rank(self, problems, None, 1)])
+            return decisions.cublas_preferred(None, bmm.aten_ms(self, problems), best)
         if not self.has_cublas:
             raise RuntimeError(f"{self.source}: this model has no cuBLAS head")
         x, call = self._cublas_x(problems), self._call_head

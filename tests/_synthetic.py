@@ -194,3 +194,41 @@ def write_synthetic_dataset(folder: Path, seed: int = 0, device: str = DEFAULT_D
         for j in range(0, len(pads), 25):
             w.write_unit(f"pad-unit-{j}", pads[j:j + 25])
     return folder
+
+
+def write_synthetic_bmm(folder: Path, seed: int = 0, device: str = DEFAULT_DEVICE, n_problems: int = 24,
+                        configs: int = 8, header: dict | None = None) -> Path:
+    """n_problems bmm problems (every fourth one a re-batched copy of the one before: the sweep's "rebatch")
+    over the four modes, `configs` configs each plus a failed one, an aten::bmm row and an aten_pad row,
+    written with ShardWriter in the row format of data_gen/bmm_sweep.py. Timings: _fake_ms of one matrix
+    times the batch."""
+    from perfmodel.data_gen.bmm import problem_id
+    from perfmodel.data_gen.shards import ShardWriter
+
+    rng = random.Random(seed)
+    dram = get_spec(device).dram_bw_gbs
+    header = {**(synthetic_header(device) if header is None else header), "kind": "bmm"}
+    space = exhaustive_space()
+    modes = [("float16", False), ("bfloat16", False), ("float32", False), ("float32", True)]
+    with ShardWriter(folder, "bmm", header) as w:
+        p = None
+        for i in range(n_problems):
+            dtype, tf32 = modes[i % 4]
+            if p is not None and i % 4 == 3:
+                p = GemmProblem(**{**p.as_dict(), "batch": p.batch * 2})
+            else:
+                p = GemmProblem(m=rng.randrange(16, 1000), n=rng.randrange(16, 1000), k=rng.randrange(16, 600),
+                                dtype=dtype, allow_tf32=tf32, transpose_right=rng.random() < 0.5,
+                                batch=rng.choice((8, 16, 64)))
+            one = GemmProblem(**{**p.as_dict(), "batch": 1})
+            base = {**p.as_dict(), "batch": p.batch, "family": ("attn_score", "small")[i % 2]}
+            rows = [{**base, "kind": "aten", "status": "ok", "ms": p.batch * _fake_ms(one, None, rng, dram)},
+                    {**base, "kind": "aten_pad", "status": "ok", "ms": 1.0, "padded_m": p.m, "padded_k": p.k,
+                     "padded_n": p.n}]
+            for j, c in enumerate(rng.sample(space, configs)):
+                rows.append({**base, "kind": "triton", **c.as_dict(), "source": "default" if j < configs // 2 else
+                             "exhaustive", "status": "ok", "ms": p.batch * _fake_ms(one, c, rng, dram)})
+            rows.append({**base, "kind": "triton", **space[0].as_dict(), "source": "default",
+                         "status": "fail:launch:OutOfResources", "ms": None})
+            w.write_unit(problem_id(p), rows)
+    return folder

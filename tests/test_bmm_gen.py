@@ -34,18 +34,19 @@ def _child(repo_root: Path, code: str, *args: str, timeout: int = 600) -> dict:
 
 # ------------------------------------------------------------------------------ serving: batch > 1
 
-def test_predictor_refuses_batched_problems(tmp_path):
+def test_a_model_without_bmm_heads_refuses_batched_problems(tmp_path):
     from perfmodel.serve import Predictor
     from tests._synthetic import write_synthetic_model
 
     p = Predictor.load(write_synthetic_model(tmp_path / "model", seed=0), backend="torch")
     cfgs = [GemmConfig(128, 128, 64, 8, 3, 4), GemmConfig(64, 64, 32, 8, 2, 4)]
     plain, bmm = GemmProblem(m=384, n=384, k=64), GemmProblem(m=384, n=384, k=64, batch=256)
-    for call in (lambda: p.predict(bmm, cfgs), lambda: p.rank(bmm, cfgs), lambda: p.predict_cublas(bmm),
-                 lambda: p.candidates(bmm)):
-        with pytest.raises(ValueError, match=r"^batch: prob has batch=256"):
+    for call in (lambda: p.predict(bmm, cfgs), lambda: p.rank(bmm, cfgs), lambda: p.candidates(bmm)):
+        with pytest.raises(ValueError, match=r"^batch: .* has no 'bmm' head, so it cannot predict a bmm \(batch=256\)"):
             call()
-    with pytest.raises(ValueError, match=r"^batch: problems\[1\] has batch=256"):
+    with pytest.raises(ValueError, match=r"^batch: .* has no 'bmm_aten' head"):
+        p.predict_cublas(bmm)
+    with pytest.raises(ValueError, match=r"^batch: the problems mix batch=1"):
         p.predict_many([plain, bmm], cfgs)
     # batch=1 spelled out is the plain GEMM: the same predictions
     assert (p.predict(GemmProblem(m=384, n=384, k=64, batch=1), cfgs) == p.predict(plain, cfgs)).all()

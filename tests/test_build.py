@@ -63,18 +63,23 @@ def test_ci_recipe_builds_a_model_the_predictor_serves(built):
         # float32 rounding of two graphs of the same weights (the backends' check: rtol 1e-3)
         assert ms["torch"] == pytest.approx(ms["onnx"], rel=1e-3) and (ms["torch"] > 0).all()
         assert (prefer["torch"] == prefer["onnx"]).all()
+    # the slice's bmm rows gave it bmm heads: a batched problem is ranked by them in both backends
+    bmm = GemmProblem(m=512, n=512, k=64, dtype="float16", batch=32)
+    tops = [Predictor.load(built, backend=b).rank(bmm, cfgs, top_k=1)[0] for b in ("torch", "onnx")]
+    assert tops[0][0] == tops[1][0] and tops[0][1] > 0
 
 
 @pytest.mark.slow
 def test_the_build_record(built):
     meta = json.loads((built / "metadata.json").read_text())
-    assert set(meta["heads"]) == {"gemm", "screen", "pad", "student", "static", "problem"}
+    assert set(meta["heads"]) == {"gemm", "screen", "pad", "student", "static", "problem", "bmm", "bmm_aten",
+                                  "bmm_call"}
     assert meta["problem_outputs"] == ["cublas", "call", "call_static"]
     b = meta["build"]
     assert b["recipe"]["text"] == (REPO / "recipes" / "ci-small.toml").read_text()
     assert b["command"] == f"perfmodel build --recipe recipes/ci-small.toml --out {built}"
     assert [s["step"] for s in b["steps"]] == ["data", "load", "train", "baselines", "distill", "static-head",
-                                               "problem-head", "evaluate", "write"]
+                                               "problem-head", "bmm-head", "evaluate", "write"]
     assert all(s["seconds"] >= 0 for s in b["steps"]) and b["threads"] == 2 and b["seed"] == 0
     assert b["commit"] == "unknown" or len(b["commit"].removesuffix("-dirty")) == 40
     steps = {s["step"]: s["settings"] for s in b["steps"]}

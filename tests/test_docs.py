@@ -191,6 +191,8 @@ RESULTS: dict[str, Callable[[], list[float]]] = {
                                    for v in _json("benchmarks/results/triton_hook_bench_h100_v9.json")["variants"]
                                    if v["variant"] == "pruned"],
     "serve-latency": _serve_latency,
+    "batched GEMMs": lambda: [_meta("h100")["bmm_metrics"][k] for k in ("cv/all/top1_eff", "cv/all/top5_eff",
+                                                                         "cv/call/accuracy")],
 }
 
 

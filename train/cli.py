@@ -124,10 +124,24 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                  "the model's dataset; its gemm_static parts give the call_static output; a model of several "
                  "devices: repeat, one folder per device in the model's device order", "each member's hidden widths",
                  head_settings, several_devices=True)
+    from .bmm_head import BmmHeadSettings
+
+    bmm = _head_parser(sub, "bmm-head", "fit the bmm heads (Inductor's bmm template configs and aten::bmm, for "
+                 "GemmProblem(batch > 1)) on a dataset's bmm rows and add them to a model folder", BmmHeadSettings(),
+                 "the model's default device's dataset, with bmm shards (default: the model's own)",
+                 "each member's hidden widths (the Triton head)",
+                 head_settings + ("rank_weight", "rank_tau", "problems_per_batch", "aten_members", "aten_epochs",
+                                  "call_members", "call_epochs", "cv_folds", "cv_members"))
+    bmm.add_argument("--aten-hidden", type=_widths, default=BmmHeadSettings().aten_hidden,
+                     help="each member's hidden widths (the aten::bmm head)")
+    bmm.add_argument("--call-hidden", type=_widths, default=BmmHeadSettings().call_hidden,
+                     help="each member's hidden widths (the aten-or-Triton call head)")
+    bmm.add_argument("--no-static-rows", dest="static_rows", action="store_false",
+                     help="leave the folder's gemm_static rows (batch-1 rows) out of the Triton head's training set")
 
 
 def _head_parser(sub: argparse._SubParsersAction, name: str, help: str, settings: typing.Any, data_help: str,
-                 hidden_help: str, names: tuple[str, ...], several_devices: bool = False) -> None:
+                 hidden_help: str, names: tuple[str, ...], several_devices: bool = False) -> argparse.ArgumentParser:
     """A command that fits a head of a model folder: --model, --data, --hidden and the settings
     dataclass's scalar fields `names`. several_devices: the model may serve several devices, --data is
     repeated (none given: the folders the model was trained on)."""
@@ -142,6 +156,7 @@ def _head_parser(sub: argparse._SubParsersAction, name: str, help: str, settings
         t.add_argument("--data", type=Path, default=settings.data, help=f"{data_help} (default {settings.data})")
     t.add_argument("--hidden", type=_widths, default=settings.hidden, help=hidden_help)
     _setting_arguments(t, settings, names)
+    return t
 
 
 def _setting_arguments(parser: argparse.ArgumentParser, settings: typing.Any, names: tuple[str, ...]) -> None:
@@ -156,12 +171,13 @@ def _from_args(cls: typing.Any, args: argparse.Namespace) -> typing.Any:
     return cls(**{k: getattr(args, k) for k in cls.__dataclass_fields__})
 
 
-REFITS = ("distill", "static-head", "call-head", "cublas-head", "problem-head")
+REFITS = ("distill", "static-head", "call-head", "cublas-head", "problem-head", "bmm-head")
 
 
 def _refit(args: argparse.Namespace, command: str) -> dict:
     """A head-by-head refit of a model folder (train/refit.py), its step appended to the folder's build record."""
     from . import refit
+    from .bmm_head import BmmHeadSettings
     from .call_head import CallHeadSettings
     from .cublas_head import CublasHeadSettings
     from .distill import DistillSettings
@@ -179,7 +195,8 @@ def _refit(args: argparse.Namespace, command: str) -> dict:
         return refit.refit_student(DistillSettings(**given), command=command)
     fit, cls = {"static-head": (refit.refit_static, StaticHeadSettings), "call-head": (refit.refit_call, CallHeadSettings),
                 "cublas-head": (refit.refit_cublas, CublasHeadSettings),
-                "problem-head": (refit.refit_problem, ProblemHeadSettings)}[args.command]
+                "problem-head": (refit.refit_problem, ProblemHeadSettings),
+                "bmm-head": (refit.refit_bmm, BmmHeadSettings)}[args.command]
     return fit(_from_args(cls, args), command=command)
 
 

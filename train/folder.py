@@ -27,7 +27,7 @@ from perfmodel.locations import checkout_root
 TABLE_KEYS = ["float16/top1_eff", "float16/top5_eff", "bfloat16/top1_eff", "bfloat16/top5_eff", "fp32_all/top1_eff",
               "fp32_all/top5_eff", "all/spearman_median", "all/mape", "all/worst_top1"]
 # The dataset shard kinds a build reads (data_gen/shards.py): GEMM sweep, cuBLAS re-time, pad, static, cuBLAS-only.
-SHARD_KINDS = ("gemm", "cublas", "pad", "gemm_static", "cublas_only")
+SHARD_KINDS = ("gemm", "cublas", "pad", "gemm_static", "cublas_only", "bmm")
 
 
 def format_table(results: dict[str, dict[str, float]], keys: list[str]) -> str:
@@ -133,7 +133,7 @@ def model_card(meta: dict[str, Any]) -> str:
   only its best {meta.get('screen_keep', '-')} per problem, when there are more than twice as many).
   Networks (hidden widths): {'; '.join(nets) or '-'}.
   Output layer `logsumexp(f(x), log overhead)`; learned overhead {meta['learned_overhead_ms']:.5f} ms.
-{_student_line(meta)}{_static_line(meta)}{_cublas_line(meta)}{_call_line(meta)}- Schema version {meta['schema_version']}, encoder version {meta['encoder_version']}; weights `model.safetensors`
+{_student_line(meta)}{_static_line(meta)}{_cublas_line(meta)}{_call_line(meta)}{_bmm_line(meta)}- Schema version {meta['schema_version']}, encoder version {meta['encoder_version']}; weights `model.safetensors`
   (loaded with safetensors, no pickle) and `model.onnx` (single file, BatchNorm folded).
 - Training time on the training machine's CPU: {meta['train_seconds']:.0f} s.
 - Trained with perfmodel {meta.get('package_version', '(version not recorded)')}.
@@ -148,7 +148,7 @@ Efficiency = geomean over problems of (fastest measured config / the best of the
 
 {pad_md}
 
-## Caveats
+{_bmm_md(meta)}## Caveats
 
 - The sweep measured Inductor's default configs plus a stratified sample of the pruned config space
   per problem (128 configs for aligned compile groups, 40 otherwise), so "oracle" is the best
@@ -260,6 +260,46 @@ def _call_line(meta: dict[str, Any]) -> str:
             else "cuBLAS call heads (`perfmodel call-head`")
     return (f"- {head}; `prefer_cublas`): the call whether cuBLAS beats the best "
             f"Triton config is right on {where}.\n")
+
+
+def _bmm_line(meta: dict[str, Any]) -> str:
+    """The model card's line on the bmm heads (`perfmodel bmm-head`), if the folder has them."""
+    m = meta.get("bmm_metrics")
+    if not m or "test/all/top1_eff" not in m:
+        return ""
+    data = (meta.get("bmm_settings") or {}).get("data") or {}
+    return (f"- bmm heads (`perfmodel bmm-head`; `GemmProblem(batch > 1)`): Inductor's bmm template configs and "
+            f"aten::bmm, fitted on `{data.get('path', '-')}`'s bmm rows (sha256 `{data.get('sha256', '-')}`), split by "
+            f"shape (seed {(meta.get('bmm_settings') or {}).get('split_seed', '-')}): train {m.get('train/problems', '-')}, "
+            f"val {m.get('val/problems', '-')}, test {m.get('test/problems', '-')} problems; table below.\n")
+
+
+def _bmm_md(meta: dict[str, Any]) -> str:
+    """The model card's section on the bmm heads' held-out figures, if the folder has them."""
+    m = meta.get("bmm_metrics")
+    if not m or "test/all/top1_eff" not in m:
+        return ""
+    zero = m.get("zero_shot") or {}
+    rows = ["| test problems | problems | top-1 | top-5 | the mm heads on one matrix, top-1 |", "|---|---:|---:|---:|---:|"]
+    for g in ("all", "float16", "bfloat16", "tf32", "float32"):
+        if f"test/{g}/top1_eff" in m:
+            z = zero.get(f"test/{g}/top1_eff")
+            rows.append(f"| {g} | {m[f'test/{g}/problems']} | {m[f'test/{g}/top1_eff']:.4f} | {m[f'test/{g}/top5_eff']:.4f} "
+                        f"| {'-' if z is None else f'{z:.4f}'} |")
+    call = m.get("test/call/accuracy")
+    call_md = "" if call is None else (
+        f"\nThe aten-or-Triton call (the bmm_call head) is right on {call:.3f} of the {m['test/call/problems']} test "
+        f"problems (aten::bmm's predicted time against the best ranked config's: "
+        f"{m.get('test/call/accuracy_times', float('nan')):.3f}; always Triton: "
+        f"{m.get('test/call/accuracy_always_triton', float('nan')):.3f}).\n")
+    cv = m.get("cv/all/top1_eff")
+    if cv is not None:
+        per = ", ".join(f"{g} {m[f'cv/{g}/top1_eff']:.4f} / {m[f'cv/{g}/top5_eff']:.4f}"
+                        for g in ("float16", "bfloat16", "tf32", "float32") if f"cv/{g}/top1_eff" in m)
+        call_md += (f"\nCross-validated ({m['cv/folds']} folds by shape, every one of the {m['cv/problems']} problems "
+                    f"held out once; the Triton head {m['cv/members']} member per fold): top-1 / top-5 {cv:.4f} / "
+                    f"{m['cv/all/top5_eff']:.4f} ({per}); the call right on {m.get('cv/call/accuracy', float('nan')):.3f}.\n")
+    return "## Batched GEMMs (held-out problems)\n\n" + "\n".join(rows) + "\n" + call_md + "\n"
 
 
 def _student_by_device(meta: dict[str, Any]) -> str:

@@ -12,14 +12,16 @@ The steps, in the order the heads depend on each other:
 5. call     -- the cuBLAS call heads: call against the cuBLAS head's baseline, call_static against the
                static head; or problem -- the problem network (train/problem_head.py) in place of the
                cuBLAS head and the call heads, its call_static output against the static head;
+   bmm      -- the bmm heads (Inductor's bmm template and aten::bmm), on the first data folder's bmm rows;
+               skipped, with a message, where it has none;
 6. evaluate -- the held-out evaluation with every head in place (the cuBLAS figures use the call head);
 7. write    -- weights, metadata with the build record, the ONNX export, the model card; atomically: a
                failed build leaves the previous folder in place.
 
 The recipe's sections: [build] (data, out, seed, threads, slice_problems, mlflow), [train] (TrainSettings,
 the flags of `perfmodel train`), [student] (DistillSettings), [static] (StaticHeadSettings), [call]
-(CallHeadSettings), [problem] (ProblemHeadSettings; not with [call]); a head section left out is a head
-the model does not have. Paths are relative to the
+(CallHeadSettings), [problem] (ProblemHeadSettings; not with [call]), [bmm] (BmmHeadSettings); a head
+section left out is a head the model does not have. Paths are relative to the
 working directory. The metadata's `build` record keeps the recipe's text, the command, the code commit,
 the data hashes, the threads, the seed and each step with its settings and wall time (train/folder.py).
 """
@@ -39,6 +41,7 @@ import torch
 from perfmodel.artifact import code_commit
 
 from . import tracking
+from .bmm_head import BmmHeadSettings
 from .call_head import CallHeadSettings
 from .data import slice_dataset
 from .distill import DistillSettings
@@ -46,12 +49,12 @@ from .folder import SHARD_KINDS, data_sha256, settings_record, step_record, writ
 from .pipeline import (TrainData, TrainSettings, evaluate_devices, fit_baselines, fit_heads, load_data,
                        model_metadata)
 from .problem_head import ProblemHeadSettings
-from .refit import add_student, call_step, problem_step, static_step
+from .refit import add_student, bmm_step, call_step, problem_step, static_step
 from .static_head import StaticHeadSettings
 
 # Recipe section -> its settings dataclass; the fields [build] sets for every step are not theirs to set.
 SECTIONS = {"train": TrainSettings, "student": DistillSettings, "static": StaticHeadSettings, "call": CallHeadSettings,
-            "problem": ProblemHeadSettings}
+            "problem": ProblemHeadSettings, "bmm": BmmHeadSettings}
 BUILD_KEYS = {"data": list, "out": str, "seed": int, "threads": int, "slice_problems": int, "mlflow": bool}
 _SET_BY_BUILD = {"data", "out", "model", "seed", "threads", "command"}
 
@@ -72,6 +75,7 @@ class Recipe:
     static: StaticHeadSettings | None = None
     call: CallHeadSettings | None = None
     problem: ProblemHeadSettings | None = None
+    bmm: BmmHeadSettings | None = None
 
 
 def _tomllib():
@@ -228,6 +232,8 @@ def _build(recipe: Recipe, train: TrainSettings, record: dict[str, Any], logger:
     if recipe.problem is not None:
         splits = [d.split[d.problem_device == ds.device] for ds in d.datasets]
         timed("problem-head", recipe.problem, lambda: problem_step(bundle, d.datasets, recipe.problem, log, splits))
+    if recipe.bmm is not None:  # the default device's folder (slices hold no bmm rows: the step is skipped)
+        timed("bmm-head", recipe.bmm, lambda: bmm_step(bundle, d.datasets[0].folder, recipe.bmm, log))
     evaluation = timed("evaluate", None, lambda: evaluate_devices(bundle, d, train.seed, baselines))
     return _write(recipe, train, d, bundle, evaluation, record, run_id, time.perf_counter() - t_start)
 
@@ -237,7 +243,7 @@ def _write(recipe: Recipe, train: TrainSettings, d: TrainData, bundle: Any, eval
     """The model folder: model_metadata, the heads' own entries (student, static, call, cuBLAS), the build
     record; written atomically, the write itself (ONNX export, card, load check) its last step."""
     added = {k: v for k, v in bundle.metadata.items()
-             if k.startswith(("student_", "static_", "call_", "cublas_head_", "problem_"))}
+             if k.startswith(("student_", "static_", "call_", "cublas_head_", "problem_", "bmm_"))}
     meta = {**model_metadata(train, d, bundle, evaluation, settings_record(train), run_id, seconds), **added,
             "build": record}
     first = record["data"][0]  # the recipe's folder and the hash over every shard file of it

@@ -1,9 +1,9 @@
 """The steps that add a head to a model bundle in memory -- the student, the static head, the call heads, the
-cuBLAS head -- and the head-by-head refit commands (`perfmodel distill`, `static-head`, `call-head`,
-`cublas-head`) that run one of them on a model folder: load it, fit, append the step to the folder's build
+cuBLAS head, the bmm heads -- and the head-by-head refit commands (`perfmodel distill`, `static-head`,
+`call-head`, `cublas-head`, `bmm-head`) that run one of them on a model folder: load it, fit, append the step to the folder's build
 record (train/folder.py) and rewrite the folder atomically. `perfmodel build` (train/recipe.py) runs the
 same steps in order. The fitters themselves (train/static_head.py, call_head.py, cublas_head.py,
-distill.py) return (head, metrics) and write nothing."""
+distill.py, bmm_head.py) return (head, metrics) and write nothing."""
 from __future__ import annotations
 
 import time
@@ -17,6 +17,8 @@ from perfmodel import artifact
 from perfmodel.locations import default_data_dir
 
 from . import evaluate as ev
+from .bmm_head import (BmmHeadSettings, bmm_data_record, cross_validate, fit_bmm_heads, has_bmm_rows, load_bmm_checked, split_by_shape,
+                       static_table, zero_shot_figures)
 from .call_head import CallHeadSettings, fit_call_heads
 from .cublas_head import CublasHeadSettings, check_settings, encode_rows, fit_cublas_head, model_rows
 from .data import (GemmTable, concat_gemm, joint_split, load_device_datasets, load_gemm, parse_device_fractions,
@@ -133,6 +135,29 @@ def problem_step(bundle: artifact.ModelBundle, datasets: list, s: ProblemHeadSet
             got[dev]["cublas/choice_accuracy"] = m[f"{artifact.CALL}/test/choice_accuracy"]
     merge_cublas_metrics(meta, devices, got)
     bundle.metadata = meta
+def bmm_step(bundle: artifact.ModelBundle, folder: Path, s: BmmHeadSettings, log: Any = print) -> dict[str, Any] | None:
+    """Fit the bmm heads (bmm, bmm_aten) on the bmm rows of folder (the model's default device's dataset) with
+    the model's seed and add them to bundle (bmm_metrics, bmm_settings); returns their metrics. None, after a
+    message saying why, where the folder has no bmm rows (the step is skipped, the bundle unchanged)."""
+    from perfmodel.features import FeatureEncoder
+
+    if not has_bmm_rows(folder):
+        log(f"bmm-head: skipped: {folder} has no bmm rows (perfmodel gen bmm), so the model gets no bmm head")
+        return None
+    table = load_bmm_checked(folder, bundle.devices[0])
+    version = bundle.encoders["gemm"].version
+    split = split_by_shape(table, model_seed(bundle))
+    extra = static_table(folder)  # the folder's gemm_static rows as batch-1 rows (s.static_rows)
+    heads, metrics = fit_bmm_heads(table, split, bundle.spec, version, s, log, extra)
+    metrics["zero_shot"] = zero_shot_figures(bundle, table, split)
+    if s.cv_folds:
+        metrics.update(cross_validate(table, bundle.spec, version, s, model_seed(bundle), extra, log))
+    kinds = {artifact.BMM: "bmm", artifact.BMM_ATEN: "bmm_aten", artifact.BMM_CALL: "bmm_aten"}
+    for name, head in heads.items():
+        bundle.heads[name] = head
+        bundle.encoders[name] = FeatureEncoder(bundle.spec, kinds[name], version)
+    settings = {**settings_record(s, exclude=("data",)), "data": bmm_data_record(folder), "split_seed": model_seed(bundle)}
+    bundle.metadata = {**bundle.metadata, "bmm_metrics": metrics, "bmm_settings": settings}
     return metrics
 
 
@@ -290,3 +315,19 @@ def _no_problem_head(bundle: artifact.ModelBundle, model: Path, command: str) ->
     if artifact.PROBLEM in bundle.heads:
         raise ValueError(f"model: {model} has a problem network in place of the cublas and call heads; refit it "
                          f"with `perfmodel problem-head`, not `perfmodel {command}`")
+def refit_bmm(s: BmmHeadSettings, log: Any = print, command: str = "") -> dict[str, Any]:
+    """`perfmodel bmm-head`: the bmm heads of the folder s.model, fitted on the bmm rows of s.data (default: the
+    model's dataset) and added in place; nothing is written (a message says why) where s.data has none."""
+    t0 = time.perf_counter()
+    bundle = load_model(s.model, s.threads)
+    if s.data is not None:
+        folder = Path(s.data)
+    else:  # the model's default device's folder as its metadata names it, else the default dataset
+        meta = bundle.metadata
+        known = [Path(d["path"]) for d in (meta.get("datasets") or [meta.get("dataset") or {}]) if d.get("path")]
+        folder = known[0] if known and known[0].is_dir() else default_data_dir()
+    metrics = bmm_step(bundle, folder, s, log)
+    if metrics is None:
+        return {}
+    _rewrite(bundle, s, "bmm-head", t0, command)
+    return metrics

@@ -1,0 +1,109 @@
+"""Batched GEMMs (torch.bmm / baddbmm): what the Predictor serves for a GemmProblem with batch > 1.
+
+The model's bmm heads (perfmodel bmm-head, train/bmm_head.py) predict them: `bmm`, the log ms of a config of
+Inductor's bmm template (timed as Inductor compiles it, so the one kernel both kernel modes get: a batched
+problem is not ranked by the gemm head, its screen or the static head), and `bmm_aten`, the log ms of
+aten::bmm (predict_cublas, Candidates.cublas_ms), both with the physical floor of the whole batch (flops and
+bytes times the batch); and `bmm_call`, the aten-or-Triton call (Candidates.prefer_cublas,
+prefers_cublas_many, and the hooks through aten_call_ms): per problem log(aten::bmm ms / the best config's
+ms), below 0 aten::bmm wins. The rows are
+encoded here (the "bmm" / "bmm_aten" encoders) and scored by the Predictor's runner, so the torch and onnx
+backends serve them alike (model.onnx has each head's graph, bmm_x -> bmm_log_ms / bmm_score). Configs sort
+by the bmm head's score (its output before the floors, which never reorder a problem's configs), ties in
+the given order; a config the device cannot run predicts inf and ranks last, as for a plain GEMM.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+import torch
+
+from perfmodel.artifact import BMM, BMM_ATEN, BMM_CALL
+from perfmodel.features import bmm_problems_tensor
+from perfmodel.schema import GemmProblem
+
+if TYPE_CHECKING:
+    from .predictor import Predictor
+
+
+def batched(problems: Sequence[GemmProblem]) -> bool:
+    """Whether the problems are bmm problems (batch > 1): True for all, False for none; ValueError naming
+    batch for a mix (a plain GEMM and a bmm are predicted by different heads: pass them separately)."""
+    flags = {p.batch > 1 for p in problems}
+    if len(flags) > 1:
+        raise ValueError("batch: the problems mix batch=1 (mm) and batch>1 (bmm), which different heads predict; "
+                         "pass them in separate calls")
+    return flags.pop()
+
+
+def require(predictor: "Predictor", head: str, batch: int) -> None:
+    """ValueError naming batch and the missing head where the model has no bmm head to serve a batched problem."""
+    if head not in predictor.bundle.heads:
+        raise ValueError(f"batch: {predictor.source} has no {head!r} head, so it cannot predict a bmm (batch={batch}); "
+                         "add one with `perfmodel bmm-head --model <folder> --data <folder with bmm shards>`, "
+                         "or pass batch=1")
+
+
+def scores(predictor: "Predictor", problems: Sequence[GemmProblem], configs: Any) -> tuple[list, np.ndarray, np.ndarray]:
+    """(configs, score (P, C), log ms (P, C)) of the bmm head on every problem with every config (configs None:
+    the model device's pruned space for the problems' dtype); log ms inf where the device cannot run a config."""
+    require(predictor, BMM, problems[0].batch)
+    cfgs, ct, _, fits = predictor._configs(configs, predictor._common_dtype(list(problems), configs))
+    with torch.inference_mode():
+        x = predictor.bundle.encoders[BMM].encode_cross(bmm_problems_tensor(problems), ct)     # (P * C, F)
+    z, log_ms = predictor._run.score_log_ms(BMM, x)
+    shape = (len(problems), len(cfgs))
+    z = predictor._checked(z.numpy().astype(np.float64), "problems (bmm)").reshape(shape)
+    log_ms = log_ms.numpy().astype(np.float64).reshape(shape)
+    predictor._checked(np.exp(log_ms), "problems (bmm)", positive=True)
+    ok = predictor._runnable(fits, problems)
+    if ok is not None:
+        log_ms = np.where(ok, log_ms, np.inf)
+    return list(cfgs), z, log_ms
+
+
+def predict(predictor: "Predictor", problems: Sequence[GemmProblem], configs: Any) -> np.ndarray:
+    """(P, C) predicted ms of the bmm head."""
+    return np.exp(scores(predictor, problems, configs)[2])
+
+
+def rank(predictor: "Predictor", problems: Sequence[GemmProblem], configs: Any,
+         top_k: int) -> list[list[tuple[Any, float]]]:
+    """Per problem, the top_k configs by the bmm head, fastest first: runnable ones by score (ties in the
+    given order), then the others (inf ms)."""
+    cfgs, z, log_ms = scores(predictor, problems, configs)
+    out = []
+    for zi, li in zip(z, log_ms):
+        key = np.where(np.isfinite(li), zi, np.inf)
+        order = np.argsort(key, kind="stable")[:top_k]
+        out.append([(cfgs[i], float(np.exp(li[i]))) for i in order])
+    return out
+
+
+def aten_ms(predictor: "Predictor", problems: Sequence[GemmProblem]) -> np.ndarray:
+    """Predicted ms of aten::bmm for each problem (1-D), by the bmm_aten head."""
+    require(predictor, BMM_ATEN, problems[0].batch)
+    with torch.inference_mode():
+        x = predictor.bundle.encoders[BMM_ATEN].encode(bmm_problems_tensor(problems))
+    return predictor._ms(BMM_ATEN, x, "problems (aten::bmm)")
+
+
+def call_scores(predictor: "Predictor", problems: Sequence[GemmProblem]) -> np.ndarray | None:
+    """The bmm call head's output per problem (log(aten::bmm ms / the best config's ms); below 0 aten::bmm
+    wins), or None where the model has no call head."""
+    if BMM_CALL not in predictor.bundle.heads:
+        return None
+    with torch.inference_mode():
+        x = predictor.bundle.encoders[BMM_CALL].encode(bmm_problems_tensor(problems))
+    return predictor._checked(predictor._run.score(BMM_CALL, x).numpy().astype(np.float64).reshape(-1),
+                              "problems (bmm call)")
+
+
+def aten_call_ms(predictor: "Predictor", prob: GemmProblem, best_ms: float) -> float:
+    """The aten::bmm time the hooks weigh against the best ranked config's predicted time best_ms: what the
+    call head implies (best_ms x exp(its output): aten wins exactly where the call says so), else the
+    bmm_aten head's time. The hooks' rules (decisions.triton_expected_gain, triton_dropped) take it as the
+    aten kernel's time."""
+    score = call_scores(predictor, [prob])
+    return float(best_ms * np.exp(score[0])) if score is not None else float(aten_ms(predictor, [prob])[0])

@@ -1,0 +1,151 @@
+"""The bmm heads' fitter (train/bmm_head.py) and their refit step (train/refit.py bmm_step, refit_bmm) on
+SYNTHETIC bmm shards (tests/_synthetic.py: a roofline-ish formula with noise) and a random-weight model
+folder. Nothing here measures the shipped model."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from perfmodel import artifact
+from perfmodel.devices import get_spec
+from perfmodel.train.bmm_head import (BmmHeadSettings, BmmTable, cross_validate, encode, fit_bmm_heads,
+                                      floor_column, load_bmm, predict_log_ms, shape_folds, split_by_shape)
+from perfmodel.train.refit import bmm_step, refit_bmm
+from tests._synthetic import (make_synthetic_bundle, synthetic_header, write_synthetic_bmm, write_synthetic_dataset,
+                              write_synthetic_model)
+
+SPEC = get_spec("h100-sxm")
+SMALL = dict(hidden=(32, 32), members=1, epochs=40, aten_hidden=(16,), aten_members=1, aten_epochs=400,
+             call_hidden=(8,), call_members=1, call_epochs=50)
+
+
+def quiet(*_a) -> None:
+    pass
+
+
+@pytest.fixture(scope="module")
+def bmm_data(tmp_path_factory: pytest.TempPathFactory):
+    return write_synthetic_bmm(tmp_path_factory.mktemp("bmm") / "h100", n_problems=64)
+
+
+def test_the_table_keeps_ok_triton_and_aten_rows(bmm_data):
+    t = load_bmm(bmm_data)
+    assert len(t.problems) == 64 and t.problems.shape[1] == 9
+    assert len(t.ms) == 64 * 8  # the failed config and the aten_pad rows are left out
+    assert np.isfinite(t.aten_ms).all() and (t.problems[:, 8] >= 8).all()
+    assert t.inductor.sum() == 64 * 4  # the "default" source rows: Inductor's list
+    # every fourth problem re-batches the one before it: 16 of them share a shape
+    assert len(set(t.shape.tolist())) == 64 - 16
+
+
+def test_the_split_is_by_shape_and_seeded(bmm_data):
+    t = load_bmm(bmm_data)
+    split = split_by_shape(t, 0)
+    for s in set(t.shape.tolist()):
+        assert len(set(split[t.shape == s].tolist())) == 1  # problems that differ in batch only: one set
+    assert set(split.tolist()) == {0, 1, 2}
+    assert np.array_equal(split, split_by_shape(t, 0)) and not np.array_equal(split, split_by_shape(t, 1))
+
+
+def test_the_fitter_learns_floors_and_writes_nothing(bmm_data, tmp_path):
+    t = load_bmm(bmm_data)
+    split = split_by_shape(t, 0)
+    before = sorted(bmm_data.rglob("*"))
+    heads, m = fit_bmm_heads(t, split, SPEC, 3, BmmHeadSettings(**SMALL), log=quiet)
+    assert set(heads) == {artifact.BMM, artifact.BMM_ATEN, artifact.BMM_CALL} and sorted(bmm_data.rglob("*")) == before
+    # the synthetic times span orders of magnitude: the heads fit far better than a constant
+    y = np.log(t.ms)
+    assert m["train/triton/mean_abs_log_err"] < 0.5 * np.abs(y - np.median(y)).mean()
+    assert m["train/aten/mean_abs_log_err"] < 0.5 * np.abs(np.log(t.aten_ms) - np.median(np.log(t.aten_ms))).mean()
+    for key in ("test/all/top1_eff", "test/all/top5_eff", "val/all/top1_eff", "test/call/accuracy",
+                "test/call/accuracy_times", "test/call/accuracy_always_triton"):
+        assert 0.0 < m[key] <= 1.0, key
+    assert m["test/problems"] + m["val/problems"] + m["train/problems"] == len(t.problems)
+    # the physical floor: the whole batch's roofline (one matrix's times the batch)
+    x, xa = encode(t, SPEC, 3)
+    f = floor_column("bmm", SPEC, 3)
+    assert (predict_log_ms(heads[artifact.BMM], x) >= x[:, f].double().numpy() - 1e-6).all()
+    assert heads[artifact.BMM].cfg.floor_features == (f,)
+    one = x[:, 18].double() + torch.log(torch.from_numpy(t.problems[t.problem_idx, 8]))
+    assert torch.allclose(x[:, f].double(), one, rtol=1e-5)
+
+
+def _as_batch_one(t: BmmTable) -> BmmTable:
+    """t's rows as batch-1 rows (what static_table makes of a folder's gemm_static rows)."""
+    p = t.problems.copy()
+    p[:, 8] = 1
+    return BmmTable(p, t.modes, t.families, t.shape, np.full(len(p), np.nan), t.problem_idx, t.configs, t.ms / 8,
+                    t.inductor)
+
+
+def test_batch_one_rows_join_the_triton_heads_training_set_only(bmm_data):
+    t = load_bmm(bmm_data)
+    split = split_by_shape(t, 0)
+    extra = _as_batch_one(t)
+    _, with_rows = fit_bmm_heads(t, split, SPEC, 3, BmmHeadSettings(**SMALL), quiet, extra)
+    _, without = fit_bmm_heads(t, split, SPEC, 3, BmmHeadSettings(**SMALL, static_rows=False), quiet, extra)
+    assert with_rows["static_rows"] == len(t.ms) and without["static_rows"] == 0
+    # the figures are on table's problems either way; the aten head never sees the extra rows
+    assert with_rows["test/problems"] == without["test/problems"]
+    assert with_rows["test/aten/mean_abs_log_err"] == without["test/aten/mean_abs_log_err"]
+    assert with_rows["test/triton/mean_abs_log_err"] != without["test/triton/mean_abs_log_err"]
+
+
+def test_cross_validation_holds_every_problem_out_once(bmm_data):
+    t = load_bmm(bmm_data)
+    folds = shape_folds(t, 4, 0)
+    assert set(folds.tolist()) == {0, 1, 2, 3}
+    for s in set(t.shape.tolist()):
+        assert len(set(folds[t.shape == s].tolist())) == 1
+    said: list[str] = []
+    m = cross_validate(t, SPEC, 3, BmmHeadSettings(**SMALL, cv_folds=4), 0, None, said.append)
+    assert m["cv/problems"] == len(t.problems) and m["cv/folds"] == 4 and m["cv/members"] == 1
+    assert 0.0 < m["cv/all/top1_eff"] <= m["cv/all/top5_eff"] <= 1.0 and 0.0 <= m["cv/call/accuracy"] <= 1.0
+    assert sum("fold" in line for line in said) == 4
+
+
+@pytest.mark.parametrize("field, value", [("cv_folds", 1), ("cv_folds", -1), ("rank_weight", -1.0),
+                                          ("problems_per_batch", 0), ("epochs", 0), ("members", 0), ("aten_epochs", -1), ("hidden", ()),
+                                          ("aten_hidden", (0,)), ("batch_rows", 2.5)])
+def test_bad_settings_are_refused_naming_the_field(bmm_data, field, value):
+    t = load_bmm(bmm_data)
+    with pytest.raises(ValueError, match=field):
+        fit_bmm_heads(t, split_by_shape(t, 0), SPEC, 3, BmmHeadSettings(**{**SMALL, field: value}), log=quiet)
+
+
+def test_the_step_is_skipped_where_the_data_has_no_bmm_rows(tmp_path):
+    bundle = make_synthetic_bundle(hidden=(16,))
+    said: list[str] = []
+    data = write_synthetic_dataset(tmp_path / "h100", n_problems=8)
+    assert bmm_step(bundle, data, BmmHeadSettings(**SMALL), said.append) is None
+    assert artifact.BMM not in bundle.heads and "bmm_metrics" not in bundle.metadata
+    assert len(said) == 1 and "skipped" in said[0] and "no bmm rows" in said[0]
+    # the refit command writes nothing then
+    model = write_synthetic_model(tmp_path / "m", hidden=(16,))
+    stamp = (model / "metadata.json").read_text()
+    assert refit_bmm(BmmHeadSettings(model=model, data=data, **SMALL), log=quiet) == {}
+    assert (model / "metadata.json").read_text() == stamp
+
+
+def test_shards_of_another_device_are_refused_naming_data(tmp_path):
+    data = write_synthetic_bmm(tmp_path / "a100", n_problems=8, header=synthetic_header("a100-sxm"))
+    with pytest.raises(ValueError, match="data"):
+        bmm_step(make_synthetic_bundle(hidden=(16,)), data, BmmHeadSettings(**SMALL), quiet)
+
+
+def test_refit_adds_the_heads_and_records_the_step(bmm_data, tmp_path):
+    model = write_synthetic_model(tmp_path / "m", hidden=(16, 16))
+    m = refit_bmm(BmmHeadSettings(model=model, data=bmm_data, **SMALL), log=quiet, command="perfmodel bmm-head")
+    bundle = artifact.load(model)
+    assert {artifact.BMM, artifact.BMM_ATEN, artifact.BMM_CALL} <= set(bundle.heads)
+    assert [bundle.encoders[h].kind for h in (artifact.BMM, artifact.BMM_ATEN, artifact.BMM_CALL)] == \
+        ["bmm", "bmm_aten", "bmm_aten"]
+    meta = json.loads((model / "metadata.json").read_text())
+    step = meta["build"]["steps"][-1]
+    assert step["step"] == "bmm-head" and step["refit"] and step["command"] == "perfmodel bmm-head"
+    assert meta["bmm_metrics"]["test/all/top1_eff"] == m["test/all/top1_eff"]
+    assert meta["bmm_settings"]["data"]["files"] and len(meta["bmm_settings"]["data"]["sha256"]) == 64
+    assert "zero_shot" in m and "test/all/top1_eff" in m["zero_shot"]

@@ -1,0 +1,229 @@
+"""Serving batched GEMMs (GemmProblem(batch > 1)): the Predictor's routing to the bmm heads in both backends,
+its refusals, and the two Inductor hooks on bmm/baddbmm -- on a random-weight model folder with bmm heads
+fitted to SYNTHETIC bmm shards (tests/_synthetic.py), and on SYNTHETIC Inductor choices (stand-ins with the
+attributes Inductor's KernelTemplateChoice and MMKernelInputs have; no GPU, no compile). The GPU test
+compiles a small bmm model with the whole-model set-up."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from perfmodel import GemmConfig, GemmProblem, Predictor, artifact
+from perfmodel.configs import inductor_default_configs
+from perfmodel.devices import get_spec
+from perfmodel.features import bmm_problems_tensor, configs_tensor
+from perfmodel.serve import bmm as sbmm
+from perfmodel.serve import compile as pc
+from perfmodel.serve import inductor as si
+from perfmodel.train.bmm_head import BmmHeadSettings
+from perfmodel.train.refit import refit_bmm
+from tests._synthetic import write_synthetic_bmm, write_synthetic_model
+
+CFGS = list(inductor_default_configs())[:8]
+PROB = GemmProblem(m=512, n=512, k=64, dtype="float16", transpose_right=True, batch=96)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("bmm-serve")
+    model = write_synthetic_model(root / "m", hidden=(16, 16))
+    refit_bmm(BmmHeadSettings(model=model, data=write_synthetic_bmm(root / "h100", n_problems=32), hidden=(32, 32),
+                              members=2, epochs=20, aten_hidden=(16,), aten_members=1, aten_epochs=50),
+              log=lambda *a: None)
+    return model
+
+
+@pytest.fixture(scope="module")
+def plain_dir(tmp_path_factory: pytest.TempPathFactory):
+    return write_synthetic_model(tmp_path_factory.mktemp("plain") / "m", hidden=(16,))
+
+
+@pytest.fixture(scope="module", params=["torch", "onnx"])
+def pred(model_dir, request) -> Predictor:
+    if request.param == "onnx":
+        pytest.importorskip("onnxruntime")
+    return Predictor.load(model_dir, backend=request.param)
+
+
+def _expected_log_ms(model_dir, prob: GemmProblem, cfgs) -> np.ndarray:
+    """The bmm head's log ms, straight from the folder's weights (the unfolded module)."""
+    b = artifact.load(model_dir)
+    with torch.inference_mode():
+        x = b.encoders[artifact.BMM].encode_cross(bmm_problems_tensor([prob]), configs_tensor(cfgs))
+        return b.heads[artifact.BMM](x).double().numpy()
+
+
+def test_batched_problems_are_served_by_the_bmm_head(pred, model_dir):
+    ms = pred.predict(PROB, CFGS)
+    # the onnx graph agrees with the weights to float rounding (the runner's own load check: rtol 1e-3)
+    assert np.allclose(np.log(ms), _expected_log_ms(model_dir, PROB, CFGS), rtol=1e-3, atol=1e-4)
+    assert not np.allclose(ms, pred.predict(GemmProblem(**{**PROB.as_dict(), "batch": 1}), CFGS))
+    ranked = pred.rank(PROB, CFGS, top_k=3)
+    assert [t for _, t in ranked] == sorted(t for _, t in ranked) and len(ranked) == 3
+    # ties aside, the ranking is the predicted times' order
+    assert ranked[0][1] == pytest.approx(ms.min(), rel=1e-5)
+    many = pred.predict_many([PROB, GemmProblem(**{**PROB.as_dict(), "batch": 8})], CFGS)
+    assert many.shape == (2, len(CFGS)) and np.allclose(many[0], ms, rtol=1e-6)
+    assert [c for c, _ in pred.rank_many([PROB], CFGS, top_k=3)[0]] == [c for c, _ in ranked]
+
+
+def test_the_physical_floor_is_the_whole_batchs(pred):
+    spec = get_spec("h100-sxm")
+    big = GemmProblem(m=8192, n=8192, k=8192, dtype="float16", batch=64)
+    roof_ms = 1e3 * max(big.flops / spec.peak_flops("float16"), big.min_bytes / spec.peak_bytes_per_s())
+    assert (pred.predict(big, CFGS) >= roof_ms * (1 - 1e-5)).all()
+    assert pred.predict_cublas(big) >= roof_ms * (1 - 1e-5)
+
+
+def test_candidates_and_the_aten_call(pred):
+    c = pred.candidates(PROB, CFGS, top_k=2, margin=0.0)
+    aten = pred.predict_cublas(PROB)
+    call = float(sbmm.call_scores(pred, [PROB])[0])  # the bmm call head: below 0, aten::bmm wins
+    assert c.cublas_ms == pytest.approx(aten, rel=1e-6)
+    assert c.prefer_cublas == (call < 0 or aten < c.best_ms)  # a list of the caller's own: also its best's time
+    assert pred.candidates(PROB, top_k=2).prefer_cublas == (call < 0)
+    assert list(c.configs) == [cfg for cfg, _ in pred.rank(PROB, CFGS, top_k=2)]
+    assert pred.prefers_cublas_many([PROB]).tolist() == [call < 0]
+    # the hooks weigh the aten time the call implies: aten wins exactly where the call says so
+    assert (sbmm.aten_call_ms(pred, PROB, c.best_ms) < c.best_ms) == (call < 0)
+    assert pred.has_bmm
+
+
+def test_a_config_the_device_cannot_run_ranks_last(pred):
+    huge = GemmConfig(256, 256, 256, 8, 5, 4)  # fp32: far over the shared memory
+    prob = GemmProblem(**{**PROB.as_dict(), "dtype": "float32"})
+    ranked = pred.rank(prob, [huge, *CFGS[:3]], top_k=4)
+    assert ranked[-1] == (huge, float("inf")) and all(np.isfinite(t) for _, t in ranked[:-1])
+    assert huge not in pred.candidates(prob, [huge, *CFGS[:3]], top_k=4).configs
+
+
+@pytest.mark.parametrize("batch, error", [(0, ValueError), (-2, ValueError), (2.5, TypeError), (True, TypeError),
+                                          ("4", TypeError)])
+def test_bad_batches_are_refused_naming_the_field(batch, error):
+    with pytest.raises(error, match="batch"):
+        GemmProblem(m=64, n=64, k=64, dtype="float16", batch=batch)
+
+
+def test_mixing_plain_and_batched_problems_is_refused(pred):
+    with pytest.raises(ValueError, match="batch"):
+        pred.predict_many([PROB, GemmProblem(m=64, n=64, k=64, dtype="float16")], CFGS)
+
+
+def test_a_model_without_bmm_heads_names_the_missing_head(plain_dir):
+    p = Predictor.load(plain_dir, backend="torch")
+    assert not p.has_bmm
+    for call in (lambda: p.predict(PROB, CFGS), lambda: p.rank(PROB, CFGS), lambda: p.candidates(PROB, CFGS),
+                 lambda: p.predict_cublas(PROB)):
+        with pytest.raises(ValueError, match=r"batch.*'bmm(_aten)?' head"):
+            call()
+
+
+# ------------------------------------------------------------------ the hooks, on synthetic choices
+
+def _choice(uid: str, cfg=None):
+    """A stand-in KernelTemplateChoice (SYNTHETIC): template.uid, params.to_kwargs() as Inductor's mm
+    heuristics give them for the bmm template too."""
+    kw = {} if cfg is None else {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
+                                 "GROUP_M": cfg.group_m, "num_stages": cfg.num_stages, "num_warps": cfg.num_warps,
+                                 "EVEN_K": True, "ACC_TYPE": "tl.float32"}
+    return SimpleNamespace(template=SimpleNamespace(uid=uid), params=SimpleNamespace(to_kwargs=lambda: dict(kw)),
+                           extra_kwargs={"ALLOW_TF32": False})
+
+
+class _BmmInputs:
+    """A stand-in for MMKernelInputs of a bmm (SYNTHETIC): nodes (mat1 [b, m, k], mat2 [b, k, n]), mat2 a
+    transposed view (its k stride 1); baddbmm: (bias, mat1, mat2)."""
+
+    def __init__(self, p: GemmProblem, bias: bool = False) -> None:
+        self.p, self.bias = p, bias
+        self._mat1_idx, self._mat2_idx = -2, -1
+
+    def nodes(self):
+        return [object()] * (3 if self.bias else 2)
+
+    def shapes_hinted(self):
+        p = self.p
+        return [(p.batch, p.m, p.n)] * self.bias + [(p.batch, p.m, p.k), (p.batch, p.k, p.n)]
+
+    def strides_hinted(self):
+        p = self.p
+        return [(p.m * p.n, p.n, 1)] * self.bias + [(p.m * p.k, p.k, 1), (p.k * p.n, 1, p.k)]
+
+    def mnk_hinted(self):
+        return self.p.m, self.p.n, self.p.k
+
+    def dtypes(self):
+        return [torch.float16] * len(self.nodes())
+
+
+def _bmm_call():
+    return [_choice("aten::bmm")] + [_choice("triton::bmm", c) for c in CFGS] + [_choice("triton::mm", CFGS[0])]
+
+
+@pytest.mark.parametrize("op, bias", [("bmm", False), ("baddbmm", True)])
+def test_the_max_autotune_hook_keeps_the_bmm_heads_top_k(model_dir, op, bias):
+    pred = Predictor.load(model_dir, backend="torch")
+    assert si.problem_from_kernel_inputs(_BmmInputs(PROB, bias)) == PROB
+    call = _bmm_call()
+    out = si.filter_template_choices(call, _BmmInputs(PROB, bias), op, pred, top_k=3)
+    best = {str(c) for c, _ in pred.rank(PROB, CFGS, top_k=3)}
+    kept = [c for c in out if c.template.uid == "triton::bmm"]
+    assert {str(si.kwargs_to_gemm(c.params.to_kwargs())) for c in kept} == best and len(kept) == 3
+    assert out[0] is call[0] and out[-1] is call[-1]  # aten::bmm and another template's choice pass through
+    # a model without bmm heads leaves the call to Inductor
+    assert si.filter_template_choices(call, _BmmInputs(PROB), op, Predictor.load(write_plain(model_dir)), 3) is call
+
+
+def write_plain(model_dir):
+    folder = model_dir.parent / "plain"
+    if not folder.exists():
+        write_synthetic_model(folder, hidden=(16,))
+    return folder
+
+
+def test_the_whole_model_handler_decides_a_bmm_by_the_models_call(model_dir):
+    pytest.importorskip("torch._inductor.choices")
+    pred = Predictor.load(model_dir, backend="torch")
+    for gain, want in ((-0.999, ["aten::bmm", "triton::bmm"]), (float("inf"), ["aten::bmm"])):
+        pc.reset()
+        handler = pc._handler_class()(pred, pc.Policy(triton_gain=gain))
+        out = handler._finalize_template_configs({"all": iter(_bmm_call())}, _BmmInputs(PROB), [], "bmm")
+        assert [c.template.uid for c in out] == want
+        (d,) = pc.decisions()
+        assert d.op == "bmm" and d.problem["batch"] == 96 and d.triton == (len(want) == 2)
+        best_ms = pred.rank(PROB, CFGS, top_k=1)[0][1]
+        assert d.cublas_ms == pytest.approx(sbmm.aten_call_ms(pred, PROB, best_ms), rel=1e-6)
+        if d.triton:
+            assert d.configs == [str(pred.rank(PROB, CFGS, top_k=1)[0][0])]
+        assert "bmm 96x512x64x512 float16 NT" in pc.summary()
+    # without bmm heads: aten alone, as default mode
+    pc.reset()
+    plain = pc._handler_class()(Predictor.load(write_plain(model_dir)), pc.Policy(triton_gain=-0.999))
+    out = plain._finalize_template_configs({"all": iter(_bmm_call())}, _BmmInputs(PROB), [], "bmm")
+    assert [c.template.uid for c in out] == ["aten::bmm"] and pc.decisions() == []
+    assert "bmm x1" in pc.summary()
+    pc.reset()
+
+
+@pytest.mark.gpu
+def test_the_set_up_compiles_a_bmm_model_on_the_gpu():
+    """The shipped model (with bmm heads) under perfmodel.serve.compile: an attention-like bmm pair; the
+    decisions include op bmm, the outputs match eager."""
+    dev = torch.device("cuda")
+
+    class Attn(torch.nn.Module):
+        def forward(self, q, k, v):
+            return torch.bmm(torch.softmax(torch.bmm(q, k.transpose(1, 2)) / 8.0, -1), v)
+
+    q, k, v = (torch.randn(32, 256, 64, device=dev, dtype=torch.float16) for _ in range(3))
+    pc.reset()
+    with torch.no_grad():
+        ref = Attn()(q, k, v)
+        out = pc.compile(Attn())(q, k, v).clone()
+    torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
+    ds = pc.decisions()
+    assert "bmm" in {d.op for d in ds}, pc.summary()
+    assert all(d.problem.get("batch") == 32 for d in ds if d.op == "bmm")

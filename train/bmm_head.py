@@ -1,0 +1,485 @@
+"""`perfmodel bmm-head`: the heads of batched GEMMs (torch.bmm / baddbmm) -- Inductor's bmm template and
+aten::bmm -- fitted on a dataset folder's `bmm` rows (`perfmodel gen bmm`, data_gen/bmm.py).
+
+    perfmodel bmm-head --model models/h100 --data data/h100
+
+Two heads, on the "bmm" and "bmm_aten" encoders (perfmodel/features.py: one matrix's gemm / cublas
+features, then the batch and the whole batch's roofline, and for a config the template's grid of tiles x
+batch programs in waves over the SMs):
+
+- `bmm`: log ms of a config of Inductor's bmm template (the sweep times it as Inductor compiles it: every
+  size and stride a constant), for ranking the Triton bmm configs;
+- `bmm_aten`: log ms of aten::bmm (`predict_cublas`, `Candidates.cublas_ms`);
+- `bmm_call`: the aten-or-Triton call, fitted to the quantity it is about -- per problem, log(aten::bmm ms /
+  the best measured config's ms), on the bmm_aten features; aten::bmm wins where it is below 0. Compared
+  with the two heads' times (aten's predicted time against the best ranked config's), the call was right on
+  0.78 of the problems in cross-validation, below always-Triton's 0.86; the call head on 0.91.
+
+The two time heads are averages of plain MLPs (the Triton head: smooth L1 on the floored log ms plus the
+within-problem ranking term, on batches of whole problems; the aten head: smooth L1) with a learned
+overhead and the physical floor on the whole batch's roofline (flops and bytes times the batch); the call
+head an average of MLPs without floors, as train/call_head.py's.
+The split is by shape (seeded by the model's seed, stratified by dtype mode): problems that differ only in
+batch (the sweep's re-batched ones) stay in one set, so no problem and no shape is in two sets. Train
+problems fit, val problems chose the settings, test problems report: top-1 / top-5 efficiency per dtype
+mode (geomean of best measured time / measured time of the predicted best, or of the best of the
+predicted top 5), per family, and the aten-or-Triton call. fit_bmm_heads returns the heads and their figures
+and writes nothing (train/refit.py adds them to a model folder, train/recipe.py to a build). Needs no
+Lightning and no MLflow.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from perfmodel import artifact
+from perfmodel.features import BMM_PROBLEM_COLUMNS, FeatureEncoder
+from perfmodel.locations import default_model_dir
+from perfmodel.model import MLPConfig, PerfMLP
+
+from .data import _mode, _problem_row, split_problems
+from .losses import within_problem_loss
+from .loop import fit_ensemble, fit_plain
+
+BMM, BMM_ATEN, BMM_CALL = artifact.BMM, artifact.BMM_ATEN, artifact.BMM_CALL
+MODES = ("float16", "bfloat16", "tf32", "float32")
+
+
+@dataclass
+class BmmHeadSettings:
+    model: Path = field(default_factory=default_model_dir)
+    # the model's default device's dataset folder (its bmm shards); None: the folder the model's metadata
+    # names, else the default dataset
+    data: Path | None = None
+    # chosen on the val problems (top-1 and the call; docs/model.md, "Batched GEMMs")
+    hidden: tuple[int, ...] = (128, 128, 128)
+    members: int = 3
+    epochs: int = 100
+    batch_rows: int = 256
+    lr: float = 2e-3
+    weight_decay: float = 1e-4
+    huber_beta: float = 0.05
+    # the Triton head: smooth L1 on the floored log ms plus rank_weight x the within-problem ranking term
+    # (train/losses.py, rank_tau), on batches of problems_per_batch whole problems
+    rank_weight: float = 3.0
+    rank_tau: float = 0.3
+    problems_per_batch: int = 8
+    # the folder's gemm_static rows (Inductor's mm template as Inductor compiles it, perfmodel gen static)
+    # as batch-1 rows of the Triton head's training set: the bmm template is the mm template with a batch
+    # dimension in its grid, and these rows cover ~1,500 more shapes
+    static_rows: bool = True
+    aten_hidden: tuple[int, ...] = (64, 64)
+    aten_members: int = 5
+    aten_epochs: int = 400
+    call_hidden: tuple[int, ...] = (64, 64)
+    call_members: int = 5
+    call_epochs: int = 400
+    # > 0: also cross-validate -- every problem held out once, in cv_folds folds by shape (seeded), each fold's
+    # Triton head fitted with cv_members members (the others as set) -- for figures over all the problems
+    # ("cv/" in the metrics)
+    cv_folds: int = 0
+    cv_members: int = 1
+    seed: int = 0
+    threads: int = 0               # torch CPU threads (0: torch's default)
+
+
+@dataclass
+class BmmTable:
+    """A folder's bmm rows. Per problem: problems (P, 9) BMM_PROBLEM_COLUMNS, modes, families, shape (an id
+    shared by problems that differ only in batch), aten_ms (nan where not timed). Per Triton row:
+    problem_idx, configs (R, 6), ms, inductor (a config of Inductor's DEFAULT list, not an extra one)."""
+
+    problems: np.ndarray
+    modes: np.ndarray
+    families: np.ndarray
+    shape: np.ndarray
+    aten_ms: np.ndarray
+    problem_idx: np.ndarray
+    configs: np.ndarray
+    ms: np.ndarray
+    inductor: np.ndarray
+
+
+def has_bmm_rows(folder: Path) -> bool:
+    """Whether the dataset folder has bmm shards (`perfmodel gen bmm`)."""
+    from perfmodel.data_gen.bmm import KIND
+    from perfmodel.data_gen.shards import part_files
+
+    return bool(part_files(Path(folder), KIND))
+
+
+def table_from_rows(rows: list[dict[str, Any]]) -> BmmTable:
+    """The BmmTable of bmm shard rows (ok Triton rows and aten rows; failures and aten_pad rows left out)."""
+    index: dict[str, int] = {}
+    probs, modes, fams, shapes, aten = [], [], [], [], []
+    shape_ids: dict[tuple, int] = {}
+    tri: list[tuple[int, list[int], float, bool]] = []
+    for r in rows:
+        if r.get("status") != "ok" or r.get("kind") not in ("triton", "aten"):
+            continue
+        if r["unit"] not in index:
+            index[r["unit"]] = len(probs)
+            probs.append(_problem_row(r) + [r["batch"]])
+            modes.append(_mode(r))
+            fams.append(r.get("family", ""))
+            key = tuple(_problem_row(r))
+            shapes.append(shape_ids.setdefault(key, len(shape_ids)))
+            aten.append(np.nan)
+        i = index[r["unit"]]
+        if r["kind"] == "aten":
+            aten[i] = r["ms"]
+        else:
+            cfg = [r[c] for c in ("block_m", "block_n", "block_k", "group_m", "num_stages", "num_warps")]
+            tri.append((i, cfg, r["ms"], str(r.get("source", "")).startswith("default")))
+    if not tri:
+        raise ValueError("data: no timed Triton bmm rows")
+    return BmmTable(np.array(probs, dtype=np.float64).reshape(-1, len(BMM_PROBLEM_COLUMNS)), np.array(modes),
+                    np.array(fams), np.array(shapes), np.array(aten, dtype=np.float64),
+                    np.array([t[0] for t in tri]), np.array([t[1] for t in tri], dtype=np.float64),
+                    np.array([t[2] for t in tri], dtype=np.float64), np.array([t[3] for t in tri]))
+
+
+def load_bmm(folder: Path) -> BmmTable:
+    """The folder's bmm shards as a BmmTable; FileNotFoundError naming data where it has none."""
+    from perfmodel.data_gen.bmm import KIND
+    from perfmodel.data_gen.shards import read_dataset
+
+    rows, _ = read_dataset(Path(folder), KIND)
+    if not rows:
+        raise FileNotFoundError(f"data: no {KIND} shards in {folder} (perfmodel gen bmm)")
+    return table_from_rows(rows)
+
+
+def load_bmm_checked(folder: Path, device: str) -> BmmTable:
+    """load_bmm, ValueError naming data where the shards were timed on another device than `device` (a spec name)."""
+    from perfmodel.data_gen.bmm import KIND
+    from perfmodel.data_gen.shards import read_dataset
+
+    rows, headers = read_dataset(Path(folder), KIND)
+    timed = {h.get("device_spec") for h in headers}
+    if timed != {device}:
+        raise ValueError(f"data: the bmm shards of {folder} were timed on {', '.join(map(str, sorted(timed, key=str)))}; "
+                         f"the model's bmm heads are fitted for its default device {device}")
+    if not rows:
+        raise FileNotFoundError(f"data: no {KIND} shards in {folder} (perfmodel gen bmm)")
+    return table_from_rows(rows)
+
+
+def bmm_data_record(folder: Path) -> dict[str, Any]:
+    """The folder and the sha256 of its bmm shard files (in name order), for the build record."""
+    import hashlib
+
+    from perfmodel.data_gen.bmm import KIND
+    from perfmodel.data_gen.shards import part_files
+
+    h = hashlib.sha256()
+    files = sorted(part_files(Path(folder), KIND), key=lambda p: p.name)
+    for f in files:
+        h.update(f.name.encode())
+        h.update(f.read_bytes())
+    return {"path": Path(folder).as_posix(), "files": [f.name for f in files], "sha256": h.hexdigest()}
+
+
+def split_by_shape(table: BmmTable, seed: int) -> np.ndarray:
+    """0/1/2 (train/val/test) per problem: split_problems over the shapes (stratified by dtype mode), each
+    problem in its shape's set."""
+    first = np.unique(table.shape, return_index=True)[1]           # one problem of each shape, by shape id
+    return split_problems(table.modes[first], seed)[table.shape]
+
+
+def new_head(n_inputs: int, hidden: tuple[int, ...], seed: int, floor: int) -> PerfMLP:
+    """An MLP (no norm layers, a learned overhead, the physical floor on input column floor)."""
+    torch.manual_seed(seed)
+    return PerfMLP(MLPConfig(n_inputs, tuple(hidden), "none", floor_features=(floor,)))
+
+
+def fit_aten(x: torch.Tensor, y: torch.Tensor, s: BmmHeadSettings, seed: int, floor: int) -> PerfMLP:
+    """One aten::bmm member fitted to the log ms y with smooth L1 on its floored output (fit_plain)."""
+    plain = type("S", (), {"lr": s.lr, "weight_decay": s.weight_decay, "batch_rows": s.batch_rows,
+                           "huber_beta": s.huber_beta, "epochs": s.aten_epochs})
+    head = new_head(x.shape[1], s.aten_hidden, seed, floor)
+    return fit_plain(head, x, y, plain, seed, head)
+
+
+def fit_call(x: torch.Tensor, y: torch.Tensor, s: BmmHeadSettings, seed: int) -> PerfMLP:
+    """One call member: an MLP without floors fitted so that its score matches y (log aten / best Triton)."""
+    torch.manual_seed(seed)
+    head = PerfMLP(MLPConfig(x.shape[1], tuple(s.call_hidden), "none", floor_features=(-1,), learn_overhead=False,
+                             init_overhead_ms=1e-9))
+    plain = type("S", (), {"lr": s.lr, "weight_decay": s.weight_decay, "batch_rows": s.batch_rows,
+                           "huber_beta": s.huber_beta, "epochs": s.call_epochs})
+    return fit_plain(head, x, y, plain, seed, head.score)
+
+
+def call_targets(table: BmmTable) -> tuple[np.ndarray, np.ndarray]:
+    """Per problem: (has both an aten::bmm and a Triton time, log(aten ms / best measured Triton ms))."""
+    best = np.full(len(table.problems), np.inf)
+    np.minimum.at(best, table.problem_idx, table.ms)
+    ok = np.isfinite(table.aten_ms) & np.isfinite(best)
+    return ok, np.where(ok, np.log(np.where(ok, table.aten_ms, 1.0)) - np.log(np.where(ok, best, 1.0)), np.nan)
+
+
+def score(head: PerfMLP, x: torch.Tensor) -> np.ndarray:
+    with torch.inference_mode():
+        return head.eval().score(x).double().numpy().reshape(-1)
+
+
+def fit_ranked(x: torch.Tensor, y: torch.Tensor, group: np.ndarray, s: BmmHeadSettings, seed: int,
+               floor: int) -> PerfMLP:
+    """One Triton member (inputs standardised on x) fitted on batches of s.problems_per_batch whole problems
+    (group: each row's problem): smooth L1 on the floored log ms plus s.rank_weight x within_problem_loss on
+    the score; AdamW, one cycle over s.epochs epochs, shuffled by seed."""
+    head = new_head(x.shape[1], s.hidden, seed, floor)
+    head.set_normalisation(x.mean(0), x.std(0))
+    head.train()
+    order = np.argsort(group, kind="stable")
+    cuts = np.flatnonzero(np.r_[True, group[order][1:] != group[order][:-1], True])
+    rows = [torch.from_numpy(order[a:b]) for a, b in zip(cuts[:-1], cuts[1:])]   # each problem's rows
+    steps = math.ceil(len(rows) / s.problems_per_batch)
+    opt = torch.optim.AdamW(head.parameters(), lr=s.lr, weight_decay=s.weight_decay)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=s.lr, total_steps=s.epochs * steps, pct_start=0.1)
+    rng = np.random.default_rng(seed)
+    for _ in range(s.epochs):
+        perm = rng.permutation(len(rows))
+        for i in range(steps):
+            batch = [rows[j] for j in perm[i * s.problems_per_batch:(i + 1) * s.problems_per_batch]]
+            idx = torch.cat(batch)
+            inv = torch.cat([torch.full((len(r),), k) for k, r in enumerate(batch)])
+            xb, yb = x[idx], y[idx]
+            z = head.score(xb)
+            loss = torch.nn.functional.smooth_l1_loss(head.floor(z, xb).reshape(-1), yb, beta=s.huber_beta)
+            if s.rank_weight > 0:
+                loss = loss + s.rank_weight * within_problem_loss(z.reshape(-1), yb, inv, s.rank_tau)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+    return head.eval()
+
+
+def encode(table: BmmTable, spec: Any, version: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the Triton rows' bmm features, every problem's bmm_aten features)."""
+    with torch.inference_mode():
+        x = FeatureEncoder(spec, "bmm", version).encode(torch.from_numpy(table.problems[table.problem_idx]),
+                                                         torch.from_numpy(table.configs))
+        xa = FeatureEncoder(spec, "bmm_aten", version).encode(torch.from_numpy(table.problems))
+    return x, xa
+
+
+def floor_column(kind: str, spec: Any, version: int) -> int:
+    return FeatureEncoder(spec, kind, version).names.index("log_bmm_roofline_ms")
+
+
+def static_table(folder: Path) -> BmmTable | None:
+    """The folder's gemm_static rows (train/static_head.py load_static) as batch-1 bmm rows, family "mm"; None
+    where it has none."""
+    from .static_head import has_static_rows, load_static
+
+    if not has_static_rows(folder):
+        return None
+    st = load_static(folder)
+    n = len(st.problems)
+    return BmmTable(np.concatenate([st.problems, np.ones((n, 1))], 1), st.modes, np.full(n, "mm"), np.arange(n),
+                    np.full(n, np.nan), st.problem_idx, st.configs, st.ms, np.zeros(len(st.ms), dtype=bool))
+
+
+def fit_bmm_heads(table: BmmTable, split: np.ndarray, spec: Any, version: int, s: BmmHeadSettings,
+                  log: Any = print, extra: BmmTable | None = None) -> tuple[dict[str, PerfMLP], dict[str, Any]]:
+    """The bmm and bmm_aten heads fitted on the train problems (split: per problem of table) for device spec
+    (encoder version), the Triton head also on every row of extra (static_table's batch-1 rows) where
+    s.static_rows; and their figures per split of table. Writes nothing."""
+    check_settings(s)
+    t0 = time.perf_counter()
+    x, xa = encode(table, spec, version)
+    y, ya = torch.from_numpy(np.log(table.ms)).float(), torch.from_numpy(np.log(table.aten_ms)).float()
+    tr = split[table.problem_idx] == 0
+    tra = torch.from_numpy((split == 0) & np.isfinite(table.aten_ms))
+    xt, yt, group = x[torch.from_numpy(tr)], y[torch.from_numpy(tr)], table.problem_idx[tr]
+    extra_rows = 0
+    if extra is not None and s.static_rows:
+        extra_rows = len(extra.ms)
+        xt = torch.cat([xt, encode(extra, spec, version)[0]])
+        yt = torch.cat([yt, torch.from_numpy(np.log(extra.ms)).float()])
+        group = np.concatenate([group, extra.problem_idx + len(table.problems)])
+    log(f"bmm-head: {len(table.problems)} problems ({int((split == 0).sum())} train), {len(table.ms)} Triton rows "
+        f"({int(tr.sum())} train, + {extra_rows} batch-1 static rows), "
+        f"{int(np.isfinite(table.aten_ms).sum())} aten::bmm times")
+    f, fa = floor_column("bmm", spec, version), floor_column("bmm_aten", spec, version)
+    head = fit_ensemble(lambda i: fit_ranked(xt, yt, group, s, s.seed + i, f), s.members, "before_floor")
+    aten = fit_ensemble(lambda i: fit_aten(xa[tra], ya[tra], s, s.seed + i, fa), s.aten_members, "before_floor")
+    ok, yc = call_targets(table)
+    trc = torch.from_numpy(ok & (split == 0))
+    call = fit_ensemble(lambda i: fit_call(xa[trc], torch.from_numpy(yc).float()[trc], s, s.seed + i),
+                        s.call_members, "before_floor", single_as_is=False)
+    metrics = bmm_metrics(table, split, predict_log_ms(head, x), predict_log_ms(aten, xa), score(call, xa))
+    metrics["static_rows"] = extra_rows
+    metrics["seconds"] = time.perf_counter() - t0
+    _log_figures(metrics, log)
+    return {BMM: head, BMM_ATEN: aten, BMM_CALL: call}, metrics
+
+
+def predict_log_ms(head: PerfMLP, x: torch.Tensor) -> np.ndarray:
+    with torch.inference_mode():
+        return head.eval()(x).double().numpy().reshape(-1)
+
+
+def check_settings(s: BmmHeadSettings) -> None:
+    """ValueError naming the field of a setting out of range."""
+    for name in ("epochs", "members", "batch_rows", "aten_members", "aten_epochs", "problems_per_batch", "cv_members",
+                 "call_members", "call_epochs"):
+        v = getattr(s, name)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name}: must be an int >= 1, got {v!r}")
+    if isinstance(s.cv_folds, bool) or not isinstance(s.cv_folds, int) or s.cv_folds < 0 or s.cv_folds == 1:
+        raise ValueError(f"cv_folds: must be 0 (none) or an int >= 2, got {s.cv_folds!r}")
+    if isinstance(s.rank_weight, bool) or not s.rank_weight >= 0:
+        raise ValueError(f"rank_weight: must be >= 0, got {s.rank_weight!r}")
+    for name in ("hidden", "aten_hidden", "call_hidden"):
+        if not getattr(s, name) or min(getattr(s, name)) < 1:
+            raise ValueError(f"{name}: expected one or more widths >= 1, got {getattr(s, name)}")
+
+
+def problem_figures(table: BmmTable, pred: np.ndarray, pred_aten: np.ndarray,
+                    rows: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Per problem of table: top-1 and top-5 efficiency of the ranking by pred (over the rows `rows`, a bool
+    mask of the Triton rows; default all), the call by the times (aten predicted below the predicted best
+    config's time) and its truth (aten measured below the best measured config). nan where a problem has no
+    such row."""
+    n = len(table.problems)
+    top1, top5 = np.full(n, np.nan), np.full(n, np.nan)
+    best_pred, best_true = np.full(n, np.inf), np.full(n, np.inf)
+    sel = np.ones(len(table.ms), bool) if rows is None else rows
+    order = np.lexsort((pred, table.problem_idx))                      # by problem, then predicted time
+    order = order[sel[order]]
+    starts = np.flatnonzero(np.r_[True, table.problem_idx[order][1:] != table.problem_idx[order][:-1]])
+    for a, b in zip(starts, np.r_[starts[1:], len(order)]):
+        rows_p = order[a:b]
+        i = table.problem_idx[rows_p[0]]
+        t = table.ms[rows_p]
+        best_true[i], best_pred[i] = t.min(), pred[rows_p[0]]
+        top1[i], top5[i] = t.min() / t[0], t.min() / t[:5].min()
+    call_ok = np.isfinite(table.aten_ms) & np.isfinite(best_true)
+    return {"top1": top1, "top5": top5, "call": pred_aten < best_pred, "truth": table.aten_ms < best_true,
+            "call_ok": call_ok}
+
+
+def _geomean(v: np.ndarray) -> float:
+    return float(np.exp(np.log(v).mean()))
+
+
+def bmm_metrics(table: BmmTable, split: np.ndarray, pred: np.ndarray, pred_aten: np.ndarray,
+                pred_call: np.ndarray) -> dict[str, Any]:
+    """Figures per split (train, val, test) of the heads' log ms pred (Triton rows) and pred_aten (problems)
+    and the call head's output pred_call (problems): top-1 / top-5 efficiency over each problem's timed
+    configs (all, per dtype mode, per family; `inductor_list/`: over Inductor's DEFAULT list alone, against
+    its own best), the aten-or-Triton call by the call head (`call/accuracy`, per family too) and by the two
+    heads' times (`call/accuracy_times`), the fits' mean |log error|."""
+    out: dict[str, Any] = {}
+    figs = problem_figures(table, pred, pred_aten)
+    listed = problem_figures(table, pred, pred_aten, table.inductor)
+    err = np.abs(pred - np.log(table.ms))
+    aerr = np.abs(pred_aten - np.log(table.aten_ms))
+    for name, which in (("train", 0), ("val", 1), ("test", 2)):
+        part = (split == which) & np.isfinite(figs["top1"])
+        if not part.any():
+            continue
+        out[f"{name}/problems"] = int(part.sum())
+        groups = [("all", part)] + [(m, part & (table.modes == m)) for m in MODES] + \
+            [(f"family/{f}", part & (table.families == f)) for f in sorted(set(table.families))]
+        for g, sel in groups:
+            if sel.any():
+                out[f"{name}/{g}/problems"] = int(sel.sum())
+                out[f"{name}/{g}/top1_eff"] = _geomean(figs["top1"][sel])
+                out[f"{name}/{g}/top5_eff"] = _geomean(figs["top5"][sel])
+        lp = part & np.isfinite(listed["top1"])
+        if lp.any():
+            out[f"{name}/inductor_list/top1_eff"] = _geomean(listed["top1"][lp])
+        c = part & figs["call_ok"]
+        if c.any():
+            out[f"{name}/call/problems"] = int(c.sum())
+            right = (pred_call < 0) == figs["truth"]
+            out[f"{name}/call/accuracy"] = float(right[c].mean())
+            out[f"{name}/call/accuracy_times"] = float((figs["call"] == figs["truth"])[c].mean())
+            out[f"{name}/call/accuracy_always_triton"] = float((~figs["truth"])[c].mean())
+            for f in sorted(set(table.families)):
+                if (c & (table.families == f)).any():
+                    out[f"{name}/family/{f}/call_accuracy"] = float(right[c & (table.families == f)].mean())
+            out[f"{name}/call/aten_wins_frac"] = float(figs["truth"][c].mean())
+            out[f"{name}/aten/mean_abs_log_err"] = float(aerr[c].mean())
+        out[f"{name}/triton/mean_abs_log_err"] = float(err[part[table.problem_idx]].mean())
+    return out
+
+
+def _log_figures(m: dict[str, Any], log: Any) -> None:
+    for split in ("val", "test"):
+        if f"{split}/all/top1_eff" not in m:
+            continue
+        per = ", ".join(f"{k} {m[f'{split}/{k}/top1_eff']:.4f}/{m[f'{split}/{k}/top5_eff']:.4f}"
+                        for k in ("all",) + MODES if f"{split}/{k}/top1_eff" in m)
+        call = m.get(f"{split}/call/accuracy")
+        log(f"bmm-head: {split} problems ({m[f'{split}/problems']}): top-1/top-5 {per}"
+            + (f"; aten-or-Triton call right on {call:.4f} (the two heads' times: "
+               f"{m[f'{split}/call/accuracy_times']:.4f}, always Triton: {m[f'{split}/call/accuracy_always_triton']:.4f})"
+               if call is not None else ""))
+
+
+def shape_folds(table: BmmTable, folds: int, seed: int) -> np.ndarray:
+    """Per problem, its fold (0 .. folds - 1): the shapes dealt out round-robin in a seeded order within each
+    dtype mode, each problem in its shape's fold."""
+    first = np.unique(table.shape, return_index=True)[1]
+    modes = table.modes[first]
+    rng = np.random.default_rng(seed)
+    fold = np.zeros(len(first), dtype=np.int64)
+    for mode in np.unique(modes):
+        idx = rng.permutation(np.flatnonzero(modes == mode))
+        fold[idx] = np.arange(len(idx)) % folds
+    return fold[table.shape]
+
+
+def cross_validate(table: BmmTable, spec: Any, version: int, s: BmmHeadSettings, seed: int,
+                   extra: BmmTable | None = None, log: Any = print) -> dict[str, Any]:
+    """bmm_metrics with every problem held out once: s.cv_folds folds by shape (shape_folds with seed), each
+    fold's heads (s.cv_members members) fitted on the other folds' problems (and extra); "cv/" figures."""
+    fold = shape_folds(table, s.cv_folds, seed)
+    pred, pred_aten, pred_call = np.zeros(len(table.ms)), np.zeros(len(table.problems)), np.zeros(len(table.problems))
+    one = replace(s, members=s.cv_members)  # the Triton head's members: the costly fits
+    x, xa = encode(table, spec, version)
+    for f in range(s.cv_folds):
+        held = fold == f
+        heads, _ = fit_bmm_heads(table, np.where(held, 2, 0), spec, version, one, lambda *a: None, extra)
+        rows = held[table.problem_idx]
+        pred[rows] = predict_log_ms(heads[BMM], x[torch.from_numpy(rows)])
+        pred_aten[held] = predict_log_ms(heads[BMM_ATEN], xa[torch.from_numpy(held)])
+        pred_call[held] = score(heads[BMM_CALL], xa[torch.from_numpy(held)])
+        log(f"bmm-head: cross-validation fold {f + 1}/{s.cv_folds} ({int(held.sum())} problems held out)")
+    m = bmm_metrics(table, np.full(len(table.problems), 2), pred, pred_aten, pred_call)
+    out = {"cv/" + k.removeprefix("test/"): v for k, v in m.items()}
+    out.update({"cv/folds": s.cv_folds, "cv/members": s.cv_members})
+    _log_figures({k.replace("cv/", "test/", 1): v for k, v in out.items()}, lambda t: log(t.replace("test", "cv", 1)))
+    return out
+
+
+def zero_shot_figures(bundle: artifact.ModelBundle, table: BmmTable, split: np.ndarray) -> dict[str, float]:
+    """The test problems ranked by the model's mm heads on one matrix of the batch (the gemm head, plus the
+    static head where the model has one: the kernel as Inductor compiles it), beside the bmm head's figures."""
+    test = split == 2
+    P = torch.from_numpy(table.problems[table.problem_idx][:, :8])
+    with torch.inference_mode():
+        x = bundle.encoders["gemm"].encode(P, torch.from_numpy(table.configs))
+        score = bundle.heads["gemm"].score(x)
+        if artifact.STATIC in bundle.heads:
+            score = artifact.with_static(score, bundle.heads[artifact.STATIC].score(x))
+    figs = problem_figures(table, score.double().numpy(), np.zeros(len(table.problems)))
+    out = {}
+    for g in ("all",) + MODES:
+        sel = test & np.isfinite(figs["top1"]) & ((table.modes == g) if g != "all" else True)
+        if sel.any():
+            out[f"test/{g}/top1_eff"] = _geomean(figs["top1"][sel])
+            out[f"test/{g}/top5_eff"] = _geomean(figs["top5"][sel])
+    return out
