@@ -56,6 +56,8 @@ class Candidates:
     the head's call against the best config of the whole space, or (configs given) cuBLAS's predicted
     time below the best given config's -- cuBLAS that beats the whole space beats any list of it.
     Without one: cuBLAS's predicted time below the best config's.
+    For a bmm (batch > 1): the model's bmm heads -- Inductor's bmm template configs, aten::bmm's time as
+    cublas_ms, the bmm call head's call (perfmodel.serve.bmm).
     """
 
     configs: tuple[GemmConfig, ...]
@@ -445,7 +447,7 @@ class Predictor:
             return bmm.aten_ms(self, problems)
         if not self.has_cublas:
             raise RuntimeError(f"{self.source}: this model has no cuBLAS head")
-        return self._ms("cublas", self._cublas_x(_check_problems(problems)), "problems (cuBLAS)")
+        return self._ms("cublas", self._cublas_x(problems), "problems (cuBLAS)")
 
     def _cublas_x(self, problems: Sequence[GemmProblem]) -> torch.Tensor:
         """The problems' features for the cuBLAS head, which its call heads take too (perfmodel call-head)."""
