@@ -57,6 +57,8 @@ class Candidates:
     the head's call against the best config of the whole space, or (configs given) cuBLAS's predicted
     time below the best given config's -- cuBLAS that beats the whole space beats any list of it.
     Without one: cuBLAS's predicted time below the best config's.
+    For a bmm (batch > 1): the model's bmm heads -- Inductor's bmm template configs, aten::bmm's time as
+    cublas_ms, the bmm call head's call (perfmodel.serve.bmm).
     """
 
     configs: tuple[GemmConfig, ...]
@@ -446,7 +448,7 @@ class Predictor:
             return bmm.aten_ms(self, problems)
         if not self.has_cublas:
             raise RuntimeError(f"{self.source}: this model has no cuBLAS head")
-        return self._cublas_ms(self._cublas_x(_check_problems(problems)))
+        return self._cublas_ms(self._cublas_x(problems))
 
     def _cublas_ms(self, x: torch.Tensor) -> np.ndarray:
         """Predicted torch.mm ms on the problems' cuBLAS features x: the cuBLAS head's, or the problem
