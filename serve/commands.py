@@ -53,6 +53,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                            "mm template (needs the model's static head)")
     rank.add_argument("--transpose-left", action="store_true", help="A stored column-major")
     rank.add_argument("--transpose-right", action="store_true", help="B stored column-major")
+    rank.add_argument("--batch", type=_dim, default=1,
+                      help="a batched GEMM (torch.bmm) of this many products: Inductor's bmm template and aten::bmm, "
+                           "ranked by the model's bmm heads (default 1: torch.mm)")
     rank.add_argument("--top-k", type=_dim, default=5)
     _model_args(rank)
     rank.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -96,7 +99,7 @@ def _rank(args: argparse.Namespace) -> int:
     from .predictor import Predictor
 
     prob = GemmProblem(m=args.m, n=args.n, k=args.k, dtype=args.dtype, allow_tf32=args.allow_tf32,
-                       transpose_left=args.transpose_left, transpose_right=args.transpose_right)
+                       transpose_left=args.transpose_left, transpose_right=args.transpose_right, batch=args.batch)
     p = Predictor.load(args.model, backend=args.backend, device=args.device, kernel=args.kernel)
     cand = p.candidates(prob, top_k=args.top_k, margin=0.0, max_k=args.top_k)
     rows = [{"rank": i + 1, **c.as_dict(), "predicted_ms": ms, "tflops": _tflops(prob.flops, ms)}
@@ -109,7 +112,8 @@ def _rank(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2))
         return 0
     flags = [f for f in ("allow_tf32", "transpose_left", "transpose_right") if getattr(prob, f)]
-    print(f"{prob.m} x {prob.n} x {prob.k} {prob.dtype}{' ' + ' '.join(flags) if flags else ''} "
+    batch = f"{prob.batch} x " if prob.batch > 1 else ""
+    print(f"{batch}{prob.m} x {prob.n} x {prob.k} {prob.dtype}{' ' + ' '.join(flags) if flags else ''} "
           f"on {p.spec.name} ({p.source}, {p.backend}" + (", kernel inductor)" if p.kernel == "inductor" else ")"))
     head = f"{'rank':>4}  {'BLOCK_M':>7} {'BLOCK_N':>7} {'BLOCK_K':>7} {'GROUP_M':>7} {'stages':>6} {'warps':>5}" \
            f"  {'pred ms':>10} {'TFLOP/s':>8}"
@@ -118,11 +122,12 @@ def _rank(args: argparse.Namespace) -> int:
     for r in rows:
         print(f"{r['rank']:>4}  {r['block_m']:>7} {r['block_n']:>7} {r['block_k']:>7} {r['group_m']:>7} "
               f"{r['num_stages']:>6} {r['num_warps']:>5}  {r['predicted_ms']:>10.4f} {r['tflops']:>8.1f}")
+    aten = "aten::bmm" if prob.batch > 1 else "cuBLAS (torch.mm)"
     if cand.cublas_ms is None:
-        print("cuBLAS (torch.mm): the model has no cuBLAS head")
+        print(f"{aten}: the model has no cuBLAS head")
     else:
         verdict = "faster than the best Triton config" if cand.prefer_cublas else "slower than the best Triton config"
-        print(f"cuBLAS (torch.mm) predicted: {cand.cublas_ms:.4f} ms ({_tflops(prob.flops, cand.cublas_ms):.1f} "
+        print(f"{aten} predicted: {cand.cublas_ms:.4f} ms ({_tflops(prob.flops, cand.cublas_ms):.1f} "
               f"TFLOP/s), {verdict}")
     return 0
 

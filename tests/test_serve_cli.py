@@ -89,6 +89,8 @@ def test_pad(model_dir: Path, capsys: pytest.CaptureFixture) -> None:
     (["rank", "--m", "64", "--n", "64", "--k", "64", "--top-k", "0"], "top_k"),
     (["rank", "--m", "64", "--n", "64", "--k", "64", "--backend", "tensorrt"], "backend"),
     (["rank", "--n", "64", "--k", "64"], "--m"),
+    (["rank", "--m", "64", "--n", "64", "--k", "64", "--batch", "0"], "batch"),
+    (["rank", "--m", "64", "--n", "64", "--k", "64", "--batch", "8"], "batch"),  # no bmm heads in this model
     (["pad", "--m", "64", "--k", "0", "--n", "64"], "k"),
 ])
 def test_bad_input_one_line_error(model_dir: Path, capsys: pytest.CaptureFixture, argv: list[str],
@@ -148,3 +150,21 @@ def test_python_m_serve_cli(model_dir: Path) -> None:
                         "--model", str(model_dir), "--json"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert len(json.loads(r.stdout)["configs"]) == 5
+
+
+def test_rank_a_batched_gemm_with_the_shipped_model(capsys: pytest.CaptureFixture) -> None:
+    """--batch ranks Inductor's bmm template with the shipped model's bmm heads (models/h100, real weights)."""
+    model = REPO / "models" / "h100"
+    rc, out, err = _run(capsys, "rank", "--m", "384", "--n", "384", "--k", "64", "--batch", "256", "--top-k", "3",
+                        "--model", str(model), "--json")
+    assert rc == 0, err
+    res = json.loads(out)
+    prob = GemmProblem(m=384, n=384, k=64, batch=256)
+    assert res["problem"] == prob.as_dict() and len(res["configs"]) == 3
+    want = Predictor.load(model).rank(prob, top_k=3)
+    assert [r["predicted_ms"] for r in res["configs"]] == pytest.approx([ms for _, ms in want], rel=1e-6)
+    assert res["configs"][0]["tflops"] == pytest.approx(prob.flops / (want[0][1] * 1e-3) / 1e12)
+    rc, out, err = _run(capsys, "rank", "--m", "384", "--n", "384", "--k", "64", "--batch", "256",
+                        "--model", str(model))
+    assert rc == 0, err
+    assert out.startswith("256 x 384 x 384 x 64 float16") and "aten::bmm predicted" in out
