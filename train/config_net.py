@@ -8,12 +8,13 @@ autotune, 1 inductor), trained with the gemm head's loop and loss on the gemm ro
 gemm_static rows (flag 1) together, each mode's rows of a problem a group of their own for the
 within-problem ranking term.
 
-    nice -n 10 python -m perfmodel.train.config_net --arm a --epochs 20 --threads 2 --out a.json
-    nice -n 10 python -m perfmodel.train.config_net --arm b --epochs 20 --threads 2 --out b.json
+    nice -n 10 python -m perfmodel.train.config_net --arm a --epochs 60 --members 3 --threads 2 --out a.json
+    nice -n 10 python -m perfmodel.train.config_net --arm b --epochs 60 --members 3 --threads 2 --out b.json
 
-Arm a is today's design (one gemm head member, then the static head), arm b the config network; both on
-the same split (the model's: train/data.py joint_split with the seed), the same width, epochs and
-Lightning settings. Each prints and writes its held-out top-1 / top-5 per dtype for both kernel modes
+Arm a is today's design (the gemm head, `members` seeds averaged as train/pipeline.py fits it, then the
+static head with the recipe's [static] settings), arm b the config network; both on the same split (the
+model's: train/data.py joint_split with the seed), the same width, members, epochs and Lightning
+settings. Each prints and writes its held-out top-1 / top-5 per dtype for both kernel modes
 (the gemm head, or the network, scoring every measured config of each test problem: no screen, no lead)
 and its wall time. Nothing here is wired into serving or a model folder (docs/model.md, "Merging gemm
 and static: measured").
@@ -33,7 +34,6 @@ import torch
 from perfmodel.model import MLPConfig, PerfMLP, floor_features
 
 from .data import GemmTable
-from .loop import fit_lightning
 from .metrics import summarize
 from .static_head import StaticHeadSettings, paired
 
@@ -84,14 +84,18 @@ def new_config_net(names: list[str], hidden: tuple[int, ...], norm: str) -> Perf
     return PerfMLP(MLPConfig(len(names) + 1, tuple(hidden), norm, floor_features=floor_features(names, 1)))
 
 
-def fit_config_net(rows: JointRows, names: list[str], settings: Any, epochs: int, logger: Any = False) -> PerfMLP:
-    """The config network fitted on rows (train/loop.py fit_lightning: batches of whole groups, the
-    gemm head's regression plus within-group ranking loss). settings: TrainSettings (hidden, norm, lr,
-    weight_decay, rank_weight, rank_tau, problems_per_batch, seed and the Trainer's)."""
+def fit_config_net(rows: JointRows, names: list[str], settings: Any, epochs: int, members: int = 1,
+                   logger: Any = False) -> PerfMLP:
+    """The config network fitted on rows as the gemm head is on its own (train/pipeline.py fit_members:
+    `members` seeds averaged after each one's floor, each fitted by fit_lightning on batches of whole
+    groups with the regression plus within-group ranking loss). settings: TrainSettings (hidden, norm,
+    lr, weight_decay, rank_weight, rank_tau, problems_per_batch, seed and the Trainer's)."""
+    from .pipeline import fit_members
+
     torch.manual_seed(settings.seed)
-    net = new_config_net(names, settings.hidden, settings.norm)
-    return fit_lightning(net, rows.x, rows.y, rows.split, rows.groups, settings, logger, epochs, "config_",
-                         settings.rank_weight)
+    return fit_members(lambda: new_config_net(names, settings.hidden, settings.norm), members, rows.x, rows.y,
+                       rows.split, rows.groups, settings, logger, epochs, "config", settings.rank_weight,
+                       average="after_floor")
 
 
 def mode_metrics(score: np.ndarray, log_ms: np.ndarray, table: GemmTable) -> dict[str, float]:
@@ -150,12 +154,12 @@ def _test_rows(d, static: GemmTable, xs: torch.Tensor):
 
 
 def run_arm(arm: str, data: Path, epochs: int, hidden: tuple[int, ...], static_epochs: int, seed: int,
-            threads: int) -> dict[str, Any]:
+            threads: int, members: int = 1) -> dict[str, Any]:
     """Fit one arm ("a": gemm head then static head; "b": the config network) and measure it; returns
     its settings, metrics and wall time (the data's loading and encoding included)."""
     from dataclasses import replace
 
-    from .pipeline import TrainSettings
+    from .pipeline import TrainSettings, fit_members
 
     if arm not in ("a", "b"):
         raise ValueError(f"arm: expected 'a' (gemm + static heads) or 'b' (config network), got {arm!r}")
@@ -167,14 +171,14 @@ def run_arm(arm: str, data: Path, epochs: int, hidden: tuple[int, ...], static_e
     test, st, x_test, xs_test = _test_rows(d, static, xs)
     if arm == "a":
         torch.manual_seed(seed)
-        gemm = fit_lightning(new_gemm_head(d.enc.names, ts), d.x, d.y, d.row_split, d.gemm.problem_idx, ts, False,
-                             epochs, "gemm_", ts.rank_weight)
+        gemm = fit_members(lambda: new_gemm_head(d.enc.names, ts), members, d.x, d.y, d.row_split, d.gemm.problem_idx,
+                           ts, False, epochs, "gemm", ts.rank_weight, average="after_floor")
         sh = fit_static_rows(d.gemm, static, d.split, xs, StaticHeadSettings(epochs=static_epochs, seed=seed))
         metrics = arm_a_metrics(gemm, sh, x_test, xs_test, test, st)
     else:
-        net = fit_config_net(joint_rows(d.gemm, static, d.split, d.x, xs), d.enc.names, ts, epochs)
+        net = fit_config_net(joint_rows(d.gemm, static, d.split, d.x, xs), d.enc.names, ts, epochs, members)
         metrics = arm_b_metrics(net, x_test, xs_test, test, st)
-    return {"arm": arm, "epochs": epochs, "hidden": list(hidden), "static_epochs": static_epochs if arm == "a" else None,
+    return {"arm": arm, "epochs": epochs, "members": members, "hidden": list(hidden), "static_epochs": static_epochs if arm == "a" else None,
             "seed": seed, "threads": torch.get_num_threads(), "seconds": time.perf_counter() - t0,
             "rows": {"gemm": int(len(d.gemm.ms)), "gemm_static": int(len(static.ms))}, "metrics": metrics}
 
@@ -204,13 +208,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--data", type=Path, default=Path("data/h100"))
     p.add_argument("--epochs", type=int, default=60)
     p.add_argument("--hidden", default="256,256,256")
+    p.add_argument("--members", type=int, default=3, help="seeds averaged into the gemm head / the network")
     p.add_argument("--static-epochs", type=int, default=80, help="the static head's (arm a)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", type=Path, help="write the result as JSON here")
     a = p.parse_args(argv)
     result = run_arm(a.arm, a.data, a.epochs, tuple(int(h) for h in a.hidden.split(",")), a.static_epochs, a.seed,
-                     a.threads)
+                     a.threads, a.members)
     text = json.dumps(result, indent=1, sort_keys=True)
     print(text)
     if a.out:
