@@ -71,13 +71,12 @@ def test_joint_rows_split_and_groups():
 def test_the_flag_changes_the_ranking():
     # synthetic tables (_tables): the two modes order each problem's configs in reverse; the network,
     # trained on both, must pick each mode's fastest config on held-out problems through the flag alone
-    from perfmodel.train.config_net import fit_config_net, with_mode
+    from perfmodel.train.config_net import fit_config_net, joint_rows, with_mode
     from perfmodel.train.pipeline import TrainSettings
 
     gemm, xg, static, xs = _tables()
-    split = np.where(np.arange(len(gemm.problems)) % 5 == 0, 2, np.where(np.arange(len(gemm.problems)) % 5 == 1, 1, 0))
-    from perfmodel.train.config_net import joint_rows
-
+    every5 = np.arange(len(gemm.problems)) % 5
+    split = np.where(every5 == 0, 2, np.where(every5 == 1, 1, 0))
     rows = joint_rows(gemm, static, split, xg, xs)
     torch.set_num_threads(1)
     s = TrainSettings(data=("unused",), hidden=(32, 32), epochs=30, lr=5e-3, problems_per_batch=8, progress=False,

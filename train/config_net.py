@@ -129,7 +129,7 @@ def arm_b_metrics(net: PerfMLP, x_test: torch.Tensor, x_static_test: torch.Tenso
     return out
 
 
-def _load(data: Path, seed: int, threads: int):
+def _load(data: Path, seed: int):
     """TrainData of one folder with the model's split, its static rows and their encoding."""
     from .pipeline import TrainSettings, load_data
     from .static_head import load_static
@@ -166,7 +166,7 @@ def run_arm(arm: str, data: Path, epochs: int, hidden: tuple[int, ...], static_e
     if threads:
         torch.set_num_threads(threads)
     t0 = time.perf_counter()
-    d, static, xs = _load(data, seed, threads)
+    d, static, xs = _load(data, seed)
     ts = replace(TrainSettings(data=(data,), seed=seed, progress=False), hidden=tuple(hidden), epochs=epochs)
     test, st, x_test, xs_test = _test_rows(d, static, xs)
     if arm == "a":
@@ -178,8 +178,9 @@ def run_arm(arm: str, data: Path, epochs: int, hidden: tuple[int, ...], static_e
     else:
         net = fit_config_net(joint_rows(d.gemm, static, d.split, d.x, xs), d.enc.names, ts, epochs, members)
         metrics = arm_b_metrics(net, x_test, xs_test, test, st)
-    return {"arm": arm, "epochs": epochs, "members": members, "hidden": list(hidden), "static_epochs": static_epochs if arm == "a" else None,
-            "seed": seed, "threads": torch.get_num_threads(), "seconds": time.perf_counter() - t0,
+    return {"arm": arm, "epochs": epochs, "members": members, "hidden": list(hidden),
+            "static_epochs": static_epochs if arm == "a" else None, "seed": seed, "threads": torch.get_num_threads(),
+            "seconds": time.perf_counter() - t0,
             "rows": {"gemm": int(len(d.gemm.ms)), "gemm_static": int(len(static.ms))}, "metrics": metrics}
 
 
@@ -199,7 +200,8 @@ def fit_static_rows(table: GemmTable, static: GemmTable, split: np.ndarray, xs: 
 
 def new_gemm_head(names: list[str], settings: Any) -> PerfMLP:
     """The gemm head as train/pipeline.py fit_heads makes each member."""
-    return PerfMLP(MLPConfig(len(names), tuple(settings.hidden), settings.norm, floor_features=floor_features(names, 1)))
+    return PerfMLP(MLPConfig(len(names), tuple(settings.hidden), settings.norm,
+                             floor_features=floor_features(names, 1)))
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
