@@ -20,20 +20,18 @@ keys the separate heads report, so the two layouts compare key by key -- and wri
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
 from perfmodel import artifact
-from perfmodel.locations import default_model_dir
 from perfmodel.model import MLPConfig, PerfMLP, floor_features
 
 from . import evaluate as ev
 from .call_head import _call_figures, _part, call_scores, call_targets, times_call
-from .cublas_head import CublasRows, extra_rows, fit_metrics, thin_extra_rows
+from .cublas_head import CublasHeadSettings, CublasRows, check_settings, extra_rows, fit_metrics, thin_extra_rows
 from .data import subsample_training
 from .loop import fit_ensemble, fit_plain
 from .static_head import has_static_rows, load_static
@@ -42,31 +40,9 @@ PROBLEM, CALL, CALL_STATIC = artifact.PROBLEM, artifact.CALL, artifact.CALL_STAT
 
 
 @dataclass
-class ProblemHeadSettings:
-    model: Path = field(default_factory=default_model_dir)
-    # one folder per device of the model, its default device's first; None: the folders the model was
-    # trained on (its metadata's, where they exist), else the default dataset
-    data: Path | tuple[Path, ...] | None = None
-    # the cuBLAS head's width and fit (docs/model.md, "The problem network": chosen on the val rows)
-    hidden: tuple[int, ...] = (128, 128, 128)
-    members: int = 5
-    epochs: int = 150
-    batch_rows: int = 256
-    lr: float = 2e-3
-    weight_decay: float = 1e-4
-    huber_beta: float = 0.05
-    seed: int = 0
-    threads: int = 0               # torch CPU threads (0: torch's default)
-
-
-def check_settings(s: ProblemHeadSettings) -> None:
-    """ValueError naming the field of a setting out of range."""
-    for name in ("epochs", "members", "batch_rows"):
-        v = getattr(s, name)
-        if v < 1:
-            raise ValueError(f"{name}: must be >= 1, got {v}")
-    if not s.hidden or min(s.hidden) < 1:
-        raise ValueError(f"hidden: expected one or more widths >= 1, got {s.hidden}")
+class ProblemHeadSettings(CublasHeadSettings):
+    """The problem network's settings: the cuBLAS head's fields, width and fit (docs/model.md, "The problem
+    network": chosen on the val rows); checked by cublas_head.check_settings."""
 
 
 def problem_outputs(datasets: list) -> tuple[str, ...]:
