@@ -611,9 +611,7 @@ def main(argv: list[str] | None = None) -> int:
         print(calls_report(json.loads(args.out.read_text())))
         return 0
     if args.render:
-        text = markdown(json.loads(args.out.read_text()))
-        args.out.with_suffix(".md").write_text(text + "\n")
-        print(text)
+        _write_table(args.out, json.loads(args.out.read_text()))
         return 0
     wanted = WORKLOADS
     if args.workloads:
@@ -670,10 +668,15 @@ def main(argv: list[str] | None = None) -> int:
                                              f"rel err {x['rel_err']:.2e}" if "step_ms" in x
                                              else x.get("error", "missing")[:300]), flush=True)
         args.out.write_text(json.dumps(results, indent=1))
-    text = markdown(results)
-    args.out.with_suffix(".md").write_text(text + "\n")
-    print(text)
+    _write_table(args.out, results)
     return 0
+
+
+def _write_table(out: Path, results: dict[str, Any]) -> None:
+    """The results' markdown table beside out (its .md), and on stdout."""
+    text = markdown(results)
+    out.with_suffix(".md").write_text(text + "\n")
+    print(text)
 
 
 if __name__ == "__main__":
