@@ -250,13 +250,15 @@ def _default_conv_lowering() -> Iterator[None]:
     from torch._inductor import config, lowering
 
     conv = lowering.lowerings.get(torch.ops.aten.convolution.default)
-    if conv is None:
+    if conv is None or getattr(conv, "perfmodel_default_conv", False):  # none, or this block's already in place
         yield
         return
 
     def convolution(*args: Any, **kwargs: Any) -> Any:
         with config.patch(max_autotune_gemm=False):
             return conv(*args, **kwargs)
+
+    convolution.perfmodel_default_conv = True  # type: ignore[attr-defined]
 
     keys = [k for k, v in lowering.lowerings.items() if v is conv]
     for k in keys:
