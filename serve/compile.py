@@ -30,6 +30,7 @@ failure inside it falls back to Inductor's choices with one warning.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import threading
 from dataclasses import asdict, dataclass, field
@@ -169,6 +170,7 @@ class _State:
 _state = _State()
 
 
+@functools.cache
 def _handler_class() -> type:
     from torch._inductor.choices import InductorChoices
 
