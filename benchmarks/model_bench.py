@@ -11,6 +11,8 @@ after the other, each after torch._dynamo.reset() in a fresh Inductor cache:
   perfmodel        perfmodel.serve.compile.compile(model)       (the recommended set-up: Policy())
   perfmodel-aten   the same options, the model never keeps Triton (a check: default mode's choices under the
                    set-up's options)
+  perfmodel-top1   the set-up with Policy(top_k=1) (one Triton config beside aten where Triton is kept)
+  perfmodel-top3   the set-up with Policy(top_k=3) (three)
   perfmodel-zero   Triton alone where predicted >= 10 % faster: no GEMM benchmark at all
   hook             the max-autotune hook: torch.compile(mode="max-autotune") inside
                    perfmodel.serve.inductor.installed(top_k=5, pad=True) (max-autotune itself, with the
@@ -122,6 +124,8 @@ _LLAMA = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=2, nu
               num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192, use_cache=False)
 _QWEN2 = dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=2, num_attention_heads=28,
               num_key_value_heads=4, vocab_size=152064, max_position_embeddings=8192, use_cache=False)
+_PHI3 = dict(hidden_size=3072, intermediate_size=8192, num_hidden_layers=2, num_attention_heads=32,
+             num_key_value_heads=32, vocab_size=32064, max_position_embeddings=4096, use_cache=False)
 _BERT_L = dict(hidden_size=1024, num_hidden_layers=4, num_attention_heads=16, intermediate_size=4096)
 
 # One line a workload. tuned=True: the workloads of the issue that the set-up's rules were studied on.
@@ -144,8 +148,11 @@ WORKLOADS = [
     Workload("ResNet-50, fp16, batch 64", _vision("resnet50", "float16", 64), "float16", tuned=True),  # 1x1 convs
     Workload("GPT-2 (6 layers) training step, bf16, 8x512", _gpt2_train("bfloat16", 8, 512, 6), "bfloat16",
              train=True),
+    Workload("Phi-3-mini widths (2 layers), bf16, prefill 2x1024", _lm(_hf("Phi3ForCausalLM", "Phi3Config", **_PHI3),
+                                                                     "bfloat16", _ids(32064, 2, 1024)), "bfloat16"),
+    Workload("ConvNeXt-T, fp16, batch 32", _vision("convnext_tiny", "float16", 32), "float16"),
 ]
-VARIANTS = ("default", "max-autotune", "perfmodel", "perfmodel-aten", "perfmodel-zero", "perfmodel-1x1mm", "hook")
+VARIANTS = ("default", "max-autotune", "perfmodel", "perfmodel-top1", "perfmodel-top3", "perfmodel-aten", "perfmodel-zero", "perfmodel-1x1mm", "hook")
 BASELINES = ("default", "max-autotune")
 TIMED_RUNS = 30
 REL_TOL = 0.05   # relative Frobenius error against eager allowed for a fp16/bf16 model with random weights
@@ -161,6 +168,8 @@ def _policy(variant: str) -> Any:
     from perfmodel.serve.compile import Policy
 
     return {"perfmodel": Policy(),
+            "perfmodel-top1": Policy(top_k=1),
+            "perfmodel-top3": Policy(top_k=3),
             "perfmodel-aten": Policy(triton_gain=float("inf")),
             "perfmodel-zero": Policy(triton_gain=0.10, top_k=1, keep_aten=False),
             "perfmodel-1x1mm": Policy(conv_1x1_as_mm=True)}[_base(variant)]
