@@ -189,7 +189,7 @@ def test_the_whole_model_handler_decides_a_bmm_by_the_models_call(model_dir):
     pred = Predictor.load(model_dir, backend="torch")
     for gain, want in ((-0.999, ["aten::bmm", "triton::bmm"]), (float("inf"), ["aten::bmm"])):
         pc.reset()
-        handler = pc._handler_class()(pred, pc.Policy(triton_gain=gain))
+        handler = pc._handler_class()(pred, pc.Policy(triton_gain=gain, top_k=1))
         out = handler._finalize_template_configs({"all": iter(_bmm_call())}, _BmmInputs(PROB), [], "bmm")
         assert [c.template.uid for c in out] == want
         (d,) = pc.decisions()

@@ -115,10 +115,24 @@ class _Inputs:
         return [self.dtype, self.dtype]
 
 
+def test_the_default_policy_keeps_the_models_top_three_beside_aten(predictor):
+    """Synthetic choices and a synthetic model (the conftest's): Policy() keeps TOP_K = 3 Triton configs where
+    Triton is kept, in the model's order; without keep_aten it keeps the top-1 alone."""
+    pytest.importorskip("torch._inductor.choices")
+    assert pc.Policy().top_k == pc.TOP_K == 3 and pc.Policy(keep_aten=False).top_k == 1
+    pc.reset()
+    handler = pc._handler_class()(predictor, pc.Policy(triton_gain=-0.999))
+    out = handler._finalize_template_configs({"all": iter(_mm_call())}, _Inputs(2048, 768, 3072), [], "mm")
+    assert _uids(out) == ["aten::mm"] + ["triton::mm"] * 3
+    top3 = [str(c) for c, _ in predictor.rank(GemmProblem(m=2048, n=3072, k=768, dtype="float16"), CFGS, top_k=3)]
+    (d,) = pc.decisions()
+    assert d.configs == top3 and d.choices_kept == 4
+
+
 def test_handler_decides_records_and_summarises(predictor):
     pytest.importorskip("torch._inductor.choices")
     pc.reset()
-    handler = pc._handler_class()(predictor, pc.Policy(triton_gain=-0.999))  # keeps Triton wherever it can
+    handler = pc._handler_class()(predictor, pc.Policy(triton_gain=-0.999, top_k=1))  # Triton wherever it can
     call = _mm_call()
     out = handler._finalize_template_configs({"all": iter(call)}, _Inputs(2048, 768, 3072), [], "mm")
     assert _uids(out) == ["aten::mm", "triton::mm"]
