@@ -160,7 +160,7 @@ def _h200() -> list[float]:
 
 def _whole_models() -> list[float]:
     """benchmarks/model_bench.py's headline for perfmodel.serve.compile on the H100: step ratio geomean, worst;
-    compile ratio geomean, worst (the script's own ratios(), against the fastest baseline of any run)."""
+    compile ratio geomean, worst (the script's own ratios(): ratios measured side by side in one process)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("model_bench", ROOT / "benchmarks" / "model_bench.py")
