@@ -141,10 +141,10 @@ def test_recipe_errors_name_the_key(tmp_path):
     assert (r.train.epochs, r.train.gemm_members, r.train.screen_keep, r.train.lead_keep) == \
         (shipped["settings"]["epochs"], shipped["settings"]["gemm_members"], shipped["screen_keep"], shipped["lead_keep"])
     assert r.static.epochs == shipped["static_settings"]["epochs"]
-    # the problem network in place of the shipped cuBLAS and call heads, with the cuBLAS head's settings
-    assert r.call is None and (r.problem.hidden, r.problem.members, r.problem.epochs) == (
-        tuple(shipped["cublas_head_settings"]["hidden"]), shipped["cublas_head_settings"]["members"],
-        shipped["cublas_head_settings"]["epochs"])
+    # the shipped problem network (in place of the cuBLAS and call heads), with the recipe's settings
+    assert r.call is None and (r.problem.hidden, r.problem.members, r.problem.epochs, r.problem.weight_decay) == (
+        tuple(shipped["problem_settings"]["hidden"]), shipped["problem_settings"]["members"],
+        shipped["problem_settings"]["epochs"], shipped["problem_settings"]["weight_decay"])
 
 
 def test_a_failed_build_leaves_the_previous_folder(tmp_path, monkeypatch):

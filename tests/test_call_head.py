@@ -1,19 +1,21 @@
-"""The cuBLAS call heads (train/call_head.py): whether cuBLAS beats the best Triton config of a problem,
-per kernel mode, and the Predictor's prefer_cublas that serves them.
+"""The cuBLAS call (train/call_head.py): whether cuBLAS beats the best Triton config of a problem, per kernel
+mode, and the Predictor's prefer_cublas that serves it. The shipped folders give it by their problem
+network's call outputs (artifact.problem_output); the head-by-head refit (`perfmodel call-head`) is tested on
+a copy in the layout from before it (tests/_layout.py).
 
-The shipped heads are judged on data/h100's test problems (their measured cuBLAS and Triton times); the
+The shipped outputs are judged on data/h100's test problems (their measured cuBLAS and Triton times); the
 fitting itself is checked on synthetic targets (said so where used)."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import numpy as np
 import pytest
 import torch
 
-from perfmodel import GemmConfig, GemmProblem, Predictor
+from perfmodel import GemmConfig, GemmProblem, Predictor, artifact
 from perfmodel.artifact import CALL, CALL_STATIC
+from tests._layout import old_layout_copy
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +40,7 @@ def test_metrics_reproduce_from_the_data(shipped, tables, name):
 
     table, split = tables[name]
     ok, y = call_targets(table)
-    pred = call_scores(shipped, shipped.heads[name], table)
+    pred = call_scores(shipped, artifact.problem_output(shipped, name), table)
     before = times_call(shipped, table, shipped.heads.get("static") if name == CALL_STATIC else None)
     m = shipped.metadata["call_metrics"]
     acc = {}
@@ -66,7 +68,7 @@ def test_evaluation_uses_the_call_head(repo_root, shipped, tables):
     table, split = tables[CALL]
     ok, y = call_targets(table)
     sel = ok & (split == 2)
-    pred, before = call_scores(shipped, shipped.heads[CALL], table), times_call(shipped, table, None)
+    pred, before = call_scores(shipped, artifact.problem_output(shipped, CALL), table), times_call(shipped, table, None)
     # (evaluate_bundle runs the heads on other batches: float32 rounding may differ, one problem may flip)
     assert out["cublas"]["cublas/choice_accuracy"] == share(((pred < 0) == (y < 0))[sel].mean(), int(sel.sum()))
     assert out["cublas"]["cublas/choice_accuracy_times"] == share(((before < 0) == (y < 0))[sel].mean(), int(sel.sum()))
@@ -83,7 +85,7 @@ def test_predictor_prefers_as_the_call_head(shipped, tables, backend, kernel):
     table, split = tables[name]
     rows = np.flatnonzero(split == 2)[:40]
     sub = table.subset(np.isin(np.arange(len(table.problems)), rows))
-    want = call_scores(shipped, shipped.heads[name], sub) < 0
+    want = call_scores(shipped, artifact.problem_output(shipped, name), sub) < 0
     pred = Predictor.load(backend=backend, kernel=kernel)
     probs = [_as_problem(r) for r in sub.problems]
     got = pred.prefers_cublas_many(probs)
@@ -105,7 +107,7 @@ def test_a_given_list_of_slow_configs_prefers_cublas():
     # configs given: cuBLAS below the best given config's predicted time is preferred even where the
     # call head says the best config of the whole space beats cuBLAS
     pred = Predictor.load()
-    prob = GemmProblem(m=32, n=4096, k=4096, dtype="float16")
+    prob = GemmProblem(m=32, n=14336, k=4096, dtype="float16")  # a decode-size MLP GEMM the call gives Triton
     assert not pred.prefers_cublas_many([prob])[0]
     slow = [GemmConfig(16, 16, 16, 1, 1, 1)]
     assert np.isfinite(pred.predict(prob, slow)).all()  # a config the device runs
@@ -115,15 +117,9 @@ def test_a_given_list_of_slow_configs_prefers_cublas():
 
 
 def test_a_model_without_call_heads_compares_times(repo_root, tmp_path):
-    # a copy of the shipped model without its call heads: prefer_cublas is the cuBLAS head's time below
-    # the best config's
-    from perfmodel import artifact
-
-    bundle = artifact.load(repo_root / "models" / "h100")
-    for name in (CALL, CALL_STATIC):
-        bundle.heads.pop(name), bundle.encoders.pop(name)
-    artifact.save(bundle, tmp_path / "m")
-    pred = Predictor.load(tmp_path / "m", backend="torch")
+    # a copy of the shipped model without call outputs (a cublas head alone in place of its problem
+    # network): prefer_cublas is the cuBLAS head's time below the best config's
+    pred = Predictor.load(old_layout_copy(repo_root / "models" / "h100", tmp_path / "m"), backend="torch")
     assert CALL not in pred.bundle.heads
     probs = [GemmProblem(m=m, n=4096, k=4096, dtype="bfloat16") for m in (16, 256, 4096)]
     best = np.array([r[0][1] for r in pred.rank_many(probs, top_k=1)])
@@ -152,8 +148,7 @@ def test_cli_call_head_rewrites_a_copy(repo_root, tmp_path, capsys):
     from perfmodel import artifact
     from perfmodel.cli import main
 
-    model = tmp_path / "m"
-    shutil.copytree(repo_root / "models" / "h100", model)
+    model = old_layout_copy(repo_root / "models" / "h100", tmp_path / "m")  # call-head refuses a problem network
     assert main(["call-head", "--model", str(model), "--data", str(repo_root / "data" / "h100"),
                  "--members", "1", "--epochs", "2", "--threads", "2"]) == 0
     text = capsys.readouterr().out  # the fit's log lines, then the metrics as JSON
@@ -176,8 +171,7 @@ def test_call_heads_of_a_model_of_two_devices(repo_root, tmp_path, monkeypatch):
     from perfmodel.train.call_head import CallHeadSettings
     from perfmodel.train.refit import refit_call as run
 
-    model = tmp_path / "m"
-    shutil.copytree(repo_root / "models" / "h200", model)
+    model = old_layout_copy(repo_root / "models" / "h200", tmp_path / "m")
     old = artifact.load(model)
     data = (repo_root / "data" / "h100", repo_root / "data" / "h200")
     with pytest.raises(ValueError, match="^data: .*one per device"):

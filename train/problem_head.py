@@ -190,7 +190,9 @@ def problem_figures(bundle: artifact.ModelBundle, head: PerfMLP, outputs: tuple[
             ok, y = call_targets(tab)
             keys = {k: i for i, k in enumerate(ds.gemm.problem_keys)}
             pred = call_scores(b, view, tab)
-            was = times_call(b, tab, static) if name == CALL else (
+            # the call without a call output: the cuBLAS time below the gemm head's best -- with the static head
+            # added for the inductor-mode call only, as train/call_head.py's baselines
+            was = times_call(b, tab, None) if name == CALL else (
                 times_call(b, tab, static) if static is not None else None)
             _call_figures(by_device[ds.device], name, pred, was, ok, y, _part(tab, keys, split))
     cub = cublas(rows.device == devices[0])
