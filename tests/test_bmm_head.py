@@ -11,7 +11,8 @@ import torch
 
 from perfmodel import artifact
 from perfmodel.devices import get_spec
-from perfmodel.train.bmm_head import (BmmHeadSettings, BmmTable, cross_validate, encode, fit_bmm_heads,
+from perfmodel.train import bmm_head
+from perfmodel.train.bmm_head import (BmmHeadSettings, BmmTable, cross_validate, encode, fit_bmm_heads, fit_ranked,
                                       floor_column, load_bmm, predict_log_ms, shape_folds, split_by_shape)
 from perfmodel.train.refit import bmm_step, refit_bmm
 from tests._synthetic import (make_synthetic_bundle, synthetic_header, write_synthetic_bmm, write_synthetic_dataset,
@@ -94,6 +95,34 @@ def test_batch_one_rows_join_the_triton_heads_training_set_only(bmm_data):
     assert with_rows["test/triton/mean_abs_log_err"] != without["test/triton/mean_abs_log_err"]
 
 
+@pytest.mark.parametrize("share, static_per_epoch", [(1.0, 40), (0.25, 10)])
+def test_static_share_draws_that_share_of_the_batch_one_problems_each_epoch(monkeypatch, share, static_per_epoch):
+    # synthetic rows: 10 bmm problems (groups 0-9) and 40 batch-1 static ones (10-49), 3 rows each; column 0
+    # carries the group, so the spy on the head's score sees which problems each batch holds
+    group = np.repeat(np.arange(50), 3)
+    x = torch.cat([torch.from_numpy(group).float()[:, None], torch.rand(len(group), 3)], 1)
+    y = torch.rand(len(group)) - 3.0
+    seen: list[set[int]] = []
+    made = bmm_head.new_head
+
+    def spied(*a, **k):
+        head = made(*a, **k)
+        score = head.score
+        head.score = lambda xb: (seen.append(set(xb[:, 0].round().long().tolist())), score(xb))[1]
+        return head
+
+    monkeypatch.setattr(bmm_head, "new_head", spied)
+    s = BmmHeadSettings(hidden=(8,), epochs=3, problems_per_batch=4, static_share=share)
+    fit_ranked(x, y, group, s, 0, 1, static_from=10)
+    steps = -(-(10 + static_per_epoch) // 4)
+    assert len(seen) == 3 * steps
+    epochs = [set().union(*seen[e * steps:(e + 1) * steps]) for e in range(3)]
+    for got in epochs:                             # every bmm problem every epoch, the share of the others
+        assert set(range(10)) <= got and len(got - set(range(10))) == static_per_epoch
+    if share < 1.0:                                # drawn afresh each epoch (40 choose 10: a repeat is ~1e-9)
+        assert epochs[0] != epochs[1] or epochs[1] != epochs[2]
+
+
 def test_cross_validation_holds_every_problem_out_once(bmm_data):
     t = load_bmm(bmm_data)
     folds = shape_folds(t, 4, 0)
@@ -109,7 +138,8 @@ def test_cross_validation_holds_every_problem_out_once(bmm_data):
 
 @pytest.mark.parametrize("field, value", [("cv_folds", 1), ("cv_folds", -1), ("rank_weight", -1.0),
                                           ("problems_per_batch", 0), ("epochs", 0), ("members", 0), ("aten_epochs", -1), ("hidden", ()),
-                                          ("aten_hidden", (0,)), ("batch_rows", 2.5)])
+                                          ("aten_hidden", (0,)), ("batch_rows", 2.5), ("static_share", 0.0),
+                                          ("static_share", 1.5)])
 def test_bad_settings_are_refused_naming_the_field(bmm_data, field, value):
     t = load_bmm(bmm_data)
     with pytest.raises(ValueError, match=field):

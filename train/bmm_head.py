@@ -74,6 +74,9 @@ class BmmHeadSettings:
     # as batch-1 rows of the Triton head's training set: the bmm template is the mm template with a batch
     # dimension in its grid, and these rows cover ~1,500 more shapes
     static_rows: bool = True
+    # the share of those batch-1 problems drawn (afresh, seeded) into each epoch, every bmm problem in every
+    # epoch: 1.0 all of them; below 1 weighs the bmm rows more and makes an epoch cheaper
+    static_share: float = 1.0
     aten_hidden: tuple[int, ...] = (64, 64)
     aten_members: int = 5
     aten_epochs: int = 400
@@ -231,22 +234,28 @@ def score(head: PerfMLP, x: torch.Tensor) -> np.ndarray:
 
 
 def fit_ranked(x: torch.Tensor, y: torch.Tensor, group: np.ndarray, s: BmmHeadSettings, seed: int,
-               floor: int) -> PerfMLP:
+               floor: int, static_from: int | None = None) -> PerfMLP:
     """One Triton member (inputs standardised on x) fitted on batches of s.problems_per_batch whole problems
     (group: each row's problem): smooth L1 on the floored log ms plus s.rank_weight x within_problem_loss on
-    the score; AdamW, one cycle over s.epochs epochs, shuffled by seed."""
+    the score; AdamW, one cycle over s.epochs epochs, shuffled by seed. Groups >= static_from are the batch-1
+    static problems: each epoch draws s.static_share of them (all where None or 1.0)."""
     head = new_head(x.shape[1], s.hidden, seed, floor)
     head.set_normalisation(x.mean(0), x.std(0))
     head.train()
     order = np.argsort(group, kind="stable")
     cuts = np.flatnonzero(np.r_[True, group[order][1:] != group[order][:-1], True])
     rows = [torch.from_numpy(order[a:b]) for a, b in zip(cuts[:-1], cuts[1:])]   # each problem's rows
-    steps = math.ceil(len(rows) / s.problems_per_batch)
+    ids = group[order][cuts[:-1]]
+    aux = np.flatnonzero(ids >= static_from) if static_from is not None and s.static_share < 1.0 else np.zeros(0, int)
+    main = np.setdiff1d(np.arange(len(rows)), aux)
+    drawn = round(s.static_share * len(aux))
+    steps = math.ceil((len(main) + drawn) / s.problems_per_batch)
     opt = torch.optim.AdamW(head.parameters(), lr=s.lr, weight_decay=s.weight_decay)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=s.lr, total_steps=s.epochs * steps, pct_start=0.1)
     rng = np.random.default_rng(seed)
     for _ in range(s.epochs):
-        perm = rng.permutation(len(rows))
+        perm = rng.permutation(len(rows)) if not len(aux) else \
+            rng.permutation(np.concatenate([main, rng.choice(aux, drawn, replace=False)]))
         for i in range(steps):
             batch = [rows[j] for j in perm[i * s.problems_per_batch:(i + 1) * s.problems_per_batch]]
             idx = torch.cat(batch)
@@ -301,17 +310,18 @@ def fit_bmm_heads(table: BmmTable, split: np.ndarray, spec: Any, version: int, s
     tr = split[table.problem_idx] == 0
     tra = torch.from_numpy((split == 0) & np.isfinite(table.aten_ms))
     xt, yt, group = x[torch.from_numpy(tr)], y[torch.from_numpy(tr)], table.problem_idx[tr]
-    extra_rows = 0
+    extra_rows, static_from = 0, None
     if extra is not None and s.static_rows:
         extra_rows = len(extra.ms)
         xt = torch.cat([xt, encode(extra, spec, version)[0]])
         yt = torch.cat([yt, torch.from_numpy(np.log(extra.ms)).float()])
         group = np.concatenate([group, extra.problem_idx + len(table.problems)])
+    static_from = len(table.problems) if extra_rows else None
     log(f"bmm-head: {len(table.problems)} problems ({int((split == 0).sum())} train), {len(table.ms)} Triton rows "
         f"({int(tr.sum())} train, + {extra_rows} batch-1 static rows), "
         f"{int(np.isfinite(table.aten_ms).sum())} aten::bmm times")
     f, fa = floor_column("bmm", spec, version), floor_column("bmm_aten", spec, version)
-    head = fit_ensemble(lambda i: fit_ranked(xt, yt, group, s, s.seed + i, f), s.members, "before_floor")
+    head = fit_ensemble(lambda i: fit_ranked(xt, yt, group, s, s.seed + i, f, static_from), s.members, "before_floor")
     aten = fit_ensemble(lambda i: fit_aten(xa[tra], ya[tra], s, s.seed + i, fa), s.aten_members, "before_floor")
     ok, yc = call_targets(table)
     trc = torch.from_numpy(ok & (split == 0))
@@ -340,6 +350,8 @@ def check_settings(s: BmmHeadSettings) -> None:
         raise ValueError(f"cv_folds: must be 0 (none) or an int >= 2, got {s.cv_folds!r}")
     if isinstance(s.rank_weight, bool) or not s.rank_weight >= 0:
         raise ValueError(f"rank_weight: must be >= 0, got {s.rank_weight!r}")
+    if isinstance(s.static_share, bool) or not 0.0 < s.static_share <= 1.0:
+        raise ValueError(f"static_share: must be in (0, 1], got {s.static_share!r}")
     for name in ("hidden", "aten_hidden", "call_hidden"):
         if not getattr(s, name) or min(getattr(s, name)) < 1:
             raise ValueError(f"{name}: expected one or more widths >= 1, got {getattr(s, name)}")

@@ -131,7 +131,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                  "the model's default device's dataset, with bmm shards (default: the model's own)",
                  "each member's hidden widths (the Triton head)",
                  head_settings + ("rank_weight", "rank_tau", "problems_per_batch", "aten_members", "aten_epochs",
-                                  "call_members", "call_epochs", "cv_folds", "cv_members"))
+                                  "call_members", "call_epochs", "cv_folds", "cv_members", "static_share"))
     bmm.add_argument("--aten-hidden", type=_widths, default=BmmHeadSettings().aten_hidden,
                      help="each member's hidden widths (the aten::bmm head)")
     bmm.add_argument("--call-hidden", type=_widths, default=BmmHeadSettings().call_hidden,
