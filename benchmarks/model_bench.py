@@ -475,6 +475,16 @@ def _same_run_pairs(vs: dict[str, Any], ours: str, other: str) -> list[tuple[dic
     return pairs
 
 
+def _stock_vs_default(vs: dict[str, Any]) -> tuple[float, float] | None:
+    """(default's step / stock's, stock's compile / default's), geomean over the runs that timed both; None
+    where no run did."""
+    stock = _same_run_pairs(vs, "max-autotune", "default")
+    if not stock:
+        return None
+    return (geomean([d["step_ms"] / s["step_ms"] for s, d in stock]),
+            geomean([s["compile_s"] / d["compile_s"] for s, d in stock]))
+
+
 def ratios(results: dict[str, Any]) -> dict[str, dict[str, tuple[float, float]]]:
     """{our variant: {workload: (step ratio, compile ratio)}} from ratios measured side by side in one process:
     step = (default's step / ours, geomean over the runs that timed both) x (min(1, stock's step / default's)
@@ -485,10 +495,10 @@ def ratios(results: dict[str, Any]) -> dict[str, dict[str, tuple[float, float]]]
     out: dict[str, dict[str, tuple[float, float]]] = {}
     for name, r in results.get("workloads", {}).items():
         vs = r.get("variants", {})
-        stock = _same_run_pairs(vs, "max-autotune", "default")
-        if not stock:
+        stock = _stock_vs_default(vs)
+        if stock is None:
             continue
-        stock_vs_default = geomean([d["step_ms"] / s["step_ms"] for s, d in stock])  # > 1: stock faster
+        stock_vs_default = stock[0]  # > 1: stock faster
         for v in {_base(v) for v in vs if _base(v) not in BASELINES}:
             pairs = _same_run_pairs(vs, v, "default")
             if pairs:
@@ -520,7 +530,11 @@ def headline(results: dict[str, Any], variant: str = "perfmodel", any_run: bool 
              ) -> tuple[float, float, float, float]:
     """(step ratio geomean, worst; compile ratio geomean, worst) of a variant over the workloads (ratios(), or
     ratios_any_run())."""
-    rs = list((ratios_any_run if any_run else ratios)(results).get(variant, {}).values())
+    return _summary((ratios_any_run if any_run else ratios)(results).get(variant, {}).values())
+
+
+def _summary(rs: Any) -> tuple[float, float, float, float]:
+    """(step ratio geomean, worst; compile ratio geomean, worst) of (step, compile) ratio pairs."""
     sp, cp = [a for a, _ in rs], [b for _, b in rs]
     return geomean(sp), min(sp), geomean(cp), max(cp)
 
@@ -548,9 +562,8 @@ def markdown(results: dict[str, Any]) -> str:
     lines += [head, "|---|---|" + "---|---|" * len(ours)]
     for name, r in rows.items():
         vs = r.get("variants", {})
-        stock = _same_run_pairs(vs, "max-autotune", "default")
-        cells = [f"{geomean([d['step_ms'] / s['step_ms'] for s, d in stock]):.3f} / "
-                 f"{geomean([s['compile_s'] / d['compile_s'] for s, d in stock]):.1f}x" if stock else "-"]
+        stock = _stock_vs_default(vs)
+        cells = [f"{stock[0]:.3f} / {stock[1]:.1f}x" if stock else "-"]
         for v in ours:
             cells.append(str(len(_same_run_pairs(vs, v, "default"))))
             sp_cp = rat.get(v, {}).get(name)
@@ -559,11 +572,11 @@ def markdown(results: dict[str, Any]) -> str:
         lines.append(f"| {name}{tag} | " + " | ".join(cells) + " |")
     lines.append("")
     for v in ours:
-        g, w, gc, wc = headline(results, v)
+        g, w, gc, wc = _summary(rat[v].values())
         lines.append(f"- {v}: step time vs the better of default and max-autotune, geomean {g:.3f} (worst {w:.3f}); "
                      f"compile vs default geomean {gc:.2f}x (worst {wc:.2f}x), over {len(rat[v])} workloads")
         if anyr.get(v):
-            g, w, gc, wc = headline(results, v, any_run=True)
+            g, w, gc, wc = _summary(anyr[v].values())
             lines.append(f"  - against the fastest baseline of any run (other machines included): step {g:.3f} "
                          f"(worst {w:.3f}); compile {gc:.2f}x (worst {wc:.2f}x), over {len(anyr[v])} workloads")
     lines += ["", "| workload | variant | run | step, compile s | GEMM tuning s | other tuning s | rest s |",

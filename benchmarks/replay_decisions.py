@@ -43,14 +43,12 @@ def recorded(results: dict[str, Any], variant: str = "perfmodel") -> dict[tuple,
 
 def replay(predictor: Any, op: str, problem: dict[str, Any], policy: Any) -> tuple[bool, list[str]]:
     """(Triton kept, the kept configs) for one recorded problem under `predictor` and `policy`."""
+    from perfmodel.configs import inductor_default_configs
     from perfmodel.schema import GemmProblem
     from perfmodel.serve.compile import decide
 
-    prob = GemmProblem(**problem)
-    keep, best, _ = decide(predictor, prob, None, policy)
-    from perfmodel.configs import inductor_default_configs
-
     cfgs = list(inductor_default_configs())
+    keep, best, _ = decide(predictor, GemmProblem(**problem), cfgs, policy)
     return keep, [str(cfgs[i]) for i, _ in best] if keep else []
 
 

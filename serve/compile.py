@@ -83,8 +83,9 @@ TOP_K = 3
 @dataclass(frozen=True)
 class Policy:
     """How the handler decides. triton_gain: keep Triton where predicted >= this fraction faster than cuBLAS
-    (inf: never). top_k: Triton configs kept (default TOP_K = 3; 1 without keep_aten). keep_aten: keep aten's choice beside them (Inductor benchmarks
-    the few kept) or not (no benchmark: the model's top-1 is used as it is). conv_1x1_as_mm: let Inductor lower
+    (inf: never). top_k: Triton configs kept (default TOP_K = 3; 1 without keep_aten). keep_aten: keep aten's
+    choice beside them (Inductor benchmarks the few kept) or not (no benchmark: the model's top-1 is used as it
+    is). conv_1x1_as_mm: let Inductor lower
     channels-last 1x1 convolutions as mm (then ranked like any mm), as max_autotune_gemm does; off, they stay
     convolutions, as in default mode."""
 

@@ -310,7 +310,7 @@ def fit_bmm_heads(table: BmmTable, split: np.ndarray, spec: Any, version: int, s
     tr = split[table.problem_idx] == 0
     tra = torch.from_numpy((split == 0) & np.isfinite(table.aten_ms))
     xt, yt, group = x[torch.from_numpy(tr)], y[torch.from_numpy(tr)], table.problem_idx[tr]
-    extra_rows, static_from = 0, None
+    extra_rows = 0
     if extra is not None and s.static_rows:
         extra_rows = len(extra.ms)
         xt = torch.cat([xt, encode(extra, spec, version)[0]])
