@@ -654,7 +654,8 @@ def _merge(results: dict[str, Any], out: dict[str, Any], err: str | None) -> dic
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--workloads", default=None, help="comma-separated names or name prefixes (default: all)")
+    ap.add_argument("--workloads", default=None, help="comma-separated names or name prefixes (default: all); separate them with ';' "
+                    "where a prefix holds a comma")
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks/results/model_bench_h100.json")
     ap.add_argument("--model", default=None, help="model folder for the perfmodel variants (default: shipped)")
@@ -684,7 +685,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     wanted = WORKLOADS
     if args.workloads:
-        keys = [k.strip() for k in args.workloads.split(",") if k.strip()]
+        # names hold commas ("Llama-3-8B widths (2 layers), bf16, decode 8x1"): with a ";" in it, the list is
+        # split on ";" only
+        sep = ";" if ";" in args.workloads else ","
+        keys = [k.strip() for k in args.workloads.split(sep) if k.strip()]
         wanted = [w for w in WORKLOADS if any(w.name.startswith(k) for k in keys)]
         if not wanted:
             ap.error(f"--workloads: none of {keys} names a workload")
