@@ -27,6 +27,9 @@ FAMILIES = ("attn_score", "attn_value", "experts", "small")
 # (dtype, allow_tf32, weight). fp32 without tf32 compiles several times slower per config (tl.dot
 # becomes FMAs unrolled over BLOCK_K: `compile_units`), so it gets a smaller share of the draw.
 MODES = (("float16", False, 0.34), ("bfloat16", False, 0.34), ("float32", True, 0.22), ("float32", False, 0.10))
+# The names `perfmodel gen bmm --modes` takes for them (fp32 with tf32 is "tf32", without it "float32")
+MODE_NAMES = {"float16": ("float16", False), "bfloat16": ("bfloat16", False), "tf32": ("float32", True),
+              "float32": ("float32", False)}
 FAMILY_WEIGHTS = (0.3, 0.25, 0.25, 0.2)
 HEAD_DIMS = (64, 128)
 # Sequence lengths of real models beside the log-uniform draw: CLIP text 77, ViT 197/257/577, BERT
@@ -53,6 +56,8 @@ class BmmSweepSettings:
     time_limit_s: float | None = None  # stop cleanly (between problems) after this long
     compile_workers: int = max(1, (os.cpu_count() or 2) - 1)
     exclude: frozenset[str] = frozenset()  # unit ids left out of the draw (--exclude-from)
+    # Draw only these dtype modes (MODE_NAMES' keys), with their MODES weights among themselves; None: all
+    modes: tuple[str, ...] | None = None
     # The device spec the problem list and extra configs are drawn with (its peak and bandwidth decide
     # which problems fit the budget), by name; None: the timing device's. A second device times the
     # first's problems with the first's spec (--problems-spec h100-sxm).
@@ -237,14 +242,22 @@ def draw_problem(rng: random.Random, family: str, dtype: str, tf32: bool) -> Gem
 
 
 def bmm_problems(n: int, spec: DeviceSpec, seed: int = 0, budget: BmmBudget = BmmBudget(), rebatch: float = 0.3,
-                 exclude: frozenset[str] = frozenset()) -> list[tuple[GemmProblem, str]]:
-    """n (problem, family) pairs within the budget, none whose id is in exclude; deterministic for a
-    seed (and exclude), so a resumed run agrees on the list. With probability `rebatch` a problem
-    repeats an earlier one's shape, layout and dtype with a batch of its family's range (no new compile)."""
+                 exclude: frozenset[str] = frozenset(), modes: tuple[str, ...] | None = None
+                 ) -> list[tuple[GemmProblem, str]]:
+    """n (problem, family) pairs within the budget, none whose id is in exclude, in the dtype modes named
+    (MODE_NAMES; None: all); deterministic for a seed (and exclude and modes), so a resumed run agrees on the
+    list. With probability `rebatch` a problem repeats an earlier one's shape, layout and dtype with a batch
+    of its family's range (no new compile)."""
     if n < 0:
         raise ValueError(f"n: must be >= 0, got {n}")
+    if modes is not None:
+        bad = [m for m in modes if m not in MODE_NAMES]
+        if bad or not modes:
+            raise ValueError(f"modes: must be some of {', '.join(MODE_NAMES)}, got {', '.join(modes) or 'none'}")
+    wanted = None if modes is None else {MODE_NAMES[m] for m in modes}
     rng = random.Random(seed)
-    modes, mode_w = [(d, t) for d, t, _ in MODES], [w for *_, w in MODES]
+    drawn_modes = [(d, t, w) for d, t, w in MODES if wanted is None or (d, t) in wanted]
+    modes_, mode_w = [(d, t) for d, t, _ in drawn_modes], [w for *_, w in drawn_modes]
     out: list[tuple[GemmProblem, str]] = []
     seen: set[GemmProblem] = set()
     tries = 0
@@ -258,7 +271,7 @@ def bmm_problems(n: int, spec: DeviceSpec, seed: int = 0, budget: BmmBudget = Bm
             p = GemmProblem(**{**base.as_dict(), "batch": _dim(rng, lo, hi, p_odd=0.3, mults=(8,))})
         else:
             family = rng.choices(FAMILIES, FAMILY_WEIGHTS)[0]
-            dtype, tf32 = rng.choices(modes, mode_w)[0]
+            dtype, tf32 = rng.choices(modes_, mode_w)[0]
             p = draw_problem(rng, family, dtype, tf32)
         if p in seen or not within(p, spec, budget) or problem_id(p) in exclude:
             continue

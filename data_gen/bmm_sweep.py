@@ -220,6 +220,7 @@ def header(spec: DeviceSpec, live: dict[str, Any], settings: BmmSweepSettings) -
         "kernel_mode": bmm_kernel.kernel_mode(), "torch": torch.__version__,
         "sweep": {"seed": settings.seed, "n": settings.n, "extra_configs": settings.extra_configs,
                   "rebatch": settings.rebatch, "excluded": len(settings.exclude), "budget": vars(settings.budget),
+                  "modes": list(settings.modes) if settings.modes else None,
                   "problem_spec": settings.problem_spec or spec.name,
                   "timing": vars(settings.timing), "aten_pre_sleep_us": settings.aten_pre_sleep_us}}
 
@@ -251,7 +252,8 @@ def sweep(out_dir: Path, spec: DeviceSpec, live: dict[str, Any], settings: BmmSw
 
     t0 = time.perf_counter()
     draw = get_spec(settings.problem_spec) if settings.problem_spec else spec
-    drawn = bmm_problems(settings.n, draw, settings.seed, settings.budget, settings.rebatch, settings.exclude)
+    drawn = bmm_problems(settings.n, draw, settings.seed, settings.budget, settings.rebatch, settings.exclude,
+                         settings.modes)
     writer = ShardWriter(out_dir, KIND, header(spec, live, settings))
     todo = [(p, f) for p, f in drawn if problem_id(p) not in writer.done]
     plan = {p: sweep_configs(p, draw, settings.extra_configs) for p, _ in todo}

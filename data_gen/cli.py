@@ -120,6 +120,8 @@ def _add_bmm_parser(gsub: argparse._SubParsersAction) -> None:
     g.add_argument("--seed", type=int, default=d.seed)
     g.add_argument("--exclude-from", type=Path, default=None,
                    help="leave this dataset folder's bmm problems out of the draw (n new ones are drawn)")
+    g.add_argument("--modes", default=None,
+                   help="comma-separated dtype modes to draw: float16,bfloat16,tf32,float32 (default all)")
     g.add_argument("--time-limit", type=float, default=None, help="stop cleanly after this many seconds")
     g.add_argument("--extra-configs", type=int, default=d.extra_configs,
                    help=f"EXHAUSTIVE-space configs per problem beside Inductor's DEFAULT list (default {d.extra_configs})")
@@ -158,6 +160,14 @@ def bmm_settings(args: argparse.Namespace):
                         ("--slow-factor", args.slow_factor), ("--slow-min-ms", args.slow_min_ms)):
         if not value >= 0:
             raise ValueError(f"{flag}: must be >= 0, got {value}")
+    modes = None
+    if args.modes is not None:
+        from .bmm import MODE_NAMES
+
+        modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
+        bad = [m for m in modes if m not in MODE_NAMES]
+        if bad or not modes:
+            raise ValueError(f"--modes: must be some of {','.join(MODE_NAMES)}, got {args.modes!r}")
     exclude: frozenset[str] = frozenset()
     if args.exclude_from is not None:
         from .shards import read_dataset
@@ -175,7 +185,7 @@ def bmm_settings(args: argparse.Namespace):
     timing = TimingSettings(budget_ms=args.budget_ms, pre_sleep_us=args.pre_sleep_us,
                             slow_factor=args.slow_factor or None, slow_min_ms=args.slow_min_ms)
     return BmmSweepSettings(problem_spec=args.problems_spec, n=args.n, seed=args.seed, extra_configs=args.extra_configs, time_limit_s=args.time_limit,
-                            compile_workers=args.workers, exclude=exclude, timing=timing,
+                            compile_workers=args.workers, exclude=exclude, modes=modes, timing=timing,
                             aten_pre_sleep_us=args.aten_pre_sleep_us)
 
 

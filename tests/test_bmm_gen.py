@@ -75,6 +75,19 @@ def test_draw_is_deterministic_and_extends(drawn):
     assert len(more) == 100 and not {problem_id(p) for p, _ in more} & ex
 
 
+def test_draw_modes(drawn):
+    from perfmodel.data_gen.bmm import bmm_problems
+
+    assert bmm_problems(400, SPEC, seed=0, modes=None) == drawn  # no --modes: the draw as before
+    fp32 = bmm_problems(120, SPEC, seed=0, modes=("tf32", "float32"))
+    got = {(p.dtype, p.allow_tf32) for p, _ in fp32}
+    assert got == {("float32", True), ("float32", False)}  # both modes drawn, no other
+    assert bmm_problems(120, SPEC, seed=0, modes=("float32", "tf32")) == fp32  # the order named does not matter
+    assert {p.dtype for p, _ in bmm_problems(30, SPEC, seed=0, modes=("bfloat16",))} == {"bfloat16"}
+    with pytest.raises(ValueError, match="modes"):
+        bmm_problems(10, SPEC, seed=0, modes=("fp8",))
+
+
 def test_draw_within_budget(drawn):
     from perfmodel.data_gen.bmm import BmmBudget, within
 
@@ -339,7 +352,7 @@ SWEEP_CHILD = textwrap.dedent("""
          (GemmProblem(m=20, n=24, k=40, batch=5), "small"),                      # the same kernels
          (GemmProblem(m=17, n=33, k=16, dtype="float32", transpose_right=True, batch=2), "attn_score"),  # padded
          (GemmProblem(m=9, n=16, k=24, dtype="float32", allow_tf32=True, transpose_left=True, batch=2), "attn_value")]
-    bmm_sweep.bmm_problems = lambda n, spec, seed, budget, rebatch, exclude: [q for q in P[:n] if True]
+    bmm_sweep.bmm_problems = lambda n, spec, seed, budget, rebatch, exclude, modes: [q for q in P[:n] if True]
     spec, folder = get_spec("h100-sxm"), Path(sys.argv[1])
     live = {"device_name": "NVIDIA H100 80GB HBM3 (fake)", "sm_count": 132, "capability": [9, 0]}
     out = {}
@@ -478,7 +491,8 @@ def test_compiles_survive_a_dying_worker(repo_root):
                                         (["--workers", "0"], "--workers"), (["--time-limit", "0"], "--time-limit"),
                                         (["--budget-ms", "-1"], "--budget-ms"), (["--slow-factor", "-2"], "--slow-factor"),
                                         (["--exclude-from", "/no/such/folder"], "--exclude-from"),
-                                        (["--problems-spec", "no-such-gpu"], "--problems-spec")])
+                                        (["--problems-spec", "no-such-gpu"], "--problems-spec"),
+                                        (["--modes", "float16,fp8"], "--modes")])
 def test_cli_errors_name_the_flag(argv, flag, capsys, tmp_path):
     from perfmodel.cli import main
 
@@ -496,9 +510,11 @@ def test_cli_builds_the_settings(tmp_path):
     with ShardWriter(ex, "bmm", {"device_name": "x"}) as w:
         w.write_unit("bmm-aaaa", [{"kind": "aten", "status": "ok"}])
     args = build_parser().parse_args(["gen", "bmm", "--n", "7", "--seed", "3", "--time-limit", "480",
-                                      "--exclude-from", str(ex), "--slow-factor", "0", "--problems-spec", "h100-sxm"])
+                                      "--exclude-from", str(ex), "--slow-factor", "0", "--problems-spec", "h100-sxm",
+                                      "--modes", "tf32,float32"])
     s = bmm_settings(args)
     assert (s.n, s.seed, s.time_limit_s, s.exclude, s.timing.slow_factor) == (7, 3, 480.0, frozenset({"bmm-aaaa"}), None)
+    assert s.modes == ("tf32", "float32")
     assert s.problem_spec == "h100-sxm"
 
 
