@@ -17,6 +17,9 @@ after the other, each after torch._dynamo.reset() in a fresh Inductor cache:
   hook             the max-autotune hook: torch.compile(mode="max-autotune") inside
                    perfmodel.serve.inductor.installed(top_k=5, pad=True) (max-autotune itself, with the
                    model's top-5 Triton configs and cuBLAS call for mm/addmm/bmm)
+  hook-m0          the hook with cublas_margin=0 (Triton kept wherever predicted faster than cuBLAS at all, the
+                   set-up's rule) instead of -0.05
+  hook-top1        the hook with top_k=1
   perfmodel-1x1mm  the set-up with Inductor's max_autotune_gemm lowering of channels-last 1x1 convolutions as
                    mm (ranked like any mm) instead of default mode's convolution
 
@@ -152,7 +155,8 @@ WORKLOADS = [
                                                                      "bfloat16", _ids(32064, 2, 1024)), "bfloat16"),
     Workload("ConvNeXt-T, fp16, batch 32", _vision("convnext_tiny", "float16", 32), "float16"),
 ]
-VARIANTS = ("default", "max-autotune", "perfmodel", "perfmodel-top1", "perfmodel-top3", "perfmodel-aten", "perfmodel-zero", "perfmodel-1x1mm", "hook")
+VARIANTS = ("default", "max-autotune", "perfmodel", "perfmodel-top1", "perfmodel-top3", "perfmodel-aten", "perfmodel-zero", "perfmodel-1x1mm", "hook",
+            "hook-m0", "hook-top1")
 BASELINES = ("default", "max-autotune")
 TIMED_RUNS = 30
 REL_TOL = 0.05   # relative Frobenius error against eager allowed for a fp16/bf16 model with random weights
@@ -189,10 +193,12 @@ def _compile(variant: str, module: Any, predictor: Any) -> tuple[Any, Any]:
         return torch.compile(module, mode="reduce-overhead"), contextlib.nullcontext()
     if variant == "max-autotune":
         return torch.compile(module, mode="max-autotune"), contextlib.nullcontext()
-    if variant == "hook":
+    if variant.startswith("hook"):
         from perfmodel.serve import inductor
 
-        return torch.compile(module, mode="max-autotune"), inductor.installed(top_k=5, predictor=predictor, pad=True)
+        kw = {"hook": {}, "hook-m0": {"cublas_margin": 0.0}, "hook-top1": {"top_k": 1}}[variant]
+        return torch.compile(module, mode="max-autotune"), inductor.installed(**{"top_k": 5, **kw},
+                                                                                predictor=predictor, pad=True)
     from perfmodel.serve import compile as pc
 
     return pc.compile(module, predictor=predictor, policy=_policy(variant), pad=True), contextlib.nullcontext()
@@ -425,7 +431,7 @@ def _worker(name: str, variants: list[str], model: str | None, res_file: Path) -
     _wait_for_compile_workers()
     torch._dynamo.reset()
     predictor = None
-    if any(v.startswith("perfmodel") for v in variants):
+    if any(v.startswith(("perfmodel", "hook")) for v in variants):  # the hooks get --model's predictor too
         from perfmodel.serve.predictor import Predictor
 
         t0 = time.perf_counter()
