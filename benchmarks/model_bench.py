@@ -154,6 +154,8 @@ WORKLOADS = [
     Workload("Phi-3-mini widths (2 layers), bf16, prefill 2x1024", _lm(_hf("Phi3ForCausalLM", "Phi3Config", **_PHI3),
                                                                      "bfloat16", _ids(32064, 2, 1024)), "bfloat16"),
     Workload("ConvNeXt-T, fp16, batch 32", _vision("convnext_tiny", "float16", 32), "float16"),
+    # window attention: q @ k^T and attn @ v as bmm over batch x windows x heads, head dim 32
+    Workload("Swin-T, fp16, batch 32", _vision("swin_t", "float16", 32), "float16"),
 ]
 VARIANTS = ("default", "max-autotune", "perfmodel", "perfmodel-top1", "perfmodel-top3", "perfmodel-aten", "perfmodel-zero", "perfmodel-1x1mm", "hook",
             "hook-m0", "hook-top1")

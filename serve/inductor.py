@@ -56,6 +56,11 @@ RANKED_OPS = MM_OPS + BMM_OPS
 RANKED_TEMPLATES = TRITON_MM_TEMPLATES + TRITON_BMM_TEMPLATES
 # The Triton templates that lower each op: an mm's choices are never ranked as a bmm's, nor the other way
 _OP_TEMPLATES = {**{op: TRITON_MM_TEMPLATES for op in MM_OPS}, **{op: TRITON_BMM_TEMPLATES for op in BMM_OPS}}
+# Triton bmm configs kept per bmm/baddbmm (install's bmm_top_k). One: each kept bmm config is compiled and
+# benchmarked at compile time; on the H100 under max-autotune, BERT-large's bmm autotuning took 6.8 s with
+# the top 5 and 0.7 s with the top 1, T5-base's 8.2 s and 1.2 s (stock: 47.5 s and 93.5 s), and with the top 1
+# both ran faster than stock max-autotune (docs/benchmarks.md, "Whole models").
+BMM_TOP_K = 1
 # The parameters of InductorChoices._finalize_template_configs that this hook was written against.
 _EXPECTED_PARAMS = ("self", "template_choices", "kernel_inputs", "templates", "op_name", "kwarg_overrides")
 
@@ -242,10 +247,11 @@ def _handler_class() -> type:
         """InductorChoices that prunes Triton mm configs with the perfmodel Predictor."""
 
         def __init__(self, predictor: Predictor, top_k: int, ops: Sequence[str], templates: Sequence[str],
-                     cublas_margin: float | None) -> None:
+                     cublas_margin: float | None, bmm_top_k: int | None = None) -> None:
             super().__init__()
             self.perfmodel = predictor
             self.perfmodel_top_k = top_k
+            self.perfmodel_bmm_top_k = top_k if bmm_top_k is None else bmm_top_k
             self.perfmodel_ops = tuple(ops)
             self.perfmodel_templates = tuple(templates)
             self.perfmodel_cublas_margin = cublas_margin
@@ -255,8 +261,9 @@ def _handler_class() -> type:
             choices = super()._finalize_template_configs(template_choices, kernel_inputs, templates, op_name,
                                                          kwarg_overrides)
             try:
+                top_k = self.perfmodel_bmm_top_k if op_name in BMM_OPS else self.perfmodel_top_k
                 return filter_template_choices(choices, kernel_inputs, op_name, self.perfmodel,
-                                               self.perfmodel_top_k, ops=self.perfmodel_ops,
+                                               top_k, ops=self.perfmodel_ops,
                                                templates=self.perfmodel_templates,
                                                cublas_margin=self.perfmodel_cublas_margin)
             # Inductor's private structures change between releases; a mismatch here must not break
@@ -286,9 +293,11 @@ def _check_device(predictor: Predictor) -> None:
 
 def install(top_k: int = 5, predictor: Predictor | None = None, *, model: Any = None, backend: str | None = None,
             ops: Sequence[str] = RANKED_OPS, templates: Sequence[str] = RANKED_TEMPLATES,
-            cublas_margin: float | None = CUBLAS_MARGIN, pad: bool = False, kernel: str | None = None) -> bool:
+            cublas_margin: float | None = CUBLAS_MARGIN, pad: bool = False, kernel: str | None = None,
+            bmm_top_k: int | None = BMM_TOP_K) -> bool:
     """Install the hook in this thread. ops / templates: what it ranks (default: mm, addmm, bmm, baddbmm and
-    their Triton templates; a bmm is ranked only by a model with bmm heads). predictor: a loaded Predictor (default: Predictor.load(model,
+    their Triton templates; a bmm is ranked only by a model with bmm heads). top_k: the Triton mm configs kept
+    per mm/addmm; bmm_top_k: the Triton bmm configs kept per bmm/baddbmm (default BMM_TOP_K, 1; None: top_k). predictor: a loaded Predictor (default: Predictor.load(model,
     backend=backend), loaded now so that a missing model fails here, not inside a compile).
     kernel: the kernel mode to rank for (Predictor.with_kernel); None: "inductor" -- the mm template as
     Inductor compiles it, for static shapes -- when the model has a static head, else the predictor's own.
@@ -302,6 +311,8 @@ def install(top_k: int = 5, predictor: Predictor | None = None, *, model: Any = 
     pad: also decide Inductor's pad_mm padding with the model (process-wide; needs a pad head).
     Returns False (after one warning) when this torch lacks the private API the hook needs."""
     top_k = _check_top_k(top_k)
+    if bmm_top_k is not None:
+        bmm_top_k = _check_top_k(bmm_top_k, "bmm_top_k")
     if cublas_margin is not None and not (isinstance(cublas_margin, (int, float)) and not isinstance(cublas_margin, bool)
                                           and -1.0 < cublas_margin < float("inf")):
         raise ValueError(f"cublas_margin: expected None or a number > -1, got {cublas_margin!r}")
@@ -326,7 +337,7 @@ def install(top_k: int = 5, predictor: Predictor | None = None, *, model: Any = 
     _check_device(predictor)
     from torch._inductor.virtualized import V
 
-    handler = _handler_class()(predictor, top_k, ops, templates, cublas_margin)
+    handler = _handler_class()(predictor, top_k, ops, templates, cublas_margin, bmm_top_k)
     with _lock:
         if pad:
             from torch._inductor.fx_passes import pad_mm

@@ -177,6 +177,28 @@ def test_the_max_autotune_hook_keeps_the_bmm_heads_top_k(model_dir, op, bias):
     assert si.filter_template_choices(call, _BmmInputs(PROB), op, Predictor.load(write_plain(model_dir)), 3) is call
 
 
+def test_the_max_autotune_hook_keeps_bmm_top_k_bmm_configs(model_dir):
+    """install's bmm_top_k (default BMM_TOP_K, 1) sizes the bmm ranking, top_k the mm one (SYNTHETIC choices)."""
+    pytest.importorskip("torch._inductor.choices")
+    pred = Predictor.load(model_dir, backend="torch")
+
+    def kept(handler, op):
+        out = handler._finalize_template_configs({"all": iter(_bmm_call())}, _BmmInputs(PROB), [], op)
+        return [c for c in out if c.template.uid == "triton::bmm"]
+
+    best = [str(c) for c, _ in pred.rank(PROB, CFGS, top_k=3)]
+    for bmm_top_k, want in ((None, 3), (1, 1), (2, 2)):
+        handler = si._handler_class()(pred, 3, si.RANKED_OPS, si.RANKED_TEMPLATES, None, bmm_top_k)
+        got = [str(si.kwargs_to_gemm(c.params.to_kwargs())) for c in kept(handler, "bmm")]
+        assert len(got) == want and set(got) == set(best[:want])
+    assert si.BMM_TOP_K == 1
+    with pytest.raises(ValueError, match="bmm_top_k: must be >= 1"):
+        si.install(3, pred, bmm_top_k=0)
+    with pytest.raises(TypeError, match="bmm_top_k: expected an int"):
+        si.install(3, pred, bmm_top_k=1.5)
+    assert not si.is_installed()
+
+
 def write_plain(model_dir):
     folder = model_dir.parent / "plain"
     if not folder.exists():
