@@ -87,17 +87,23 @@ class Policy:
     choice beside them (Inductor benchmarks the few kept) or not (no benchmark: the model's top-1 is used as it
     is). conv_1x1_as_mm: let Inductor lower
     channels-last 1x1 convolutions as mm (then ranked like any mm), as max_autotune_gemm does; off, they stay
-    convolutions, as in default mode."""
+    convolutions, as in default mode. bmm_top_k: Triton configs kept for a bmm/baddbmm (None: top_k); each
+    kept one is compiled and benchmarked."""
 
     triton_gain: float = TRITON_GAIN
     top_k: int | None = None           # None: TOP_K with keep_aten, else 1
     keep_aten: bool = True
     conv_1x1_as_mm: bool = False
+    bmm_top_k: int | None = None       # Triton configs kept for a bmm/baddbmm; None: top_k
 
     def __post_init__(self) -> None:
         if self.top_k is None:
             object.__setattr__(self, "top_k", TOP_K if self.keep_aten is True else 1)
         _check_top_k(self.top_k)
+        if self.bmm_top_k is not None:
+            _check_top_k(self.bmm_top_k, "bmm_top_k")
+            if not self.keep_aten and self.bmm_top_k != 1:
+                raise ValueError("bmm_top_k: without keep_aten only the model's top-1 config can be used")
         if isinstance(self.triton_gain, bool) or not isinstance(self.triton_gain, (int, float)) \
                 or not self.triton_gain > -1.0:
             raise ValueError(f"triton_gain: expected a number > -1 (or inf), got {self.triton_gain!r}")
@@ -129,7 +135,8 @@ def decide(predictor: Predictor, prob: GemmProblem, configs: Sequence[GemmConfig
     configs: the Triton configs Inductor offers (None: Inductor's default list). For a bmm (batch > 1) the
     aten time is aten::bmm's as the model's call implies it (serve.bmm.aten_call_ms)."""
     cfgs = list(configs) if configs is not None else list(inductor_default_configs())
-    best = rank_positions(predictor, prob, cfgs, policy.top_k) if cfgs else []
+    top_k = policy.bmm_top_k if prob.batch > 1 and policy.bmm_top_k is not None else policy.top_k
+    best = rank_positions(predictor, prob, cfgs, top_k) if cfgs else []
     if not best:
         return False, [], None
     if prob.batch > 1:  # a bmm: the aten::bmm time the model's call implies (perfmodel.serve.bmm.aten_call_ms)

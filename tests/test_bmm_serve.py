@@ -199,6 +199,25 @@ def test_the_max_autotune_hook_keeps_bmm_top_k_bmm_configs(model_dir):
     assert not si.is_installed()
 
 
+def test_the_set_ups_bmm_top_k(model_dir):
+    """Policy(bmm_top_k=...) sizes the set-up's bmm ranking apart from top_k (SYNTHETIC choices)."""
+    pytest.importorskip("torch._inductor.choices")
+    pred = Predictor.load(model_dir, backend="torch")
+    for bmm_top_k, want in ((None, 3), (1, 1)):
+        pc.reset()
+        handler = pc._handler_class()(pred, pc.Policy(triton_gain=-0.999, top_k=3, bmm_top_k=bmm_top_k))
+        out = handler._finalize_template_configs({"all": iter(_bmm_call())}, _BmmInputs(PROB), [], "bmm")
+        assert [c.template.uid for c in out].count("triton::bmm") == want
+        (d,) = pc.decisions()
+        assert d.configs == [str(c) for c, _ in pred.rank(PROB, CFGS, top_k=want)]
+    pc.reset()
+    with pytest.raises(ValueError, match="bmm_top_k: must be >= 1"):
+        pc.Policy(bmm_top_k=0)
+    with pytest.raises(ValueError, match="bmm_top_k: without keep_aten"):
+        pc.Policy(keep_aten=False, bmm_top_k=2)
+    assert pc.Policy().bmm_top_k is None  # the set-up's default: top_k (3) for a bmm too
+
+
 def write_plain(model_dir):
     folder = model_dir.parent / "plain"
     if not folder.exists():
