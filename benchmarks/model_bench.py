@@ -606,16 +606,18 @@ _ATEN_NAMES = ("mm", "addmm", "bias_addmm")
 def calls_report(results: dict[str, Any], stock: str = "max-autotune", ours: str = "perfmodel") -> str:
     """The model's cuBLAS-or-Triton call judged on Inductor's own in-graph benchmark: for every mm/addmm shape
     that stock max-autotune benchmarked (its feedback-saver timings), the best aten and the best Triton
-    template time beside the model's predicted cuBLAS and best Triton times (from `ours`'s decisions)."""
+    template time beside the model's predicted cuBLAS and best Triton times (from the decisions of `ours`'s
+    runs, repeats such as "perfmodel@s5" included: the first run in name order that decided a shape)."""
     lines = ["| workload | op m x k x n dtype | Inductor: aten ms / best Triton ms | model: cuBLAS / Triton ms | "
              "call | time of the model's side / the faster |", "|---|---|---|---|---|---|"]
     agree, total, cost = 0, 0, []
     for name, r in results.get("workloads", {}).items():
         vs = r.get("variants", {})
         preds = {}
-        for d in vs.get(ours, {}).get("decisions", []):
-            p = d["problem"]
-            preds[(d["op"], p["m"], p["k"], p["n"])] = d
+        for v in sorted(v for v in vs if _base(v) == ours):  # every run of `ours` ("perfmodel@s5" too)
+            for d in vs[v].get("decisions", []):
+                p = d["problem"]
+                preds.setdefault((d["op"], p["m"], p["k"], p["n"]), d)
         seen = set()
         for o in vs.get(stock, {}).get("autotuned_ops", []):
             if o.get("op") not in RANKED_OPS_REPORT or "ms" not in o:
