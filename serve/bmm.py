@@ -2,11 +2,11 @@
 
 The model's bmm heads (perfmodel bmm-head, train/bmm_head.py) predict them: `bmm`, the log ms of a config of
 Inductor's bmm template (timed as Inductor compiles it, so the one kernel both kernel modes get: a batched
-problem is not ranked by the gemm head, its screen or the static head), and `bmm_aten`, the log ms of
-aten::bmm (predict_cublas, Candidates.cublas_ms), both with the physical floor of the whole batch (flops and
-bytes times the batch); and `bmm_call`, the aten-or-Triton call (Candidates.prefer_cublas,
+problem is not ranked by the gemm head, its screen or the static head), with the physical floor of the whole
+batch (flops and bytes times the batch); and `bmm_call`, the aten-or-Triton call (Candidates.prefer_cublas,
 prefers_cublas_many, and the hooks through aten_call_ms): per problem log(aten::bmm ms / the best config's
-ms), below 0 aten::bmm wins. The rows are
+ms), below 0 aten::bmm wins. aten::bmm's time (predict_cublas, Candidates.cublas_ms) is what the call implies
+(aten_ms), or, in folders fitted with `--aten-head`, a `bmm_aten` head's log ms. The rows are
 encoded here (the "bmm" / "bmm_aten" encoders) and scored by the Predictor's runner, so the torch and onnx
 backends serve them alike (model.onnx has each head's graph, bmm_x -> bmm_log_ms / bmm_score). Configs sort
 by the bmm head's score (its output before the floors, which never reorder a problem's configs), ties in
@@ -82,7 +82,19 @@ def rank(predictor: "Predictor", problems: Sequence[GemmProblem], configs: Any,
 
 
 def aten_ms(predictor: "Predictor", problems: Sequence[GemmProblem]) -> np.ndarray:
-    """Predicted ms of aten::bmm for each problem (1-D), by the bmm_aten head."""
+    """Predicted ms of aten::bmm for each problem (1-D): the bmm_aten head's where the folder has one (folders
+    fitted with `perfmodel bmm-head --aten-head`), else the time the call head implies -- the best predicted
+    time over the model device's config space for the problem x exp(the call's output), aten_call_ms."""
+    if BMM_ATEN not in predictor.bundle.heads and BMM_CALL in predictor.bundle.heads:
+        # each problem over its own dtype's space (scores takes one dtype a call)
+        best = np.array([np.min(scores(predictor, [p], None)[2]) for p in problems])
+        if not np.all(np.isfinite(best)):
+            raise ValueError("problems (aten::bmm): no config of the model's space runs a problem on this device, so "
+                             "the call head implies no aten::bmm time for it")
+        enc = predictor.bundle.encoders[BMM_CALL]  # the bmm_aten features: the whole batch's roofline, the floor
+        with torch.inference_mode():
+            floor = enc.encode(bmm_problems_tensor(problems))[:, enc.names.index("log_bmm_roofline_ms")]
+        return np.exp(np.maximum(best + call_scores(predictor, problems), floor.double().numpy()))
     require(predictor, BMM_ATEN, problems[0].batch)
     with torch.inference_mode():
         x = predictor.bundle.encoders[BMM_ATEN].encode(bmm_problems_tensor(problems))
@@ -102,8 +114,8 @@ def call_scores(predictor: "Predictor", problems: Sequence[GemmProblem]) -> np.n
 
 def aten_call_ms(predictor: "Predictor", prob: GemmProblem, best_ms: float) -> float:
     """The aten::bmm time the hooks weigh against the best ranked config's predicted time best_ms: what the
-    call head implies (best_ms x exp(its output): aten wins exactly where the call says so), else the
-    bmm_aten head's time. The hooks' rules (decisions.triton_expected_gain, triton_dropped) take it as the
-    aten kernel's time."""
+    call head implies (best_ms x exp(its output): aten wins exactly where the call says so), else (a folder
+    with a bmm_aten head and no call head) the bmm_aten head's time. The hooks' rules
+    (decisions.triton_expected_gain, triton_dropped) take it as the aten kernel's time."""
     score = call_scores(predictor, [prob])
     return float(best_ms * np.exp(score[0])) if score is not None else float(aten_ms(predictor, [prob])[0])

@@ -297,8 +297,9 @@ def install(top_k: int = 5, predictor: Predictor | None = None, *, model: Any = 
             bmm_top_k: int | None = BMM_TOP_K) -> bool:
     """Install the hook in this thread. ops / templates: what it ranks (default: mm, addmm, bmm, baddbmm and
     their Triton templates; a bmm is ranked only by a model with bmm heads). top_k: the Triton mm configs kept
-    per mm/addmm; bmm_top_k: the Triton bmm configs kept per bmm/baddbmm (default BMM_TOP_K, 1; None: top_k). predictor: a loaded Predictor (default: Predictor.load(model,
-    backend=backend), loaded now so that a missing model fails here, not inside a compile).
+    per mm/addmm; bmm_top_k: the Triton bmm configs kept per bmm/baddbmm (default BMM_TOP_K, 1; None: top_k).
+    predictor: a loaded Predictor (default: Predictor.load(model, backend=backend), loaded now so that a
+    missing model fails here, not inside a compile).
     kernel: the kernel mode to rank for (Predictor.with_kernel); None: "inductor" -- the mm template as
     Inductor compiles it, for static shapes -- when the model has a static head, else the predictor's own.
     cublas_margin: drop the Triton mm choices when cuBLAS's predicted time (the cuBLAS head's) x

@@ -437,8 +437,8 @@ class Predictor:
         return [[(cfgs[i], t) for i, t in zip(ri, rm)] for ri, rm in zip(idx, ms)]
 
     def predict_cublas(self, prob: GemmProblem) -> float:
-        """Predicted ms of torch.mm (cuBLAS) on prob -- of aten::bmm for a batched one (batch > 1, the bmm_aten
-        head). RuntimeError if the model has no cuBLAS head."""
+        """Predicted ms of torch.mm (cuBLAS) on prob -- of aten::bmm for a batched one (batch > 1: the time the
+        bmm call head implies, or a bmm_aten head's). RuntimeError if the model has no cuBLAS head."""
         return float(self.predict_cublas_many([_check_problem(prob)])[0])
 
     def predict_cublas_many(self, problems: Sequence[GemmProblem]) -> np.ndarray:
@@ -510,7 +510,8 @@ class Predictor:
         bound = ranked[k - 1][1] * (1.0 + margin)
         while k < len(ranked) and ranked[k][1] <= bound:
             k += 1
-        aten = float(bmm.aten_ms(self, [prob])[0]) if bmm.BMM_ATEN in self.bundle.heads else None
+        aten = float(bmm.aten_ms(self, [prob])[0]) \
+            if bmm.BMM_ATEN in self.bundle.heads or bmm.BMM_CALL in self.bundle.heads else None
         call = bmm.call_scores(self, [prob])
         prefer = aten is not None and bool(decisions.cublas_preferred(
             None if call is None else float(call[0]), aten, ranked[0][1], ranked[0][1] if configs is not None else None))

@@ -13,7 +13,8 @@ from perfmodel import artifact
 from perfmodel.devices import get_spec
 from perfmodel.train import bmm_head
 from perfmodel.train.bmm_head import (BmmHeadSettings, BmmTable, cross_validate, encode, fit_bmm_heads, fit_ranked,
-                                      floor_column, load_bmm, predict_log_ms, shape_folds, split_by_shape)
+                                      floor_column, implied_aten_log_ms, load_bmm, predict_log_ms, score, shape_folds,
+                                      split_by_shape)
 from perfmodel.train.refit import bmm_step, refit_bmm
 from tests._synthetic import (make_synthetic_bundle, synthetic_header, write_synthetic_bmm, write_synthetic_dataset,
                               write_synthetic_model)
@@ -55,7 +56,7 @@ def test_the_fitter_learns_floors_and_writes_nothing(bmm_data, tmp_path):
     t = load_bmm(bmm_data)
     split = split_by_shape(t, 0)
     before = sorted(bmm_data.rglob("*"))
-    heads, m = fit_bmm_heads(t, split, SPEC, 3, BmmHeadSettings(**SMALL), log=quiet)
+    heads, m = fit_bmm_heads(t, split, SPEC, 3, BmmHeadSettings(**SMALL, aten_head=True), log=quiet)
     assert set(heads) == {artifact.BMM, artifact.BMM_ATEN, artifact.BMM_CALL} and sorted(bmm_data.rglob("*")) == before
     # the synthetic times span orders of magnitude: the heads fit far better than a constant
     y = np.log(t.ms)
@@ -74,6 +75,23 @@ def test_the_fitter_learns_floors_and_writes_nothing(bmm_data, tmp_path):
     assert torch.allclose(x[:, f].double(), one, rtol=1e-5)
 
 
+def test_without_the_aten_head_the_call_implies_aten(bmm_data):
+    """The default (aten_head False): two heads; the aten figures are of the time the call implies (the best
+    predicted config's log ms + the call's output), so the call by the times is the call head's own."""
+    t = load_bmm(bmm_data)
+    split = split_by_shape(t, 0)
+    heads, m = fit_bmm_heads(t, split, SPEC, 3, BmmHeadSettings(**SMALL), log=quiet)
+    assert set(heads) == {artifact.BMM, artifact.BMM_CALL} and m["aten_head"] is False
+    x, xa = encode(t, SPEC, 3)
+    pred, call = predict_log_ms(heads[artifact.BMM], x), score(heads[artifact.BMM_CALL], xa)
+    implied = implied_aten_log_ms(t, pred, call)
+    best = np.array([pred[t.problem_idx == i].min() for i in range(len(t.problems))])
+    assert np.array_equal(implied, best + call)
+    test = (split == 2) & np.isfinite(t.aten_ms)
+    assert m["test/aten/mean_abs_log_err"] == pytest.approx(float(np.abs(implied - np.log(t.aten_ms))[test].mean()))
+    assert m["test/call/accuracy_times"] == m["test/call/accuracy"]
+
+
 def _as_batch_one(t: BmmTable) -> BmmTable:
     """t's rows as batch-1 rows (what static_table makes of a folder's gemm_static rows)."""
     p = t.problems.copy()
@@ -86,8 +104,9 @@ def test_batch_one_rows_join_the_triton_heads_training_set_only(bmm_data):
     t = load_bmm(bmm_data)
     split = split_by_shape(t, 0)
     extra = _as_batch_one(t)
-    _, with_rows = fit_bmm_heads(t, split, SPEC, 3, BmmHeadSettings(**SMALL), quiet, extra)
-    _, without = fit_bmm_heads(t, split, SPEC, 3, BmmHeadSettings(**SMALL, static_rows=False), quiet, extra)
+    _, with_rows = fit_bmm_heads(t, split, SPEC, 3, BmmHeadSettings(**SMALL, aten_head=True), quiet, extra)
+    _, without = fit_bmm_heads(t, split, SPEC, 3, BmmHeadSettings(**SMALL, aten_head=True, static_rows=False), quiet,
+                               extra)
     assert with_rows["static_rows"] == len(t.ms) and without["static_rows"] == 0
     # the figures are on table's problems either way; the aten head never sees the extra rows
     assert with_rows["test/problems"] == without["test/problems"]
@@ -168,11 +187,15 @@ def test_shards_of_another_device_are_refused_naming_data(tmp_path):
 
 def test_refit_adds_the_heads_and_records_the_step(bmm_data, tmp_path):
     model = write_synthetic_model(tmp_path / "m", hidden=(16, 16))
-    m = refit_bmm(BmmHeadSettings(model=model, data=bmm_data, **SMALL), log=quiet, command="perfmodel bmm-head")
+    refit_bmm(BmmHeadSettings(model=model, data=bmm_data, **SMALL, aten_head=True), log=quiet)
     bundle = artifact.load(model)
     assert {artifact.BMM, artifact.BMM_ATEN, artifact.BMM_CALL} <= set(bundle.heads)
     assert [bundle.encoders[h].kind for h in (artifact.BMM, artifact.BMM_ATEN, artifact.BMM_CALL)] == \
         ["bmm", "bmm_aten", "bmm_aten"]
+    # refitted without the aten head (the default): the folder loses it
+    m = refit_bmm(BmmHeadSettings(model=model, data=bmm_data, **SMALL), log=quiet, command="perfmodel bmm-head")
+    bundle = artifact.load(model)
+    assert {artifact.BMM, artifact.BMM_CALL} <= set(bundle.heads) and artifact.BMM_ATEN not in bundle.heads
     meta = json.loads((model / "metadata.json").read_text())
     step = meta["build"]["steps"][-1]
     assert step["step"] == "bmm-head" and step["refit"] and step["command"] == "perfmodel bmm-head"

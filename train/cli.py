@@ -136,6 +136,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                      help="each member's hidden widths (the aten::bmm head)")
     bmm.add_argument("--call-hidden", type=_widths, default=BmmHeadSettings().call_hidden,
                      help="each member's hidden widths (the aten-or-Triton call head)")
+    bmm.add_argument("--aten-head", dest="aten_head", action="store_true",
+                     help="also fit the bmm_aten head (aten::bmm's own time); without it the folder serves aten::bmm's "
+                          "time as the call head implies it")
     bmm.add_argument("--no-static-rows", dest="static_rows", action="store_false",
                      help="leave the folder's gemm_static rows (batch-1 rows) out of the Triton head's training set")
 

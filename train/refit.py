@@ -153,6 +153,9 @@ def bmm_step(bundle: artifact.ModelBundle, folder: Path, s: BmmHeadSettings, log
     if s.cv_folds:
         metrics.update(cross_validate(table, bundle.spec, version, s, model_seed(bundle), extra, log))
     kinds = {artifact.BMM: "bmm", artifact.BMM_ATEN: "bmm_aten", artifact.BMM_CALL: "bmm_aten"}
+    for name in kinds:  # the heads of an earlier fit go (a folder refitted without the bmm_aten head loses it)
+        bundle.heads.pop(name, None)
+        bundle.encoders.pop(name, None)
     for name, head in heads.items():
         bundle.heads[name] = head
         bundle.encoders[name] = FeatureEncoder(bundle.spec, kinds[name], version)
