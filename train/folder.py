@@ -287,11 +287,12 @@ def _bmm_md(meta: dict[str, Any]) -> str:
             rows.append(f"| {g} | {m[f'test/{g}/problems']} | {m[f'test/{g}/top1_eff']:.4f} | {m[f'test/{g}/top5_eff']:.4f} "
                         f"| {'-' if z is None else f'{z:.4f}'} |")
     call = m.get("test/call/accuracy")
+    times = ("no bmm_aten head: aten::bmm's time is the one the call implies" if m.get("aten_head") is False else
+             f"aten::bmm's predicted time against the best ranked config's: "
+             f"{m.get('test/call/accuracy_times', float('nan')):.3f}")
     call_md = "" if call is None else (
         f"\nThe aten-or-Triton call (the bmm_call head) is right on {call:.3f} of the {m['test/call/problems']} test "
-        f"problems (aten::bmm's predicted time against the best ranked config's: "
-        f"{m.get('test/call/accuracy_times', float('nan')):.3f}; always Triton: "
-        f"{m.get('test/call/accuracy_always_triton', float('nan')):.3f}).\n")
+        f"problems ({times}; always Triton: {m.get('test/call/accuracy_always_triton', float('nan')):.3f}).\n")
     cv = m.get("cv/all/top1_eff")
     if cv is not None:
         per = ", ".join(f"{g} {m[f'cv/{g}/top1_eff']:.4f} / {m[f'cv/{g}/top5_eff']:.4f}"
