@@ -57,9 +57,10 @@ RANKED_TEMPLATES = TRITON_MM_TEMPLATES + TRITON_BMM_TEMPLATES
 # The Triton templates that lower each op: an mm's choices are never ranked as a bmm's, nor the other way
 _OP_TEMPLATES = {**{op: TRITON_MM_TEMPLATES for op in MM_OPS}, **{op: TRITON_BMM_TEMPLATES for op in BMM_OPS}}
 # Triton bmm configs kept per bmm/baddbmm (install's bmm_top_k). One: each kept bmm config is compiled and
-# benchmarked at compile time; on the H100 under max-autotune, BERT-large's bmm autotuning took 6.8 s with
-# the top 5 and 0.7 s with the top 1, T5-base's 8.2 s and 1.2 s (stock: 47.5 s and 93.5 s), and with the top 1
-# both ran faster than stock max-autotune (docs/benchmarks.md, "Whole models").
+# benchmarked at compile time. On the H100 under max-autotune (call s8), BERT-large's bmm autotuning took 6.8 s
+# with the top 5 and 0.7 s with the top 1, T5-base's 8.2 s and 1.2 s (stock: 47.5 s and 93.5 s); with the
+# shipped heads and top_k=5, bmm_top_k=1 (call s10), BERT-large, T5-base and Swin-T took 0.4, 1.7 and 1.0 s
+# and each ran faster than stock max-autotune (docs/benchmarks.md, "Whole models").
 BMM_TOP_K = 1
 # The parameters of InductorChoices._finalize_template_configs that this hook was written against.
 _EXPECTED_PARAMS = ("self", "template_choices", "kernel_inputs", "templates", "op_name", "kwarg_overrides")
