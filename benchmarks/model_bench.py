@@ -664,6 +664,15 @@ def _merge(results: dict[str, Any], out: dict[str, Any], err: str | None) -> dic
     return entry
 
 
+def select_workloads(spec: str) -> list[Workload]:
+    """The WORKLOADS whose name starts with one of spec's prefixes, in WORKLOADS' order. Names hold commas
+    ("Llama-3-8B widths (2 layers), bf16, decode 8x1"): a spec with a ";" in it is split on ";" only, else on
+    ","."""
+    sep = ";" if ";" in spec else ","
+    keys = [k.strip() for k in spec.split(sep) if k.strip()]
+    return [w for w in WORKLOADS if any(w.name.startswith(k) for k in keys)]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--workloads", default=None, help="comma-separated names or name prefixes (default: all); separate them with ';' "
@@ -695,15 +704,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.render:
         _write_table(args.out, json.loads(args.out.read_text()))
         return 0
-    wanted = WORKLOADS
-    if args.workloads:
-        # names hold commas ("Llama-3-8B widths (2 layers), bf16, decode 8x1"): with a ";" in it, the list is
-        # split on ";" only
-        sep = ";" if ";" in args.workloads else ","
-        keys = [k.strip() for k in args.workloads.split(sep) if k.strip()]
-        wanted = [w for w in WORKLOADS if any(w.name.startswith(k) for k in keys)]
-        if not wanted:
-            ap.error(f"--workloads: none of {keys} names a workload")
+    wanted = select_workloads(args.workloads) if args.workloads else WORKLOADS
+    if not wanted:
+        ap.error(f"--workloads: none of {args.workloads!r} names a workload")
     import torch
 
     if not torch.cuda.is_available():
