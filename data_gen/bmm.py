@@ -241,6 +241,14 @@ def draw_problem(rng: random.Random, family: str, dtype: str, tf32: bool) -> Gem
                        batch=batch)
 
 
+def check_modes(modes: tuple[str, ...]) -> tuple[str, ...]:
+    """modes, checked: one or more of MODE_NAMES' keys; ValueError naming `modes` otherwise."""
+    bad = [m for m in modes if m not in MODE_NAMES]
+    if bad or not modes:
+        raise ValueError(f"modes: must be some of {', '.join(MODE_NAMES)}, got {', '.join(modes) or 'none'}")
+    return modes
+
+
 def bmm_problems(n: int, spec: DeviceSpec, seed: int = 0, budget: BmmBudget = BmmBudget(), rebatch: float = 0.3,
                  exclude: frozenset[str] = frozenset(), modes: tuple[str, ...] | None = None
                  ) -> list[tuple[GemmProblem, str]]:
@@ -250,11 +258,7 @@ def bmm_problems(n: int, spec: DeviceSpec, seed: int = 0, budget: BmmBudget = Bm
     of its family's range (no new compile)."""
     if n < 0:
         raise ValueError(f"n: must be >= 0, got {n}")
-    if modes is not None:
-        bad = [m for m in modes if m not in MODE_NAMES]
-        if bad or not modes:
-            raise ValueError(f"modes: must be some of {', '.join(MODE_NAMES)}, got {', '.join(modes) or 'none'}")
-    wanted = None if modes is None else {MODE_NAMES[m] for m in modes}
+    wanted = None if modes is None else {MODE_NAMES[m] for m in check_modes(modes)}
     rng = random.Random(seed)
     drawn_modes = [(d, t, w) for d, t, w in MODES if wanted is None or (d, t) in wanted]
     modes_, mode_w = [(d, t) for d, t, _ in drawn_modes], [w for *_, w in drawn_modes]

@@ -162,12 +162,12 @@ def bmm_settings(args: argparse.Namespace):
             raise ValueError(f"{flag}: must be >= 0, got {value}")
     modes = None
     if args.modes is not None:
-        from .bmm import MODE_NAMES
+        from .bmm import check_modes
 
-        modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
-        bad = [m for m in modes if m not in MODE_NAMES]
-        if bad or not modes:
-            raise ValueError(f"--modes: must be some of {','.join(MODE_NAMES)}, got {args.modes!r}")
+        try:
+            modes = check_modes(tuple(m.strip() for m in args.modes.split(",") if m.strip()))
+        except ValueError as exc:
+            raise ValueError(f"--{exc}") from None
     exclude: frozenset[str] = frozenset()
     if args.exclude_from is not None:
         from .shards import read_dataset
