@@ -78,6 +78,11 @@ TRITON_GAIN = 0.0
 # counts as tuned on for this rule). Only the GEMMs where Triton is kept pay for it: a few more kernels
 # compiled and benchmarked.
 TOP_K = 3
+# Triton bmm configs kept per bmm/baddbmm (Policy.bmm_top_k), each compiled and benchmarked beside aten::bmm.
+# Chosen on BERT-large, T5-base and Swin-T (H100, benchmarks/model_bench.py, runs s13/s13b, both orders):
+# one config against three cost BERT 1 % of step time (1.051 vs 1.063 of default mode's) and saved 3.1 and
+# 1.1 s of its compile (1.26/1.70x default mode's against 1.81/1.98x); T5 and Swin-T step alike.
+BMM_TOP_K = 1
 
 
 @dataclass(frozen=True)
@@ -87,14 +92,14 @@ class Policy:
     choice beside them (Inductor benchmarks the few kept) or not (no benchmark: the model's top-1 is used as it
     is). conv_1x1_as_mm: let Inductor lower
     channels-last 1x1 convolutions as mm (then ranked like any mm), as max_autotune_gemm does; off, they stay
-    convolutions, as in default mode. bmm_top_k: Triton configs kept for a bmm/baddbmm (None: top_k); each
-    kept one is compiled and benchmarked."""
+    convolutions, as in default mode. bmm_top_k: Triton configs kept for a bmm/baddbmm (default BMM_TOP_K, 1;
+    None: top_k); each kept one is compiled and benchmarked."""
 
     triton_gain: float = TRITON_GAIN
     top_k: int | None = None           # None: TOP_K with keep_aten, else 1
     keep_aten: bool = True
     conv_1x1_as_mm: bool = False
-    bmm_top_k: int | None = None       # Triton configs kept for a bmm/baddbmm; None: top_k
+    bmm_top_k: int | None = BMM_TOP_K  # Triton configs kept for a bmm/baddbmm; None: top_k
 
     def __post_init__(self) -> None:
         if self.top_k is None:

@@ -215,7 +215,7 @@ def test_the_set_ups_bmm_top_k(model_dir):
         pc.Policy(bmm_top_k=0)
     with pytest.raises(ValueError, match="bmm_top_k: without keep_aten"):
         pc.Policy(keep_aten=False, bmm_top_k=2)
-    assert pc.Policy().bmm_top_k is None  # the set-up's default: top_k (3) for a bmm too
+    assert pc.Policy().bmm_top_k == pc.BMM_TOP_K == 1  # the set-up's default: one Triton config for a bmm
 
 
 def write_plain(model_dir):

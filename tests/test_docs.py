@@ -158,8 +158,8 @@ def _h200() -> list[float]:
     return [m["results"][f"{d}/top1_eff"] for d in MODES] + [m["pad"]["pad/total_vs_oracle"]]
 
 
-def _whole_models() -> list[float]:
-    """benchmarks/model_bench.py's headline for perfmodel.serve.compile on the H100: step ratio geomean, worst;
+def _whole_models(device: str = "h100") -> list[float]:
+    """benchmarks/model_bench.py's headline for perfmodel.serve.compile on the device: step ratio geomean, worst;
     compile ratio geomean, worst (the script's own ratios(): ratios measured side by side in one process)."""
     import importlib.util
 
@@ -167,13 +167,14 @@ def _whole_models() -> list[float]:
     mb = importlib.util.module_from_spec(spec)
     sys.modules.setdefault("model_bench", mb)  # its dataclasses look their module up there
     spec.loader.exec_module(mb)
-    return list(mb.headline(_json("benchmarks/results/model_bench_h100.json"), "perfmodel"))
+    return list(mb.headline(_json(f"benchmarks/results/model_bench_{device}.json"), "perfmodel"))
 
 
 # Row key (a row's first cell, or the name of the <!-- marker --> it starts with) -> its bold figures,
 # recomputed, in the order printed. A key matches the rows whose key starts with it.
 RESULTS: dict[str, Callable[[], list[float]]] = {
     "whole-models": _whole_models,
+    "h200-whole-models": lambda: _whole_models("h200"),
     "config ranking, top-1 efficiency": lambda: [_meta("h100")["metrics"][f"{d}/top1_eff"] for d in MODES],
     "config ranking, top-5 efficiency": lambda: [_meta("h100")["metrics"][f"{d}/top5_eff"] for d in MODES],
     "pad decisions, total time / the oracle's": lambda: [_meta("h100")["pad_metrics"]["pad/total_vs_oracle"]],
