@@ -72,7 +72,11 @@ def rank(predictor: "Predictor", problems: Sequence[GemmProblem], configs: Any,
          top_k: int) -> list[list[tuple[Any, float]]]:
     """Per problem, the top_k configs by the bmm head, fastest first: runnable ones by score (ties in the
     given order), then the others (inf ms)."""
-    cfgs, z, log_ms = scores(predictor, problems, configs)
+    return rank_scored(*scores(predictor, problems, configs), top_k)
+
+
+def rank_scored(cfgs: list, z: np.ndarray, log_ms: np.ndarray, top_k: int) -> list[list[tuple[Any, float]]]:
+    """rank() of scores() already computed."""
     out = []
     for zi, li in zip(z, log_ms):
         key = np.where(np.isfinite(li), zi, np.inf)
@@ -88,17 +92,26 @@ def aten_ms(predictor: "Predictor", problems: Sequence[GemmProblem]) -> np.ndarr
     if BMM_ATEN not in predictor.bundle.heads and BMM_CALL in predictor.bundle.heads:
         # each problem over its own dtype's space (scores takes one dtype a call)
         best = np.array([np.min(scores(predictor, [p], None)[2]) for p in problems])
-        if not np.all(np.isfinite(best)):
-            raise ValueError("problems (aten::bmm): no config of the model's space runs a problem on this device, so "
-                             "the call head implies no aten::bmm time for it")
-        enc = predictor.bundle.encoders[BMM_CALL]  # the bmm_aten features: the whole batch's roofline, the floor
-        with torch.inference_mode():
-            floor = enc.encode(bmm_problems_tensor(problems))[:, enc.names.index("log_bmm_roofline_ms")]
-        return np.exp(np.maximum(best + call_scores(predictor, problems), floor.double().numpy()))
+        return implied_aten_ms(predictor, problems, best)
     require(predictor, BMM_ATEN, problems[0].batch)
     with torch.inference_mode():
         x = predictor.bundle.encoders[BMM_ATEN].encode(bmm_problems_tensor(problems))
     return predictor._ms(BMM_ATEN, x, "problems (aten::bmm)")
+
+
+def implied_aten_ms(predictor: "Predictor", problems: Sequence[GemmProblem], best_log_ms: np.ndarray,
+                    call: np.ndarray | None = None) -> np.ndarray:
+    """aten_ms() without a bmm_aten head, from each problem's best predicted log ms over the model device's
+    config space (best_log_ms) and the call head's output (call; None: computed here): exp(best + call),
+    floored at the whole batch's roofline."""
+    if not np.all(np.isfinite(best_log_ms)):
+        raise ValueError("problems (aten::bmm): no config of the model's space runs a problem on this device, so "
+                         "the call head implies no aten::bmm time for it")
+    call = call_scores(predictor, problems) if call is None else call
+    enc = predictor.bundle.encoders[BMM_CALL]  # the bmm_aten features: the whole batch's roofline, the floor
+    with torch.inference_mode():
+        floor = enc.encode(bmm_problems_tensor(problems))[:, enc.names.index("log_bmm_roofline_ms")]
+    return np.exp(np.maximum(best_log_ms + call, floor.double().numpy()))
 
 
 def call_scores(predictor: "Predictor", problems: Sequence[GemmProblem]) -> np.ndarray | None:

@@ -504,15 +504,20 @@ class Predictor:
         aten::bmm's predicted time as cublas_ms and the call as for a GEMM: the bmm call head's (aten::bmm
         faster than the whole space's best; with configs given, also aten's time below the best given
         config's), else aten's time below the best config's."""
-        ranked = bmm.rank(self, [prob], configs, 10**9)[0]          # every config, the runnable ones first
+        scored = bmm.scores(self, [prob], configs)
+        ranked = bmm.rank_scored(*scored, 10**9)[0]                   # every config, the runnable ones first
         ranked = ([r for r in ranked if math.isfinite(r[1])] or ranked)[:max_k]
         k = min(top_k, len(ranked))
         bound = ranked[k - 1][1] * (1.0 + margin)
         while k < len(ranked) and ranked[k][1] <= bound:
             k += 1
-        aten = float(bmm.aten_ms(self, [prob])[0]) \
-            if bmm.BMM_ATEN in self.bundle.heads or bmm.BMM_CALL in self.bundle.heads else None
         call = bmm.call_scores(self, [prob])
+        if bmm.BMM_ATEN not in self.bundle.heads and call is not None and configs is None:
+            # the implied aten time over the whole space: the space just scored (one pass, not two)
+            aten: float | None = float(bmm.implied_aten_ms(self, [prob], scored[2].min(axis=1), call)[0])
+        else:
+            aten = float(bmm.aten_ms(self, [prob])[0]) \
+                if bmm.BMM_ATEN in self.bundle.heads or bmm.BMM_CALL in self.bundle.heads else None
         prefer = aten is not None and bool(decisions.cublas_preferred(
             None if call is None else float(call[0]), aten, ranked[0][1], ranked[0][1] if configs is not None else None))
         return Candidates(configs=tuple(c for c, _ in ranked[:k]), predicted_ms=tuple(t for _, t in ranked[:k]),

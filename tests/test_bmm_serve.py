@@ -92,6 +92,20 @@ def test_candidates_and_the_aten_call(pred):
     assert pred.has_bmm
 
 
+def test_candidates_of_a_bmm_score_the_space_once(pred, monkeypatch):
+    """candidates() over the model's own space scores it with the bmm head once (the implied aten::bmm time
+    comes from that pass), and its cublas_ms is predict_cublas's (SYNTHETIC model)."""
+    calls = []
+    real = sbmm.scores
+    monkeypatch.setattr(sbmm, "scores", lambda *a, **kw: calls.append(a[2]) or real(*a, **kw))
+    c = pred.candidates(PROB, top_k=3)
+    assert calls == [None]
+    calls.clear()
+    assert c.cublas_ms == pytest.approx(pred.predict_cublas(PROB), rel=1e-12)
+    assert calls == [None]  # predict_cublas scores the space itself
+    assert list(c.configs)[:3] == [cfg for cfg, _ in pred.rank(PROB, top_k=3)]
+
+
 def test_a_config_the_device_cannot_run_ranks_last(pred):
     huge = GemmConfig(256, 256, 256, 8, 5, 4)  # fp32: far over the shared memory
     prob = GemmProblem(**{**PROB.as_dict(), "dtype": "float32"})
