@@ -260,12 +260,31 @@ def run(model: Path, repeats: int, seed: int, block: int = 10) -> dict[str, Any]
         # the PR path as timed next to this backend, and this backend
         rows[f"{base_name}, next to {backend}"] = base_row
         rows[name] = row
+    if all(p.has_bmm for p in preds.values()):
+        out["bmm"] = _bmm_latency(preds, repeats, block)
     after = _cpu_times()
     if before and after:  # a VM's steal time: CPU the hypervisor gave to others while we ran
         delta = [b - a for a, b in zip(before, after)]
         out["steal_pct"] = 100.0 * delta[7] / max(1, sum(delta))
     out["results"] = rows
     return out
+
+
+BMM_PROBLEM = GemmProblem(m=384, n=384, k=64, dtype="float16", transpose_right=True, batch=256)  # BERT's QK^T
+
+
+def _bmm_latency(preds: dict[str, Any], repeats: int, block: int) -> dict[str, Any]:
+    """One batched problem (BMM_PROBLEM) over the model device's whole bmm config space: candidates() (the
+    ranking, aten::bmm's implied time and the call, what the hooks ask per bmm) and rank(), per backend,
+    the backends interleaved. The PR path has no bmm: ours only."""
+    space = len(preds["onnx"].rank(BMM_PROBLEM, top_k=10**6))
+    fns: dict[str, Callable[[], Any]] = {}
+    for backend, p in preds.items():
+        fns[f"candidates, {backend}"] = lambda p=p: p.candidates(BMM_PROBLEM, top_k=3)
+        fns[f"rank, {backend}"] = lambda p=p: p.rank(BMM_PROBLEM, top_k=3)
+    t = _time_interleaved(fns, repeats, block=block)
+    return {"problem": str(BMM_PROBLEM), "n_configs": space,
+            "results": {n: {k: v for k, v in r.items() if k != "speedup_round_median"} for n, r in t.items()}}
 
 
 def markdown(res: dict[str, Any]) -> str:
@@ -284,6 +303,10 @@ def markdown(res: dict[str, Any]) -> str:
                          f"| {r[one]['speedup_round_median']:.1f}x | {r[many]['p50_ms']:.1f} | {r[many]['p90_ms']:.1f} "
                          f"| {r[f'speedup_{many}_p50']:.1f}x | {r[many]['speedup_round_median']:.1f}x |")
         lines.append("")
+    if "bmm" in res:
+        b = res["bmm"]
+        lines += [f"| bmm: {b['problem']}, {b['n_configs']} configs (ours only) | p50 ms | p90 ms |", "|---|---:|---:|"]
+        lines += [f"| {n} | {r['p50_ms']:.2f} | {r['p90_ms']:.2f} |" for n, r in b["results"].items()] + [""]
     lines += ["Model load: " + ", ".join(f"{b} {ms:.0f} ms" for b, ms in res["load_ms"].items())]
     if "predict_head" in res:
         lines.append(f"predict served by the {res['predict_head']} head")
