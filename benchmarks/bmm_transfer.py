@@ -1,0 +1,130 @@
+"""The bmm heads on a second GPU (CPU): the H100's shipped bmm heads zero-shot on the H200's bmm rows, and a
+5-fold cross-validation by shape of heads fitted on the H200's own rows beside the same cross-validation on
+the H100's rows of the same problems.
+
+data/h200's bmm shards time the first 600 of the H100's problems (`perfmodel gen bmm --problems-spec
+h100-sxm`, seeds 0 and 1); data/h100's p000 and p001 shards are those problems on the H100. Zero-shot, the
+H100 folder's heads (bmm, bmm_call) score the H200 rows through encoders built for the H200's spec (the
+roofline, SM count and peak columns are the device's), as a two-device folder serves its second device.
+The cross-validations fit one member per fold with the shipped settings (`bmm_settings` of the folder's
+metadata), without the batch-1 static rows (data/h200 has none, so neither side gets them): what the H200's
+own 600 problems give, against what the same 600 give on the H100.
+
+    python benchmarks/bmm_transfer.py [--model models/h100] [--h100 data/h100] [--h200 data/h200]
+        [--out benchmarks/results/bmm_transfer_h200.json] [--no-cv]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from dataclasses import fields, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from perfmodel import artifact  # noqa: E402
+from perfmodel.devices import get_spec  # noqa: E402
+from perfmodel.features import FeatureEncoder  # noqa: E402
+from train import bmm_head as bh  # noqa: E402
+
+SHARDS = ("bmm-s0of1-p000.jsonl.gz", "bmm-s0of1-p001.jsonl.gz")  # the problems both devices timed
+KEYS = ["all", *bh.MODES]
+
+
+def zero_shot(bundle: artifact.ModelBundle, table: bh.BmmTable, device: str,
+              split: np.ndarray | None = None) -> dict[str, Any]:
+    """bmm_metrics of the folder's bmm and bmm_call heads on the problems of table (split == 2; None: all),
+    encoded for `device`."""
+    spec, version = get_spec(device), bundle.encoders["gemm"].version
+    with torch.inference_mode():
+        x = FeatureEncoder(spec, "bmm", version).encode(torch.from_numpy(table.problems[table.problem_idx]),
+                                                        torch.from_numpy(table.configs))
+        xa = FeatureEncoder(spec, "bmm_aten", version).encode(torch.from_numpy(table.problems))
+    pred = bh.predict_log_ms(bundle.heads[artifact.BMM], x)
+    call = bh.score(bundle.heads[artifact.BMM_CALL], xa)
+    aten = bh.implied_aten_log_ms(table, pred, call)
+    m = bh.bmm_metrics(table, np.full(len(table.problems), 2) if split is None else split, pred, aten, call)
+    return {"zero_shot/" + k.removeprefix("test/"): v for k, v in m.items()}
+
+
+def held_out_split(bundle: artifact.ModelBundle, h100_folder: Path, table: bh.BmmTable) -> np.ndarray:
+    """2 for the problems of table whose shape the folder's bmm heads held out (the test split of their fit,
+    split_by_shape of the H100 folder's bmm rows with the model's seed, as `perfmodel bmm-head` drew it), -1
+    for the others."""
+    full = bh.load_bmm_checked(h100_folder, "h100-sxm")
+    seed = int(bundle.metadata.get("bmm_settings", {}).get("split_seed", 0))
+    test = {tuple(p) for p in full.problems[bh.split_by_shape(full, seed) == 2].tolist()}
+    return np.array([2 if tuple(p) in test else -1 for p in table.problems.tolist()])
+
+
+def settings(bundle: artifact.ModelBundle, threads: int) -> bh.BmmHeadSettings:
+    """The folder's recorded bmm settings, one member per fold, no static rows."""
+    rec = bundle.metadata["bmm_settings"]
+    names = {f.name for f in fields(bh.BmmHeadSettings)} - {"model", "data"}
+    kw = {k: tuple(v) if isinstance(v, list) else v for k, v in rec.items() if k in names}
+    return replace(bh.BmmHeadSettings(**kw), static_rows=False, cv_members=1, cv_folds=5, threads=threads)
+
+
+def summary(m: dict[str, Any], prefix: str) -> str:
+    top = " · ".join(f"{k} {m[f'{prefix}/{k}/top1_eff']:.3f} / {m[f'{prefix}/{k}/top5_eff']:.3f}"
+                     for k in KEYS if f"{prefix}/{k}/top1_eff" in m)
+    return f"{top} · call {m[f'{prefix}/call/accuracy']:.3f} (always Triton {m[f'{prefix}/call/accuracy_always_triton']:.3f})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", type=Path, default=REPO / "models/h100")
+    ap.add_argument("--h100", type=Path, default=REPO / "data/h100")
+    ap.add_argument("--h200", type=Path, default=REPO / "data/h200")
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--no-cv", action="store_true", help="zero-shot only (seconds, not minutes)")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    bundle = artifact.load(args.model)
+    if artifact.BMM not in bundle.heads or artifact.BMM_CALL not in bundle.heads:
+        ap.error(f"--model: {args.model} has no bmm and bmm_call heads (perfmodel bmm-head)")
+    h200 = bh.load_bmm_checked(args.h200, "h200")
+    with tempfile.TemporaryDirectory() as tmp:  # the H100's shards of the same problems
+        for name in SHARDS:
+            (Path(tmp) / name).symlink_to((args.h100 / name).resolve())
+        h100 = bh.load_bmm_checked(Path(tmp), "h100-sxm")
+    out: dict[str, Any] = {"model": str(args.model.relative_to(REPO) if args.model.is_relative_to(REPO) else args.model),
+                           "h100_problems": len(h100.problems), "h200_problems": len(h200.problems)}
+    out.update(zero_shot(bundle, h200, "h200"))
+    print(f"H100 heads zero-shot on the H200 ({len(h200.problems)} problems, most of whose shapes they were "
+          f"fitted on, on the H100): {summary(out, 'zero_shot')}")
+    split = held_out_split(bundle, args.h100, h200)
+    out.update({k.replace("zero_shot/", "zero_shot_held_out/", 1): v
+                for k, v in zero_shot(bundle, h200, "h200", split).items()})
+    print(f"  on the {int((split == 2).sum())} whose shapes the heads held out (their test split): "
+          f"{summary(out, 'zero_shot_held_out')}")
+    out.update({k.replace("zero_shot/", "h100_rows/", 1): v for k, v in zero_shot(bundle, h100, "h100-sxm").items()})
+    print(f"the same heads on the H100's rows of those problems (most were in their training set): "
+          f"{summary(out, 'h100_rows')}")
+    if not args.no_cv:
+        s = settings(bundle, args.threads)
+        version = bundle.encoders["gemm"].version
+        seed = int(bundle.metadata.get("settings", {}).get("seed", 0))
+        for dev, table, spec in (("h200", h200, "h200"), ("h100", h100, "h100-sxm")):
+            t0 = time.perf_counter()
+            m = bh.cross_validate(table, get_spec(spec), version, s, seed, None, lambda *a: None)
+            out.update({f"{dev}_cv/" + k.removeprefix("cv/"): v for k, v in m.items()})
+            out[f"{dev}_cv/seconds"] = time.perf_counter() - t0
+            print(f"5-fold CV by shape on the {dev.upper()}'s own rows: {summary(out, f'{dev}_cv')}")
+    if args.out is not None:
+        args.out.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
