@@ -472,17 +472,24 @@ def _best(vs: dict[str, Any], base: str, key: str) -> float | None:
     return min(xs) if xs else None
 
 
+def _tag(variant: str) -> str:
+    """A variant's repeat tag ("s5" of "default@s5"; "" for none)."""
+    return variant.partition("@")[2]
+
+
 def _same_run_pairs(vs: dict[str, Any], ours: str, other: str) -> list[tuple[dict, dict]]:
     """(our row, the other's row) for every run that measured both in one process: rows of variant base `ours`
-    and `other` (repeats such as "default@s5" included) with the same "run" label."""
+    and `other` (repeats such as "default@s5" included) with the same "run" label, the other's row with our
+    row's repeat tag first (two processes given one MODEL_BENCH_RUN label are told apart by their tags)."""
     pairs = []
     for v, x in vs.items():
         if _base(v) != ours or "step_ms" not in x:
             continue
-        for w, y in vs.items():
-            if _base(w) == other and w != v and "step_ms" in y and y.get("run") == x.get("run"):
-                pairs.append((x, y))
-                break
+        same = [(w, y) for w, y in vs.items()
+                if _base(w) == other and w != v and "step_ms" in y and y.get("run") == x.get("run")]
+        same.sort(key=lambda wy: _tag(wy[0]) != _tag(v))  # stable: the same tag first, else the first seen
+        if same:
+            pairs.append((x, same[0][1]))
     return pairs
 
 
