@@ -81,7 +81,7 @@ TOP_K = 3
 # Triton bmm configs kept per bmm/baddbmm (Policy.bmm_top_k), each compiled and benchmarked beside aten::bmm.
 # Chosen on BERT-large, T5-base and Swin-T (H100, benchmarks/model_bench.py, runs s13/s13b, both orders):
 # one config against three cost BERT 1 % of step time (1.051 vs 1.063 of default mode's) and saved 3.1 and
-# 1.1 s of its compile (1.26/1.70x default mode's against 1.81/1.98x); T5 and Swin-T step alike.
+# 1.1 s of its compile (1.26/1.71x default mode's against 1.80/2.00x); T5 and Swin-T step alike.
 BMM_TOP_K = 1
 
 
