@@ -27,14 +27,12 @@ from typing import Any
 import numpy as np
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from perfmodel import artifact
+from perfmodel.devices import get_spec
+from perfmodel.features import FeatureEncoder
+from perfmodel.train import bmm_head as bh
 
-from perfmodel import artifact  # noqa: E402
-from perfmodel.devices import get_spec  # noqa: E402
-from perfmodel.features import FeatureEncoder  # noqa: E402
-from train import bmm_head as bh  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 SHARDS = ("bmm-s0of1-p000.jsonl.gz", "bmm-s0of1-p001.jsonl.gz")  # the problems both devices timed
 KEYS = ["all", *bh.MODES]
