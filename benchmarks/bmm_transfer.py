@@ -1,6 +1,8 @@
-"""The bmm heads on a second GPU (CPU): the H100's shipped bmm heads zero-shot on the H200's bmm rows, and a
+"""The bmm heads on a second GPU (CPU): the H100's shipped bmm heads zero-shot on the H200's bmm rows, a
 5-fold cross-validation by shape of heads fitted on the H200's own rows beside the same cross-validation on
-the H100's rows of the same problems.
+the H100's rows of the same problems, and a 5-fold cross-validation by shape on the H200's problems of heads
+fitted on the H100's rows alone, and on both devices' rows (each encoded for its device), of the shapes
+outside the fold.
 
 data/h200's bmm shards time the first 600 of the H100's problems (`perfmodel gen bmm --problems-spec
 h100-sxm`, seeds 0 and 1); data/h100's p000 and p001 shards are those problems on the H100. Zero-shot, the
@@ -64,6 +66,52 @@ def held_out_split(bundle: artifact.ModelBundle, h100_folder: Path, table: bh.Bm
     return np.array([2 if tuple(p) in test else -1 for p in table.problems.tolist()])
 
 
+def _shape_keys(table: bh.BmmTable) -> list[tuple]:
+    """Each problem's shape across devices: its columns but the batch (the last)."""
+    return [tuple(p[:-1]) for p in table.problems.tolist()]
+
+
+def transfer_cv(h200: bh.BmmTable, h100: bh.BmmTable, version: int, s: bh.BmmHeadSettings, seed: int,
+                joint: bool) -> dict[str, Any]:
+    """5-fold CV by shape on the H200's problems of heads fitted on the H100's rows (encoded for the H100)
+    of the shapes outside the fold -- and, with joint, on the H200's rows outside the fold too (encoded for
+    the H200): no held-out shape is seen on either device. bmm_metrics over every H200 problem, "cv/"."""
+    x2, xa2 = bh.encode(h200, get_spec("h200"), version)
+    x1, xa1 = bh.encode(h100, get_spec("h100-sxm"), version)
+    y2, y1 = np.log(h200.ms), np.log(h100.ms)
+    ok2, yc2 = bh.call_targets(h200)
+    ok1, yc1 = bh.call_targets(h100)
+    floor = bh.floor_column("bmm", get_spec("h200"), version)
+    assert floor == bh.floor_column("bmm", get_spec("h100-sxm"), version)
+    fold = bh.shape_folds(h200, s.cv_folds, seed)
+    keys2, keys1 = _shape_keys(h200), _shape_keys(h100)
+    pred, pred_call = np.zeros(len(h200.ms)), np.zeros(len(h200.problems))
+    for f in range(s.cv_folds):
+        held = fold == f
+        held_keys = {k for k, h in zip(keys2, held) if h}
+        keep1 = np.array([k not in held_keys for k in keys1])
+        parts = [(x1, y1, h100.problem_idx, keep1, 0)]
+        call_parts = [(xa1, yc1, keep1 & ok1)]
+        if joint:
+            parts.append((x2, y2, h200.problem_idx, ~held, len(h100.problems)))
+            call_parts.append((xa2, yc2, ~held & ok2))
+        rows = [keep[idx] for _, _, idx, keep, _ in parts]
+        xt = torch.cat([x[torch.from_numpy(r)] for (x, *_), r in zip(parts, rows)])
+        yt = torch.from_numpy(np.concatenate([y[r] for (_, y, *_), r in zip(parts, rows)])).float()
+        group = np.concatenate([idx[r] + off for (_, _, idx, _, off), r in zip(parts, rows)])
+        head = bh.fit_ranked(xt, yt, group, s, s.seed, floor)
+        xc = torch.cat([xa[torch.from_numpy(m)] for xa, _, m in call_parts])
+        yc = torch.from_numpy(np.concatenate([y[m] for _, y, m in call_parts])).float()
+        call = bh.fit_ensemble(lambda i: bh.fit_call(xc, yc, s, s.seed + i), s.call_members, "before_floor",
+                               single_as_is=False)
+        r2 = held[h200.problem_idx]
+        pred[r2] = bh.predict_log_ms(head, x2[torch.from_numpy(r2)])
+        pred_call[held] = bh.score(call, xa2[torch.from_numpy(held)])
+    aten = bh.implied_aten_log_ms(h200, pred, pred_call)
+    m = bh.bmm_metrics(h200, np.full(len(h200.problems), 2), pred, aten, pred_call)
+    return {"cv/" + k.removeprefix("test/"): v for k, v in m.items()}
+
+
 def settings(bundle: artifact.ModelBundle, threads: int) -> bh.BmmHeadSettings:
     """The folder's recorded bmm settings, one member per fold, no static rows."""
     rec = bundle.metadata["bmm_settings"]
@@ -119,6 +167,15 @@ def main(argv: list[str] | None = None) -> int:
             out.update({f"{dev}_cv/" + k.removeprefix("cv/"): v for k, v in m.items()})
             out[f"{dev}_cv/seconds"] = time.perf_counter() - t0
             print(f"5-fold CV by shape on the {dev.upper()}'s own rows: {summary(out, f'{dev}_cv')}")
+        full = bh.load_bmm_checked(args.h100, "h100-sxm")  # every H100 problem, not only the shared 600
+        for name, joint in (("from_h100", False), ("joint", True)):
+            t0 = time.perf_counter()
+            m = transfer_cv(h200, full, version, s, seed, joint)
+            out.update({f"{name}_cv/" + k.removeprefix("cv/"): v for k, v in m.items()})
+            out[f"{name}_cv/seconds"] = time.perf_counter() - t0
+            what = "the H100's rows" + (" and the H200's" if joint else "")
+            print(f"5-fold CV by shape on the H200's problems, fitted on {what} of the other folds' shapes: "
+                  f"{summary(out, f'{name}_cv')}")
     if args.out is not None:
         args.out.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
     return 0
