@@ -14,6 +14,7 @@ own 600 problems give, against what the same 600 give on the H100.
 
     python benchmarks/bmm_transfer.py [--model models/h100] [--h100 data/h100] [--h200 data/h200]
         [--out benchmarks/results/bmm_transfer_h200.json] [--no-cv]
+    python benchmarks/bmm_transfer.py --judge-h100 --out benchmarks/results/bmm_transfer_h100_joint.json
 """
 from __future__ import annotations
 
@@ -72,17 +73,18 @@ def _shape_keys(table: bh.BmmTable) -> list[tuple]:
 
 
 def transfer_cv(h200: bh.BmmTable, h100: bh.BmmTable, version: int, s: bh.BmmHeadSettings, seed: int,
-                joint: bool) -> dict[str, Any]:
+                joint: bool, specs: tuple[str, str] = ("h200", "h100-sxm")) -> dict[str, Any]:
     """5-fold CV by shape on the H200's problems of heads fitted on the H100's rows (encoded for the H100)
     of the shapes outside the fold -- and, with joint, on the H200's rows outside the fold too (encoded for
-    the H200): no held-out shape is seen on either device. bmm_metrics over every H200 problem, "cv/"."""
-    x2, xa2 = bh.encode(h200, get_spec("h200"), version)
-    x1, xa1 = bh.encode(h100, get_spec("h100-sxm"), version)
+    the H200): no held-out shape is seen on either device. bmm_metrics over every H200 problem, "cv/".
+    specs: the two tables' devices (swapped, the H100's problems are judged with the H200's rows added)."""
+    x2, xa2 = bh.encode(h200, get_spec(specs[0]), version)
+    x1, xa1 = bh.encode(h100, get_spec(specs[1]), version)
     y2, y1 = np.log(h200.ms), np.log(h100.ms)
     ok2, yc2 = bh.call_targets(h200)
     ok1, yc1 = bh.call_targets(h100)
-    floor = bh.floor_column("bmm", get_spec("h200"), version)
-    assert floor == bh.floor_column("bmm", get_spec("h100-sxm"), version)
+    floor = bh.floor_column("bmm", get_spec(specs[0]), version)
+    assert floor == bh.floor_column("bmm", get_spec(specs[1]), version)
     fold = bh.shape_folds(h200, s.cv_folds, seed)
     keys2, keys1 = _shape_keys(h200), _shape_keys(h100)
     pred, pred_call = np.zeros(len(h200.ms)), np.zeros(len(h200.problems))
@@ -126,6 +128,22 @@ def summary(m: dict[str, Any], prefix: str) -> str:
     return f"{top} · call {m[f'{prefix}/call/accuracy']:.3f} (always Triton {m[f'{prefix}/call/accuracy_always_triton']:.3f})"
 
 
+def judge_h100(bundle: artifact.ModelBundle, h100: bh.BmmTable, h200: bh.BmmTable, args: Any) -> int:
+    """--judge-h100: the H100's own CV by shape, beside the same folds fitted on the H200's rows too."""
+    s, version = settings(bundle, args.threads), bundle.encoders["gemm"].version
+    seed = int(bundle.metadata.get("settings", {}).get("seed", 0))
+    out: dict[str, Any] = {"h100_problems": len(h100.problems), "h200_problems": len(h200.problems)}
+    m = bh.cross_validate(h100, get_spec("h100-sxm"), version, s, seed, None, lambda *a: None)
+    out.update({"h100_own_cv/" + k.removeprefix("cv/"): v for k, v in m.items()})
+    print(f"5-fold CV by shape on the H100's problems, its own rows: {summary(out, 'h100_own_cv')}")
+    m = transfer_cv(h100, h200, version, s, seed, True, specs=("h100-sxm", "h200"))
+    out.update({"h100_joint_cv/" + k.removeprefix("cv/"): v for k, v in m.items()})
+    print(f"the same folds, with the H200's rows of the other folds' shapes: {summary(out, 'h100_joint_cv')}")
+    if args.out is not None:
+        args.out.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", type=Path, default=REPO / "models/h100")
@@ -134,12 +152,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--no-cv", action="store_true", help="zero-shot only (seconds, not minutes)")
+    ap.add_argument("--judge-h100", action="store_true",
+                    help="instead: a CV by shape on the H100's problems of heads fitted on its own rows, and on "
+                         "its rows and the H200's (do the H200's rows help the H100?)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     bundle = artifact.load(args.model)
     if artifact.BMM not in bundle.heads or artifact.BMM_CALL not in bundle.heads:
         ap.error(f"--model: {args.model} has no bmm and bmm_call heads (perfmodel bmm-head)")
     h200 = bh.load_bmm_checked(args.h200, "h200")
+    if args.judge_h100:
+        return judge_h100(bundle, bh.load_bmm_checked(args.h100, "h100-sxm"), h200, args)
     with tempfile.TemporaryDirectory() as tmp:  # the H100's shards of the same problems
         for name in SHARDS:
             (Path(tmp) / name).symlink_to((args.h100 / name).resolve())
