@@ -32,7 +32,6 @@ import torch
 
 from perfmodel import artifact
 from perfmodel.devices import get_spec
-from perfmodel.features import FeatureEncoder
 from perfmodel.train import bmm_head as bh
 
 REPO = Path(__file__).resolve().parent.parent
@@ -45,11 +44,7 @@ def zero_shot(bundle: artifact.ModelBundle, table: bh.BmmTable, device: str,
               split: np.ndarray | None = None) -> dict[str, Any]:
     """bmm_metrics of the folder's bmm and bmm_call heads on the problems of table (split == 2; None: all),
     encoded for `device`."""
-    spec, version = get_spec(device), bundle.encoders["gemm"].version
-    with torch.inference_mode():
-        x = FeatureEncoder(spec, "bmm", version).encode(torch.from_numpy(table.problems[table.problem_idx]),
-                                                        torch.from_numpy(table.configs))
-        xa = FeatureEncoder(spec, "bmm_aten", version).encode(torch.from_numpy(table.problems))
+    x, xa = bh.encode(table, get_spec(device), bundle.encoders["gemm"].version)
     pred = bh.predict_log_ms(bundle.heads[artifact.BMM], x)
     call = bh.score(bundle.heads[artifact.BMM_CALL], xa)
     aten = bh.implied_aten_log_ms(table, pred, call)
