@@ -52,11 +52,10 @@ def zero_shot(bundle: artifact.ModelBundle, table: bh.BmmTable, device: str,
     return {"zero_shot/" + k.removeprefix("test/"): v for k, v in m.items()}
 
 
-def held_out_split(bundle: artifact.ModelBundle, h100_folder: Path, table: bh.BmmTable) -> np.ndarray:
+def held_out_split(bundle: artifact.ModelBundle, full: bh.BmmTable, table: bh.BmmTable) -> np.ndarray:
     """2 for the problems of table whose shape the folder's bmm heads held out (the test split of their fit,
-    split_by_shape of the H100 folder's bmm rows with the model's seed, as `perfmodel bmm-head` drew it), -1
+    split_by_shape of every H100 bmm problem, full, with the model's seed, as `perfmodel bmm-head` drew it), -1
     for the others."""
-    full = bh.load_bmm_checked(h100_folder, "h100-sxm")
     seed = int(bundle.metadata.get("bmm_settings", {}).get("split_seed", 0))
     test = {tuple(p) for p in full.problems[bh.split_by_shape(full, seed) == 2].tolist()}
     return np.array([2 if tuple(p) in test else -1 for p in table.problems.tolist()])
@@ -156,8 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     if artifact.BMM not in bundle.heads or artifact.BMM_CALL not in bundle.heads:
         ap.error(f"--model: {args.model} has no bmm and bmm_call heads (perfmodel bmm-head)")
     h200 = bh.load_bmm_checked(args.h200, "h200")
+    full = bh.load_bmm_checked(args.h100, "h100-sxm")  # every H100 problem, not only the shared 600
     if args.judge_h100:
-        return judge_h100(bundle, bh.load_bmm_checked(args.h100, "h100-sxm"), h200, args)
+        return judge_h100(bundle, full, h200, args)
     with tempfile.TemporaryDirectory() as tmp:  # the H100's shards of the same problems
         for name in SHARDS:
             (Path(tmp) / name).symlink_to((args.h100 / name).resolve())
@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     out.update(zero_shot(bundle, h200, "h200"))
     print(f"H100 heads zero-shot on the H200 ({len(h200.problems)} problems, most of whose shapes they were "
           f"fitted on, on the H100): {summary(out, 'zero_shot')}")
-    split = held_out_split(bundle, args.h100, h200)
+    split = held_out_split(bundle, full, h200)
     out.update({k.replace("zero_shot/", "zero_shot_held_out/", 1): v
                 for k, v in zero_shot(bundle, h200, "h200", split).items()})
     print(f"  on the {int((split == 2).sum())} whose shapes the heads held out (their test split): "
@@ -185,7 +185,6 @@ def main(argv: list[str] | None = None) -> int:
             out.update({f"{dev}_cv/" + k.removeprefix("cv/"): v for k, v in m.items()})
             out[f"{dev}_cv/seconds"] = time.perf_counter() - t0
             print(f"5-fold CV by shape on the {dev.upper()}'s own rows: {summary(out, f'{dev}_cv')}")
-        full = bh.load_bmm_checked(args.h100, "h100-sxm")  # every H100 problem, not only the shared 600
         for name, joint in (("from_h100", False), ("joint", True)):
             t0 = time.perf_counter()
             m = transfer_cv(h200, full, version, s, seed, joint)
