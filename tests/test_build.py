@@ -76,7 +76,8 @@ def test_the_build_record(built):
     assert meta["problem_outputs"] == ["cublas", "call", "call_static"]
     b = meta["build"]
     assert b["recipe"]["text"] == (REPO / "recipes" / "ci-small.toml").read_text()
-    assert b["command"] == f"perfmodel build --recipe recipes/ci-small.toml --out {built}"
+    assert b["command"] == "perfmodel build --recipe recipes/ci-small.toml"  # --out is where, not what
+    assert b["out"] == str(built) and meta["settings"]["command"] == b["command"]
     assert [s["step"] for s in b["steps"]] == ["data", "load", "train", "baselines", "distill", "static-head",
                                                "problem-head", "bmm-head", "evaluate", "write"]
     assert all(s["seconds"] >= 0 for s in b["steps"]) and b["threads"] == 2 and b["seed"] == 0
@@ -165,3 +166,21 @@ def test_a_failed_build_leaves_the_previous_folder(tmp_path, monkeypatch):
         recipe.run_build(tmp_path / "r.toml", out=out, log=lambda *a: None)
     assert [p.name for p in out.iterdir()] == ["metadata.json"] and (out / "metadata.json").read_text() == "{}"
     assert [p.name for p in tmp_path.iterdir()] == ["model", "r.toml"]  # no temporary folder left
+
+
+def test_the_shipped_h100_folder_is_its_recipes_build():
+    """models/h100 is `perfmodel build --recipe recipes/h100.toml`: its record holds that recipe's text, the
+    command on its card, and the sha256 over every shard file of today's data/h100 (recomputed here)."""
+    meta = json.loads((REPO / "models" / "h100" / "metadata.json").read_text())
+    b = meta["build"]
+    assert b["command"] == "perfmodel build --recipe recipes/h100.toml" and b["out"] == "models/h100"
+    assert b["recipe"]["text"] == (REPO / "recipes" / "h100.toml").read_text()
+    h = hashlib.sha256()
+    files = sorted(p for p in (REPO / "data" / "h100").iterdir() if p.name.endswith((".jsonl", ".jsonl.gz")))
+    for p in files:
+        h.update(p.name.encode())
+        h.update(p.read_bytes())
+    assert b["data"] == [{"path": "data/h100", "sha256": h.hexdigest(), "files": len(files)}]
+    assert meta["encoder_version"] == 3 and b["threads"] == 2 and b["seed"] == 0
+    card = (REPO / "models" / "h100" / "MODEL_CARD.md").read_text()
+    assert f"Regenerate with:\n\n    {b['command']}\n" in card

@@ -45,7 +45,7 @@ from .bmm_head import BmmHeadSettings
 from .call_head import CallHeadSettings
 from .data import slice_dataset
 from .distill import DistillSettings
-from .folder import SHARD_KINDS, data_sha256, settings_record, step_record, write_model_folder
+from .folder import SHARD_KINDS, data_sha256, setting_value, settings_record, step_record, write_model_folder
 from .pipeline import (TrainData, TrainSettings, evaluate_devices, fit_baselines, fit_heads, load_data,
                        model_metadata)
 from .problem_head import ProblemHeadSettings
@@ -150,9 +150,11 @@ def _typed(where: str, hint: Any, value: Any) -> Any:
     return float(value) if hint is float else value
 
 
-def build_command(recipe: Recipe, out: Path | None) -> str:
-    """The one command that rebuilds the folder (the card's "Regenerate with")."""
-    return f"perfmodel build --recipe {recipe.path.as_posix()}" + (f" --out {out}" if out is not None else "")
+def build_command(recipe: Recipe) -> str:
+    """The one command that rebuilds the folder (the card's "Regenerate with"): the recipe alone. `--out`
+    only chooses where a build is written (a candidate beside the shipped folder, then moved in place); the
+    record keeps that folder as "out", relative to the working directory when inside it."""
+    return f"perfmodel build --recipe {recipe.path.as_posix()}"
 
 
 def run_build(path: Path, out: Path | None = None, log: Any = print) -> dict[str, Any]:
@@ -162,7 +164,7 @@ def run_build(path: Path, out: Path | None = None, log: Any = print) -> dict[str
     if recipe.mlflow and importlib.util.find_spec("mlflow") is None:
         raise RuntimeError("recipe [build].mlflow: tracking needs mlflow, not installed here (pip install "
                            "'perfmodel[train]'), or set mlflow = false")
-    command = build_command(recipe, out)
+    command = build_command(recipe)
     if out is not None:
         recipe = replace(recipe, out=Path(out), train=replace(recipe.train, out=Path(out)))
     if recipe.threads > 0:
@@ -171,6 +173,7 @@ def run_build(path: Path, out: Path | None = None, log: Any = print) -> dict[str
         folders, data_record, seconds = _prepare_data(recipe, Path(tmp))
         train = replace(recipe.train, data=folders, command=command)
         record = {"recipe": {"path": recipe.path.as_posix(), "text": recipe.text}, "command": command,
+                  "out": setting_value(recipe.out),
                   "commit": code_commit(), "data": data_record, "threads": torch.get_num_threads(),
                   "seed": recipe.seed, "steps": [step_record("data", {"slice_problems": recipe.slice_problems,
                                                                        "kinds": list(SHARD_KINDS)}, seconds)]}
