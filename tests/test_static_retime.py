@@ -30,7 +30,7 @@ def test_static_retime_compare_reproduces_the_documented_figures(tmp_path, capsy
     # model's pick on another CPU (tests/_tolerance.py)
     from tests._tolerance import geomean_one_flip
 
-    for got, quoted in ((dataset, 0.9764), (static, 0.9522)):
+    for got, quoted in ((dataset, 0.9740), (static, 0.9522)):
         assert quoted == geomean_one_flip(got["all/top1_eff"], res["problems"], got["all/worst_top1"], printed=5e-5)
     assert static["all/top1_eff"] < dataset["all/top1_eff"] - 0.02
     # from the two sets of timings alone (no network): as quoted, to its 4 decimals
