@@ -25,6 +25,9 @@ after the other, each after torch._dynamo.reset() in a fresh Inductor cache:
   perfmodel-v2     the set-up (Policy()) run with the models/h100 folder shipped before the recipe build (encoder
                    version 2; git history): its rows, kept beside the recipe-built folder's "perfmodel" rows;
                    run it with --model pointing at that folder
+  perfmodel-b1     the set-up with the recipe's first build of models/h100 (its mm heads are the shipped folder's bit
+                   for bit; its bmm heads were fitted on 1,200 bmm problems, the shipped on 1,800): its BERT-large,
+                   T5-base and Swin-T rows (where the two decide bmm differently); run it with --model
   perfmodel-1x1mm  the set-up with Inductor's max_autotune_gemm lowering of channels-last 1x1 convolutions as
                    mm (ranked like any mm) instead of default mode's convolution
 
@@ -163,7 +166,7 @@ WORKLOADS = [
     Workload("Swin-T, fp16, batch 32", _vision("swin_t", "float16", 32), "float16"),
 ]
 VARIANTS = ("default", "max-autotune", "perfmodel", "perfmodel-top1", "perfmodel-top3", "perfmodel-aten", "perfmodel-zero", "perfmodel-1x1mm", "hook",
-            "hook-m0", "hook-top1", "perfmodel-bmm3", "perfmodel-v2")
+            "hook-m0", "hook-top1", "perfmodel-bmm3", "perfmodel-v2", "perfmodel-b1")
 BASELINES = ("default", "max-autotune")
 TIMED_RUNS = 30
 REL_TOL = 0.05   # relative Frobenius error against eager allowed for a fp16/bf16 model with random weights
@@ -185,7 +188,8 @@ def _policy(variant: str) -> Any:
             "perfmodel-zero": Policy(triton_gain=0.10, top_k=1, keep_aten=False),
             "perfmodel-1x1mm": Policy(conv_1x1_as_mm=True),
             "perfmodel-bmm3": Policy(bmm_top_k=3),
-            "perfmodel-v2": Policy()}[_base(variant)]
+            "perfmodel-v2": Policy(),
+            "perfmodel-b1": Policy()}[_base(variant)]
 
 
 def _compile(variant: str, module: Any, predictor: Any) -> tuple[Any, Any]:
