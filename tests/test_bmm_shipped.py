@@ -3,15 +3,15 @@ the serving path (Predictor.rank / prefers_cublas_many, both backends) on the he
 figures the metadata records. The picks may differ from the evaluation's on one problem (a near-tie that
 another CPU's rounding, or the ONNX graph's, can flip), and where the evaluation's pick is beyond the device's
 shared-memory bound that serving keeps (five test problems of the shipped folder: the serving pick is then the
-evaluation's best runnable config); the figures then
-differ by those problems' share."""
+evaluation's best runnable config); the figures then differ by those problems' share."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from perfmodel import GemmConfig, GemmProblem, Predictor
-from perfmodel.configs import fits
+from perfmodel.configs import runnable
+from perfmodel.schema import DTYPE_BYTES
 from perfmodel.locations import checkout_root, default_model_dir
 
 ROOT = checkout_root()
@@ -59,9 +59,9 @@ def test_the_serving_path_reproduces_the_recorded_test_figures(held_out, backend
         prob = _problem(t.problems[i])
         ranked = p.rank(prob, cfgs, top_k=5)
         # the serving path ranks only configs within the device's shared memory and registers
-        # (perfmodel.configs.fits); the evaluation ranks every timed config, and Inductor's bmm template
+        # (perfmodel.configs.runnable); the evaluation ranks every timed config, and Inductor's bmm template
         # ran some fp32 configs beyond that bound (their operand tiles x stages over 227 KB)
-        ok = np.array([fits(c, prob.dtype, p.spec) for c in cfgs])
+        ok = runnable(t.configs[rows], DTYPE_BYTES[prob.dtype], p.spec)
         beyond += not ok[int(np.argmin(evaluated[rows]))]
         pick = cfgs[int(np.argmin(np.where(ok, evaluated[rows], np.inf)))]
         flips += ranked[0][0] != pick

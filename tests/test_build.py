@@ -15,6 +15,17 @@ from perfmodel import GemmConfig, GemmProblem
 REPO = Path(__file__).resolve().parent.parent
 
 
+def _shards_sha256(folder: Path) -> tuple[str, int]:
+    """The hash over every shard file of a data folder, recomputed here (not through train.folder): sorted
+    paths relative to the folder, then each file's bytes; and how many files."""
+    h = hashlib.sha256()
+    files = sorted(p for p in folder.iterdir() if p.name.endswith((".jsonl", ".jsonl.gz")))
+    for p in files:
+        h.update(p.name.encode())
+        h.update(p.read_bytes())
+    return h.hexdigest(), len(files)
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     pytest.importorskip("lightning", reason="building needs the train extra (pip install 'perfmodel[train]')")
@@ -84,16 +95,9 @@ def test_the_build_record(built):
     assert b["commit"] == "unknown" or len(b["commit"].removesuffix("-dirty")) == 40
     steps = {s["step"]: s["settings"] for s in b["steps"]}
     assert steps["train"]["epochs"] == 2 and steps["static-head"]["hidden"] == [16] and steps["problem-head"]["members"] == 1
-    # the hash over every shard file of data/h100: sorted paths relative to the folder, then each file's bytes
-    folder = REPO / "data" / "h100"
-    h = hashlib.sha256()
-    files = sorted(p for p in folder.iterdir() if p.name.endswith((".jsonl", ".jsonl.gz")))
-    for p in files:
-        h.update(p.name.encode())
-        h.update(p.read_bytes())
-    assert b["data"] == [{"path": "data/h100", "sha256": h.hexdigest(), "files": len(files),
-                          "slice": {"problems": 200, "seed": 0}}]
-    assert meta["dataset"]["sha256"] == h.hexdigest() and meta["dataset"]["gemm_problems"] == 200
+    sha, files = _shards_sha256(REPO / "data" / "h100")
+    assert b["data"] == [{"path": "data/h100", "sha256": sha, "files": files, "slice": {"problems": 200, "seed": 0}}]
+    assert meta["dataset"]["sha256"] == sha and meta["dataset"]["gemm_problems"] == 200
     card = (built / "MODEL_CARD.md").read_text()
     assert f"Regenerate with:\n\n    {b['command']}\n" in card and "Refitted after the build" not in card
 
@@ -175,12 +179,8 @@ def test_the_shipped_h100_folder_is_its_recipes_build():
     b = meta["build"]
     assert b["command"] == "perfmodel build --recipe recipes/h100.toml" and b["out"] == "models/h100"
     assert b["recipe"]["text"] == (REPO / "recipes" / "h100.toml").read_text()
-    h = hashlib.sha256()
-    files = sorted(p for p in (REPO / "data" / "h100").iterdir() if p.name.endswith((".jsonl", ".jsonl.gz")))
-    for p in files:
-        h.update(p.name.encode())
-        h.update(p.read_bytes())
-    assert b["data"] == [{"path": "data/h100", "sha256": h.hexdigest(), "files": len(files)}]
+    sha, files = _shards_sha256(REPO / "data" / "h100")
+    assert b["data"] == [{"path": "data/h100", "sha256": sha, "files": files}]
     assert meta["encoder_version"] == 3 and b["threads"] == 2 and b["seed"] == 0
     card = (REPO / "models" / "h100" / "MODEL_CARD.md").read_text()
     assert f"Regenerate with:\n\n    {b['command']}\n" in card

@@ -70,7 +70,7 @@ def test_shipped_h200_model_held_out_quality() -> None:
     m = h200["results"]["perfmodel"]
     for mode in ("float16", "bfloat16", "fp32_all"):
         assert m[f"{mode}/top1_eff"] >= 0.975, mode
-        assert m[f"{mode}/top5_eff"] >= 0.99, mode
+        assert m[f"{mode}/top5_eff"] >= 0.995, mode
     assert h200["pad"]["pad/total_vs_oracle"] <= 1.015
     # on the H100 no worse than the H100-only model (above) by more than 0.005 top-1
     m = h100["results"]["perfmodel"]
