@@ -186,7 +186,7 @@ def run_compare(args: argparse.Namespace) -> int:
     with torch.inference_mode():
         x = bundle.encoders["gemm"].encode(P, C)
     score, pred = ev.head_outputs(bundle.heads["gemm"], x)
-    screen = ev.head_outputs(bundle.heads["screen"], x)[0]
+    screen = ev.head_outputs(bundle.heads[bundle.screen_name], x)[0]
     lead = ev.lead_outputs(bundle.heads["gemm"], x) if bundle.lead_keep else None
     timed_static = GemmTable(sub.problems, sub.problem_keys, sub.modes, sub.problem_idx, sub.configs, ms_static,
                              sub.cublas_ms)

@@ -30,6 +30,11 @@ HEADS = ("gemm", "cublas", "pad", "screen", "student", "static", "call", "call_s
 # The head that predict / predict_many serve when a folder has it: one MLP distilled from the gemm head
 # (perfmodel distill, train/distill.py); a folder without it predicts with the gemm head.
 STUDENT = "student"
+# The head that screens the ranking (metadata "screen_head"): "screen", a small head of its own (the default),
+# or the student, which then serves both speed jobs, the screen and predict (one speed head;
+# docs/model.md, "The speed heads").
+SCREEN = "screen"
+SCREEN_HEADS = (SCREEN, STUDENT)
 # The head whose output, added to the gemm head's score, gives the times of the kernel compiled for one
 # problem's shape, as Inductor compiles its mm template (perfmodel static-head, train/static_head.py;
 # Predictor.load(kernel="inductor")). Only its score is served.
@@ -129,6 +134,12 @@ class ModelBundle:
     def screen_keep(self) -> int:
         """How many configs per problem the gemm head scores after the screen head."""
         return int(self.metadata.get("screen_keep", DEFAULT_SCREEN_KEEP))
+
+    @property
+    def screen_name(self) -> str | None:
+        """The head that screens the ranking (metadata "screen_head", default "screen"), None where the
+        folder has no such head (rank then scores every config with the gemm head)."""
+        return screen_name(self.heads, self.metadata)
 
     @property
     def lead_keep(self) -> int:
@@ -274,12 +285,24 @@ def load(folder: Path) -> ModelBundle:
                                 f"{heads[PROBLEM].cfg.n_outputs} outputs, cublas first, from {PROBLEM_OUTPUTS}")
     if PROBLEM in heads:  # the problem features' encoder by its kind, as the cuBLAS head's (its callers' key)
         encoders.setdefault("cublas", encoders[PROBLEM])
+    if meta.get("screen_head", SCREEN) not in SCREEN_HEADS:
+        raise ArtifactError(f"{meta_path}: 'screen_head' must be one of {SCREEN_HEADS}, got {meta['screen_head']!r}")
+    if meta.get("screen_head", SCREEN) == STUDENT and (SCREEN in heads or STUDENT not in heads):
+        raise ArtifactError(f"{meta_path}: 'screen_head' is 'student' but the folder has "
+                            + ("no student head" if STUDENT not in heads else "a screen head too"))
     bundle = ModelBundle(spec, heads, encoders, meta)
     try:
         check_lead_keep(bundle, meta.get("lead_keep", 0), meta.get("screen_keep", DEFAULT_SCREEN_KEEP))
     except (TypeError, ValueError) as exc:
         raise ArtifactError(f"{meta_path}: {exc}") from None
     return bundle
+
+
+def screen_name(heads: Any, metadata: dict[str, Any]) -> str | None:
+    """The name of the head that screens (metadata "screen_head", one of SCREEN_HEADS, default "screen") where
+    heads has it, else None."""
+    name = metadata.get("screen_head", SCREEN)
+    return name if name in heads else None
 
 
 def check_lead_keep(bundle: ModelBundle, lead_keep: Any, screen_keep: Any) -> None:
@@ -292,7 +315,7 @@ def check_lead_keep(bundle: ModelBundle, lead_keep: Any, screen_keep: Any) -> No
         return
     if not 1 <= lead_keep < screen_keep:
         raise ValueError(f"lead_keep: must be 0 (none) or from 1 to screen_keep - 1 ({screen_keep - 1}), got {lead_keep}")
-    if "screen" not in bundle.heads or not bundle.heads["gemm"].has_lead:
+    if bundle.screen_name is None or not bundle.heads["gemm"].has_lead:
         raise ValueError("lead_keep: needs a screen head and a gemm ensemble averaged after the floor "
                          f"(this model's gemm head has {bundle.heads['gemm'].cfg.members} member(s)); use 0")
 
@@ -375,15 +398,16 @@ class _OnnxHeads(torch.nn.Module):
     head's output added by with_static wherever the Predictor's torch path adds it. One onnxruntime call
     each, where the torch backend dispatches ~100 small ops."""
 
-    def __init__(self, heads: dict[str, PerfMLP], encoder: FeatureEncoder, keep: int = 0, lead_keep: int = 0) -> None:
+    def __init__(self, heads: dict[str, PerfMLP], encoder: FeatureEncoder, keep: int = 0, lead_keep: int = 0,
+                 screen: str | None = SCREEN) -> None:
         super().__init__()
         self.names = list(heads)
         self.heads = torch.nn.ModuleList(heads[n].for_onnx() for n in self.names)
         self.encoder, self.keep, self.lead_keep = encoder, keep, lead_keep
         self.gemm = self.heads[self.names.index("gemm")]
-        self.rank = "screen" in self.names
+        self.rank = screen in self.names  # screen: the head that screens (ModelBundle.screen_name)
         if self.rank:
-            self.screen = self.heads[self.names.index("screen")]
+            self.screen = self.heads[self.names.index(screen)]
         self.predict = self.heads[self.names.index(predict_head(self.names))]
         self.static = self.heads[self.names.index(STATIC)] if STATIC in self.names else None
 
@@ -572,7 +596,7 @@ def export_onnx(bundle: ModelBundle, path: Path) -> Path:
     into the graph's encoder: export_onnx_all writes one file per device)."""
     keep = bundle.screen_keep
     enc = bundle.encoders["gemm"]
-    mod = _OnnxHeads(bundle.heads, enc, keep, bundle.lead_keep).eval()
+    mod = _OnnxHeads(bundle.heads, enc, keep, bundle.lead_keep, bundle.screen_name).eval()
     xs = tuple(torch.randn(4, len(bundle.encoders[n])) for n in mod.names)
     names_in = [f"{n}_x" for n in mod.names]
     names_out = [f"{n}_log_ms" for n in mod.names] + [f"{n}_score" for n in mod.names]

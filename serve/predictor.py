@@ -143,7 +143,8 @@ class Predictor:
         self._config_cache: OrderedDict[bytes, tuple[torch.Tensor, Any, dict]] = OrderedDict()
         self._config_lock = threading.Lock()
         self._last_configs: tuple[list[GemmConfig], tuple[torch.Tensor, Any, dict]] | None = None
-        # Ranking screens with the small "screen" head first when the model has one, and runs the gemm
+        # Ranking screens with a small head first when the model has one (the "screen" head, or the student:
+        # ModelBundle.screen_name), and runs the gemm
         # head on the screen's best screen_keep configs per problem -- only when there are more than
         # twice as many configs, else the gemm head scores them all.
         self.screen_keep = bundle.screen_keep
@@ -217,7 +218,8 @@ class Predictor:
 
     @property
     def has_screen(self) -> bool:
-        return "screen" in self.bundle.heads
+        """Whether ranking screens (a screen head, or the student serving as one: metadata "screen_head")."""
+        return self.bundle.screen_name is not None
 
     def default_configs(self, dtype: str) -> tuple[GemmConfig, ...]:
         """The model device's pruned config space for a dtype (the configs used when none are given)."""
@@ -365,7 +367,7 @@ class Predictor:
             x = self._encoder.encode_cross(problems_tensor(problems), ct, part)  # (P * C, F)
         screen = None
         if screened:
-            screen = self._run.score("screen", x).reshape(n_prob, n_cfg)
+            screen = self._run.score(self.bundle.screen_name, x).reshape(n_prob, n_cfg)
             self._checked(screen.numpy(), "problems (screen)")
 
         def gemm(rows: torch.Tensor | None, lead: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -513,7 +513,7 @@ def _check_onnx_matches(bundle: ModelBundle, runner: _OnnxRunner, path: Path) ->
     if bundle.lead_keep and KERNELS[0] not in runner._has_rank:
         raise ArtifactError(f"{path}: the folder has a lead_keep but its ONNX graph no ranking graph; re-run "
                             "`perfmodel export-onnx`")
-    if runner._has_rank and ("screen" not in bundle.heads or runner.rank_keep != bundle.screen_keep):
+    if runner._has_rank and (bundle.screen_name is None or runner.rank_keep != bundle.screen_keep):
         raise ArtifactError(f"{path}: the ONNX ranking graph does not match the folder's screen head or "
                             "screen_keep; re-run `perfmodel export-onnx`")
 
@@ -555,7 +555,7 @@ def _check_graphs(bundle: ModelBundle, runner: _OnnxRunner, path: Path, kernel: 
             rows = x[idx]
             score = gemm.score(rows)
             want = gemm.floor(score, rows) if static_x is None else rule(score, rows, idx)
-            screen = bundle.heads["screen"](x).numpy()
+            screen = bundle.heads[bundle.screen_name](x).numpy()
             if not np.allclose(log_ms[0], want.numpy(), rtol=_ONNX_CHECK_RTOL, atol=1e-4) or \
                     np.any(np.diff(log_ms[0]) < 0) or \
                     screen[kept[0]].max() > np.sort(screen)[runner.rank_keep - 1] + 1e-4:

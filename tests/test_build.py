@@ -83,7 +83,9 @@ def test_ci_recipe_builds_a_model_the_predictor_serves(built):
 @pytest.mark.slow
 def test_the_build_record(built):
     meta = json.loads((built / "metadata.json").read_text())
-    assert set(meta["heads"]) == {"gemm", "screen", "pad", "student", "static", "problem", "bmm", "bmm_call"}
+    # one speed head: the student screens the ranking ([student].screens), no screen head
+    assert set(meta["heads"]) == {"gemm", "pad", "student", "static", "problem", "bmm", "bmm_call"}
+    assert meta["screen_head"] == "student"
     assert meta["problem_outputs"] == ["cublas", "call", "call_static"]
     b = meta["build"]
     assert b["recipe"]["text"] == (REPO / "recipes" / "ci-small.toml").read_text()

@@ -160,3 +160,67 @@ def test_stale_student_export_is_refused(distilled, tmp_path: Path) -> None:
     (folder / "metadata.json").write_text(json.dumps(meta))
     with pytest.raises(artifact.ArtifactError, match="stale"):
         Predictor.load(folder, backend="onnx")
+
+
+@pytest.fixture(scope="module")
+def screening(tmp_path_factory, distilled) -> Path:
+    """The distilled folder refitted with `perfmodel distill --screens`: the student screens, no screen head."""
+    from perfmodel.cli import main
+
+    _, after, _ = distilled
+    folder = tmp_path_factory.mktemp("screening") / "m"
+    shutil.copytree(after, folder)
+    data = json.loads((after / "metadata.json").read_text())["student_settings"]["data"]
+    assert main(["distill", "--model", str(folder), "--data", data, "--hidden", "24,24", "--epochs", "2",
+                 "--random-problems", "16", "--random-configs", "32", "--screens"]) == 0
+    return folder
+
+
+def test_distill_screens_drops_the_screen_head(distilled, screening: Path) -> None:
+    old, new = artifact.load(distilled[1]), artifact.load(screening)
+    assert "screen" in old.heads and old.screen_name == "screen"
+    assert set(new.heads) == set(old.heads) - {"screen"}
+    assert new.metadata["screen_head"] == "student" and new.screen_name == "student"
+    assert new.lead_keep == old.lead_keep and new.screen_keep == old.screen_keep
+    from perfmodel.train.folder import _screen_md
+
+    assert "student" in _screen_md(new.metadata) and "screen (a small head" not in _screen_md(new.metadata)
+    assert "screen (a small head" in _screen_md(old.metadata)
+
+
+@pytest.mark.parametrize("backend", ["torch", "onnx"])
+def test_the_student_screens_the_ranking(screening: Path, backend: str) -> None:
+    """rank with screen_head = student: the gemm head's times, only for configs among the student's best
+    screen_keep (the screen's rule, the student in its place); both backends give the same picks."""
+    from perfmodel.features import configs_tensor, problems_tensor
+
+    p = Predictor.load(screening, backend=backend)
+    assert p.has_screen and p.predict_head == "student"
+    bundle = artifact.load(screening)
+    cfgs = list(pruned_space("float16", bundle.spec))[:300]
+    keep = bundle.screen_keep
+    assert len(cfgs) > 2 * keep  # the screened path
+    x = bundle.encoders["gemm"].encode_cross(problems_tensor(PROBS), configs_tensor(cfgs))
+    with torch.inference_mode():
+        student = bundle.heads["student"].score(x).double().numpy().reshape(len(PROBS), -1)
+        gemm = bundle.heads["gemm"](x).double().numpy().reshape(len(PROBS), -1)
+    for i, prob in enumerate(PROBS):
+        best = p.rank(prob, cfgs, top_k=3)
+        idx = [cfgs.index(c) for c, _ in best]
+        allowed = set(np.argsort(student[i], kind="stable")[:keep].tolist())
+        assert set(idx) <= allowed
+        assert np.allclose(np.log([ms for _, ms in best]), gemm[i][idx], atol=1e-3)
+    other = Predictor.load(screening, backend="onnx" if backend == "torch" else "torch")
+    assert [c for c, _ in p.rank(PROBS[0], cfgs, top_k=3)] == [c for c, _ in other.rank(PROBS[0], cfgs, top_k=3)]
+
+
+def test_bad_screen_head_is_refused(screening: Path, distilled, tmp_path: Path) -> None:
+    for src, value, match in ((screening, "gemm", "screen_head"), (distilled[1], "student", "a screen head too"),
+                              (distilled[0], "student", "no student head")):
+        folder = tmp_path / f"m-{value}-{src.name}"
+        shutil.copytree(src, folder)
+        meta = json.loads((folder / "metadata.json").read_text())
+        meta["screen_head"] = value
+        (folder / "metadata.json").write_text(json.dumps(meta))
+        with pytest.raises(artifact.ArtifactError, match=match):
+            artifact.load(folder)

@@ -99,6 +99,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--hidden", type=_widths, default=ds.hidden, help="the student's hidden widths")
     _setting_arguments(t, ds, ("epochs", "batch_rows", "lr", "weight_decay", "random_problems", "random_configs",
                                "seed", "device", "threads"))
+    t.add_argument("--screens", action="store_true",
+                   help="the student screens the ranking too: the folder's screen head is dropped (one speed head)")
     from .call_head import CallHeadSettings
     from .cublas_head import CublasHeadSettings
     from .static_head import StaticHeadSettings

@@ -58,6 +58,7 @@ class DistillSettings:
     seed: int = 0
     device: str = "cpu"              # torch device to fit on ("cuda" where there is one)
     threads: int = 0                 # torch CPU threads (0: torch's default)
+    screens: bool = False            # the student screens the ranking too, in place of a screen head (one speed head)
 
 
 def _dtype_of(mode: str) -> str:

@@ -45,7 +45,7 @@ def evaluate_bundle(bundle, data, *, seed: int | None = None,
     with torch.inference_mode():
         x = bundle.encoders["gemm"].encode(P, C)
         score, pred = head_outputs(bundle.heads["gemm"], x)
-        screen = head_outputs(bundle.heads["screen"], x)[0] if "screen" in bundle.heads else None
+        screen = head_outputs(bundle.heads[bundle.screen_name], x)[0] if bundle.screen_name else None
         keep, lead_keep = bundle.screen_keep, bundle.lead_keep
         lead = lead_outputs(bundle.heads["gemm"], x) if lead_keep else None
         results = {"perfmodel": rank_path(test, pred, screen, keep, score, lead, lead_keep)}
@@ -93,7 +93,7 @@ def full_space_agreement(bundle: artifact.ModelBundle, test, keep: int) -> dict[
     from perfmodel.configs import pruned_space
     from perfmodel.features import configs_tensor
 
-    enc, gemm, screen = bundle.encoders["gemm"], bundle.heads["gemm"], bundle.heads["screen"]
+    enc, gemm, screen = bundle.encoders["gemm"], bundle.heads["gemm"], bundle.heads[bundle.screen_name]
     lead_keep = bundle.lead_keep
     ratios = []
     spaces = {}

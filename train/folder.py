@@ -129,8 +129,7 @@ def model_card(meta: dict[str, Any]) -> str:
 - Split: by {meta['settings'].get('split', 'problem')} (seed {meta['settings']['seed']}): train {meta['split']['train']}, val {meta['split']['val']}, test {meta['split']['test']} problems;
   no problem is in two sets. Metrics below are on the test problems only.
 - Heads: gemm (Triton config runtime), {_problem_heads(meta)}, pad (orig and padded runtime), and
-  screen (a small head distilled from gemm: ranking scores every config with it and the gemm head
-  only its best {meta.get('screen_keep', '-')} per problem, when there are more than twice as many).
+  {_screen_md(meta)}
   Networks (hidden widths): {'; '.join(nets) or '-'}.
   Output layer `logsumexp(f(x), log overhead)`; learned overhead {meta['learned_overhead_ms']:.5f} ms.
 {_student_line(meta)}{_static_line(meta)}{_cublas_line(meta)}{_call_line(meta)}{_bmm_line(meta)}- Schema version {meta['schema_version']}, encoder version {meta['encoder_version']}; weights `model.safetensors`
@@ -181,12 +180,23 @@ def _devices_md(meta: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _screen_md(meta: dict[str, Any]) -> str:
+    """The model card's words on the head that screens the ranking: the screen head, or the student."""
+    who = ("the student (below), which screens too: ranking scores every config with it"
+           if meta.get("screen_head") == "student" else
+           "screen (a small head distilled from gemm: ranking scores every config with it")
+    return (f"{who} and the gemm head only its best {meta.get('screen_keep', '-')} per problem, when there are more "
+            "than twice as many).")
+
+
 def _student_line(meta: dict[str, Any]) -> str:
     """The model card's line on the student head (what predict serves), if the folder has one."""
     m = meta.get("student_metrics")
     if not m:
         return "- No student head: `predict` runs the gemm head.\n"
-    return (f"- Student head (what `predict` serves; `rank` keeps the gemm head): one MLP distilled from the gemm "
+    role = ("what `predict` serves and what screens `rank`" if meta.get("screen_head") == "student" else
+            "what `predict` serves; `rank` keeps the gemm head")
+    return (f"- Student head ({role}): one MLP distilled from the gemm "
             f"head by `perfmodel distill`. On the test problems' whole config spaces its log ms are a median "
             f"{m['student/median_abs_log_diff']:.4f} from the gemm head's (90th percentile "
             f"{m['student/p90_abs_log_diff']:.4f}); the gemm head's own members, around their mean: "

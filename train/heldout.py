@@ -65,7 +65,7 @@ def rank_path_efficiency(bundle: artifact.ModelBundle, test: GemmTable) -> tuple
     with torch.inference_mode():
         x = bundle.encoders["gemm"].encode(P, C)
     score, pred = ev.head_outputs(bundle.heads["gemm"], x)
-    screen = ev.head_outputs(bundle.heads["screen"], x)[0] if "screen" in bundle.heads else None
+    screen = ev.head_outputs(bundle.heads[bundle.screen_name], x)[0] if bundle.screen_name else None
     if screen is not None:
         lead = ev.lead_outputs(bundle.heads["gemm"], x) if bundle.lead_keep else None
         score = ev.screened(test, score, pred, screen, bundle.screen_keep, lead, bundle.lead_keep)

@@ -262,12 +262,12 @@ def fit_heads(settings: TrainSettings, d: TrainData, logger) -> artifact.ModelBu
                                                           "cublas_head_metrics": cublas_fit, **device_metadata(d)})
 
 
-def effective_lead_keep(settings: Any, heads: dict[str, Any]) -> int:
-    """settings.lead_keep where the model can use it (a screen head, an ensemble gemm head, a lead_keep below
-    screen_keep), else 0; a negative value is refused."""
+def effective_lead_keep(settings: Any, heads: dict[str, Any], screen: str = artifact.SCREEN) -> int:
+    """settings.lead_keep where the model can use it (a screen head -- the head named `screen` --, an ensemble
+    gemm head, a lead_keep below screen_keep), else 0; a negative value is refused."""
     if settings.lead_keep < 0:
         raise ValueError(f"lead_keep: must be >= 0, got {settings.lead_keep}")
-    usable = "screen" in heads and heads["gemm"].has_lead and settings.lead_keep < settings.screen_keep
+    usable = screen in heads and heads["gemm"].has_lead and settings.lead_keep < settings.screen_keep
     return settings.lead_keep if usable else 0
 
 

@@ -7,7 +7,8 @@ The steps, in the order the heads depend on each other:
 2. train    -- the gemm head, the screen, the cuBLAS head and the pad head, the PR 156851 baseline
                (train/pipeline.py fit_heads; screen_keep and lead_keep are set here: the static figures
                depend on them);
-3. distill  -- the student head, from the gemm head;
+3. distill  -- the student head, from the gemm head ([student].screens: it screens the ranking too, in place
+               of a screen head: one speed head);
 4. static   -- the static head (kernel="inductor"), on the gemm head and the screen;
 5. call     -- the cuBLAS call heads: call against the cuBLAS head's baseline, call_static against the
                static head; or problem -- the problem network (train/problem_head.py) in place of the
@@ -46,8 +47,8 @@ from .call_head import CallHeadSettings
 from .data import slice_dataset
 from .distill import DistillSettings
 from .folder import SHARD_KINDS, data_sha256, setting_value, settings_record, step_record, write_model_folder
-from .pipeline import (TrainData, TrainSettings, evaluate_devices, fit_baselines, fit_heads, load_data,
-                       model_metadata)
+from .pipeline import (TrainData, TrainSettings, effective_lead_keep, evaluate_devices, fit_baselines, fit_heads,
+                       load_data, model_metadata)
 from .problem_head import ProblemHeadSettings
 from .refit import add_student, bmm_step, call_step, problem_step, static_step
 from .static_head import StaticHeadSettings
@@ -225,6 +226,8 @@ def _build(recipe: Recipe, train: TrainSettings, record: dict[str, Any], logger:
     if recipe.student is not None:
         s = recipe.student
         timed("distill", s, lambda: add_student(bundle, d.gemm, s, log, d.split, d.problem_device))
+        if s.screens:  # the student screens: the lead (set by the train step, which had no screen) now fits
+            bundle.metadata["lead_keep"] = effective_lead_keep(train, bundle.heads, bundle.screen_name)
     if recipe.static is not None:
         if len(d.datasets) > 1:
             raise ValueError("recipe [static]: the static head is fitted to one device's timings (one data folder)")
@@ -246,7 +249,7 @@ def _write(recipe: Recipe, train: TrainSettings, d: TrainData, bundle: Any, eval
     """The model folder: model_metadata, the heads' own entries (student, static, call, cuBLAS), the build
     record; written atomically, the write itself (ONNX export, card, load check) its last step."""
     added = {k: v for k, v in bundle.metadata.items()
-             if k.startswith(("student_", "static_", "call_", "cublas_head_", "problem_", "bmm_"))}
+             if k.startswith(("student_", "static_", "call_", "cublas_head_", "problem_", "bmm_", "screen_head"))}
     meta = {**model_metadata(train, d, bundle, evaluation, settings_record(train), run_id, seconds), **added,
             "build": record}
     first = record["data"][0]  # the recipe's folder and the hash over every shard file of it

@@ -51,6 +51,10 @@ def add_student(bundle: artifact.ModelBundle, table: GemmTable, s: DistillSettin
     (heads, encoders, metadata); returns the metadata entries added."""
     student, added = fit_student_head(bundle, table, s, log, split=split, problem_device=problem_device)
     bundle.heads[artifact.STUDENT], bundle.encoders[artifact.STUDENT] = student, bundle.encoders["gemm"]
+    if s.screens:  # one speed head: the student screens, the screen head (if any) goes
+        bundle.heads.pop(artifact.SCREEN, None)
+        bundle.encoders.pop(artifact.SCREEN, None)
+        added["screen_head"] = artifact.STUDENT
     bundle.metadata = {**bundle.metadata, **added}
     return added
 

@@ -108,7 +108,7 @@ def static_outputs(bundle: artifact.ModelBundle, head: PerfMLP | None, table: Ge
         x = bundle.encoders["gemm"].encode(P, C)
     score, log_ms = ev.head_outputs(bundle.heads["gemm"], x)
     lead = ev.lead_outputs(bundle.heads["gemm"], x) if bundle.lead_keep else None
-    screen = ev.head_outputs(bundle.heads["screen"], x)[0] if "screen" in bundle.heads else None
+    screen = ev.head_outputs(bundle.heads[bundle.screen_name], x)[0] if bundle.screen_name else None
     if head is not None:
         with torch.inference_mode():
             d = head.score(x).double().numpy()
