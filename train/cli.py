@@ -87,20 +87,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="also write the held-out plots (PNG, needs matplotlib) into DIR")
     e.add_argument("--log-mlflow", action="store_true", help="also log the metrics to an MLflow run")
     e.add_argument("--tracking-uri", default=None)
-    from .distill import DistillSettings
-
-    ds = DistillSettings()
-    t = sub.add_parser("distill", help="fit the student head that predict serves (one MLP distilled from the "
-                       "gemm head) and add it to a model folder (re-exports model.onnx)")
-    t.add_argument("--model", type=Path, default=ds.model, help="model folder, rewritten in place")
-    t.add_argument("--data", type=Path, action="append", default=None,
-                   help=f"the dataset the model was trained on (its split; default {ds.data}); a model of several "
-                        "devices: repeat, one folder per device in the model's device order")
-    t.add_argument("--hidden", type=_widths, default=ds.hidden, help="the student's hidden widths")
-    _setting_arguments(t, ds, ("epochs", "batch_rows", "lr", "weight_decay", "random_problems", "random_configs",
-                               "seed", "device", "threads"))
-    t.add_argument("--screens", action="store_true",
-                   help="the student screens the ranking too: the folder's screen head is dropped (one speed head)")
+    _distill_parser(sub)
     from .call_head import CallHeadSettings
     from .cublas_head import CublasHeadSettings
     from .static_head import StaticHeadSettings
@@ -143,6 +130,26 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                           "time as the call head implies it")
     bmm.add_argument("--no-static-rows", dest="static_rows", action="store_false",
                      help="leave the folder's gemm_static rows (batch-1 rows) out of the Triton head's training set")
+
+
+
+
+def _distill_parser(sub: argparse._SubParsersAction) -> None:
+    """perfmodel distill's arguments."""
+    from .distill import DistillSettings
+
+    ds = DistillSettings()
+    t = sub.add_parser("distill", help="fit the student head that predict serves (one MLP distilled from the "
+                       "gemm head) and add it to a model folder (re-exports model.onnx)")
+    t.add_argument("--model", type=Path, default=ds.model, help="model folder, rewritten in place")
+    t.add_argument("--data", type=Path, action="append", default=None,
+                   help=f"the dataset the model was trained on (its split; default {ds.data}); a model of several "
+                        "devices: repeat, one folder per device in the model's device order")
+    t.add_argument("--hidden", type=_widths, default=ds.hidden, help="the student's hidden widths")
+    _setting_arguments(t, ds, ("epochs", "batch_rows", "lr", "weight_decay", "random_problems", "random_configs",
+                               "seed", "device", "threads"))
+    t.add_argument("--screens", action="store_true",
+                   help="the student screens the ranking too: the folder's screen head is dropped (one speed head)")
 
 
 def _head_parser(sub: argparse._SubParsersAction, name: str, help: str, settings: typing.Any, data_help: str,
