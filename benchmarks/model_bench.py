@@ -22,9 +22,10 @@ after the other, each after torch._dynamo.reset() in a fresh Inductor cache:
   hook-top1        the hook with top_k=1
   perfmodel-bmm3   the set-up with Policy(bmm_top_k=3) (three Triton bmm configs beside aten::bmm, as for mm;
                    the set-up keeps one)
-  perfmodel-v2     the set-up (Policy()) run with the models/h100 folder shipped before the recipe build (encoder
-                   version 2; git history): its rows, kept beside the recipe-built folder's "perfmodel" rows;
-                   run it with --model pointing at that folder
+  perfmodel-v2     the set-up (Policy()) run with the model folder shipped before the recipe build (models/h100:
+                   encoder version 2; models/h200: the folder several commands made; git history): its rows,
+                   kept beside the recipe-built folder's "perfmodel" rows; run it with --model pointing at that
+                   folder
   perfmodel-b1     the set-up with the recipe's first build of models/h100 (its mm heads are the shipped folder's bit
                    for bit; its bmm heads were fitted on 1,200 bmm problems, the shipped on 1,800): its BERT-large,
                    T5-base and Swin-T rows (where the two decide bmm differently); run it with --model
