@@ -174,15 +174,23 @@ def test_a_failed_build_leaves_the_previous_folder(tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.iterdir()] == ["model", "r.toml"]  # no temporary folder left
 
 
-def test_the_shipped_h100_folder_is_its_recipes_build():
-    """models/h100 is `perfmodel build --recipe recipes/h100.toml`: its record holds that recipe's text, the
-    command on its card, and the sha256 over every shard file of today's data/h100 (recomputed here)."""
-    meta = json.loads((REPO / "models" / "h100" / "metadata.json").read_text())
+@pytest.mark.parametrize("name,data", [("h100", ["h100"]), ("h200", ["h100", "h200"])])
+def test_the_shipped_folders_are_their_recipes_builds(name, data):
+    """models/<name> is `perfmodel build --recipe recipes/<name>.toml`: its record holds that recipe's text, the
+    command on its card, and the sha256 over every shard file of today's data folders (recomputed here);
+    one speed head (the student screens); besides the bmm heads, four heads (models/h200: gemm, student, problem,
+    pad) or five (models/h100: and the static head)."""
+    meta = json.loads((REPO / "models" / name / "metadata.json").read_text())
     b = meta["build"]
-    assert b["command"] == "perfmodel build --recipe recipes/h100.toml" and b["out"] == "models/h100"
-    assert b["recipe"]["text"] == (REPO / "recipes" / "h100.toml").read_text()
-    sha, files = _shards_sha256(REPO / "data" / "h100")
-    assert b["data"] == [{"path": "data/h100", "sha256": sha, "files": files}]
+    assert b["command"] == f"perfmodel build --recipe recipes/{name}.toml" and b["out"] == f"models/{name}"
+    assert b["recipe"]["text"] == (REPO / "recipes" / f"{name}.toml").read_text()
+    want = []
+    for folder in data:
+        sha, files = _shards_sha256(REPO / "data" / folder)
+        want.append({"path": f"data/{folder}", "sha256": sha, "files": files})
+    assert b["data"] == want
     assert meta["encoder_version"] == 3 and b["threads"] == 2 and b["seed"] == 0
-    card = (REPO / "models" / "h100" / "MODEL_CARD.md").read_text()
+    card = (REPO / "models" / name / "MODEL_CARD.md").read_text()
     assert f"Regenerate with:\n\n    {b['command']}\n" in card
+    assert meta["screen_head"] == "student" and "screen" not in meta["heads"]
+    assert len(set(meta["heads"]) - {"bmm", "bmm_call"}) <= 4 + (name == "h100"), sorted(meta["heads"])
