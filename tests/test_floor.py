@@ -46,10 +46,11 @@ def test_no_prediction_below_the_physical_floor(backend: str, kernel: str) -> No
             assert all(np.isfinite(t) and t >= f * (1 - RTOL) for _, t in best)
         cb = p.predict_cublas_many(probs)
         assert np.all(np.isfinite(cb)) and np.all(cb >= floor * (1 - RTOL))
-        with torch.inference_mode():                                              # the screen head itself
-            x = p.bundle.encoders["screen"].encode_cross(problems_tensor(probs[::5]),
-                                                         torch.tensor([[64.0, 64, 32, 8, 3, 4]], dtype=torch.float64))
-        sc = np.exp(p._run("screen", x))
+        screen = p.bundle.screen_name                                             # the screening head itself
+        with torch.inference_mode():
+            x = p.bundle.encoders[screen].encode_cross(problems_tensor(probs[::5]),
+                                                       torch.tensor([[64.0, 64, 32, 8, 3, 4]], dtype=torch.float64))
+        sc = np.exp(p._run(screen, x))
         assert np.all(np.isfinite(sc)) and np.all(sc >= floor[::5] * (1 - RTOL))
         for q, f in zip(probs, floor):
             d = p.pad(PadProblem(m=q.m, k=q.k, n=q.n, dtype=dtype, allow_tf32=tf32))

@@ -157,7 +157,7 @@ def test_torch_onnx_and_evaluation_rank_alike(shipped) -> None:
         assert [c for c, _ in po.rank(prob, top_k=5)] == want, prob
         x = bundle.encoders["gemm"].encode_cross(problems_tensor([prob]), configs_tensor(configs))
         z, g = head_outputs(bundle.heads["gemm"], x)
-        s = head_outputs(bundle.heads["screen"], x)[0]
+        s = head_outputs(bundle.heads[bundle.screen_name], x)[0]
         lead = lead_outputs(bundle.heads["gemm"], x) if bundle.lead_keep else None
         idx, log_ms = rank_rows(z, g, s, bundle.screen_keep, 5, lead, bundle.lead_keep)
         assert [configs[i] for i in idx] == want, prob
