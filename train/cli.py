@@ -132,8 +132,6 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                      help="leave the folder's gemm_static rows (batch-1 rows) out of the Triton head's training set")
 
 
-
-
 def _distill_parser(sub: argparse._SubParsersAction) -> None:
     """perfmodel distill's arguments."""
     from .distill import DistillSettings
