@@ -4,7 +4,8 @@ beside the gemm head, on the held-out problems of a model's split (CPU).
     python benchmarks/student_fidelity.py --model models/h100 [--model <another folder>] [--data data/h100]
 
 Prints, per folder and head, the MAPE and the median within-problem Spearman against the measured times of
-the held-out (test) problems: the same figures `perfmodel eval` gives the gemm head ("all/mape").
+the held-out (test) problems of the model's own split (by problem, or by family where it was trained so):
+the same figures `perfmodel eval` gives the gemm head ("all/mape").
 """
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ from pathlib import Path
 import torch
 
 from perfmodel import artifact
-from perfmodel.train.data import load_gemm, split_problems
+from perfmodel.train.data import load_device_datasets
 from perfmodel.train.evaluate import summarize
+from perfmodel.train.refit import model_splits
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,11 +25,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", type=Path, action="append", required=True, help="model folder (repeatable)")
     ap.add_argument("--data", type=Path, default=Path("data/h100"), help="the models' dataset (their split)")
     args = ap.parse_args(argv)
-    gemm = load_gemm(args.data)
+    datasets = load_device_datasets([args.data])
     for folder in args.model:
         b = artifact.load(folder)
-        seed = int(b.metadata.get("settings", {}).get("seed", 0))
-        test = gemm.subset(split_problems(gemm.modes, seed) == 2)
+        test = datasets[0].gemm.subset(model_splits(b, datasets)[0] == 2)
         P, C = torch.from_numpy(test.problems[test.problem_idx]), torch.from_numpy(test.configs)
         with torch.inference_mode():
             x = b.encoders["gemm"].encode(P, C)

@@ -153,6 +153,22 @@ def test_recipe_errors_name_the_key(tmp_path):
         shipped["problem_settings"]["epochs"], shipped["problem_settings"]["weight_decay"])
 
 
+def test_the_family_recipe_is_the_h100_recipe_split_by_family():
+    """recipes/h100-family.toml (the family-held-out figures of the README) is a copy of recipes/h100.toml: every
+    setting the same but the split, where it writes, its registered name, and no bmm step."""
+    from dataclasses import replace
+
+    from perfmodel.train.recipe import load_recipe
+
+    h100, family = load_recipe(REPO / "recipes" / "h100.toml"), load_recipe(REPO / "recipes" / "h100-family.toml")
+    assert family.train.split == "family" and family.bmm is None and family.out == Path("build/h100-family")
+    train = replace(family.train, split=h100.train.split, out=h100.train.out, register_name=h100.train.register_name)
+    assert train == h100.train
+    assert (family.data, family.seed, family.threads, family.mlflow) == (h100.data, h100.seed, h100.threads, h100.mlflow)
+    assert (family.student, family.static, family.call, family.problem) == (h100.student, h100.static, h100.call,
+                                                                          h100.problem)
+
+
 def test_a_failed_build_leaves_the_previous_folder(tmp_path, monkeypatch):
     pytest.importorskip("lightning", reason="building needs the train extra (pip install 'perfmodel[train]')")
     from perfmodel.train import recipe
