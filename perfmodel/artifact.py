@@ -101,6 +101,21 @@ def problem_output(bundle: "ModelBundle", name: str) -> "PerfMLP | OutputColumn 
 BMM = "bmm"
 BMM_ATEN = "bmm_aten"
 BMM_CALL = "bmm_call"
+# The config network (docs/model.md, "The config network"): a gemm head with one input more, the kernel mode
+# (metadata "kernel_mode_input": {mode: the input's value}), trained on the dataset's rows (autotune) and the
+# static rows (inductor) together, in place of the gemm head and the static head. The folder stores it once,
+# as "gemm"; a loaded bundle serves it as two heads of the gemm encoder's features, each with the mode held at
+# its value (PerfMLP.with_input): "gemm" (kernel="autotune") and INDUCTOR_GEMM (kernel="inductor"), which
+# ranks and predicts the inductor mode in place of the gemm head plus the static head.
+KERNEL_MODE_INPUT = "kernel_mode_input"
+KERNEL_MODE_FEATURE = "kernel_mode"
+INDUCTOR_GEMM = "gemm_inductor"
+
+
+def inductor_head(heads: Any) -> str | None:
+    """How a model serves kernel="inductor": INDUCTOR_GEMM (a config network's inductor mode, in place of the
+    gemm head), STATIC (the static head's output added to the gemm head's), or None (autotune only)."""
+    return INDUCTOR_GEMM if INDUCTOR_GEMM in heads else STATIC if STATIC in heads else None
 
 
 def with_static(score: torch.Tensor, static: torch.Tensor,
@@ -125,6 +140,9 @@ class ModelBundle:
     heads: dict[str, PerfMLP]
     encoders: dict[str, FeatureEncoder]
     metadata: dict[str, Any] = field(default_factory=dict)
+    # the config network as trained (a gemm head with the kernel-mode input, metadata KERNEL_MODE_INPUT), which
+    # save() writes as "gemm"; heads["gemm"] and heads[INDUCTOR_GEMM] are its two modes. None: no such network.
+    config_net: PerfMLP | None = None
 
     @property
     def pad_threshold(self) -> float:
@@ -170,7 +188,7 @@ class ModelBundle:
             raise ValueError(f"device: this model was trained for {', '.join(self.devices)}, not {name!r}")
         spec = self.device_specs[name]
         encoders = {h: FeatureEncoder(spec, enc.kind, enc.version) for h, enc in self.encoders.items()}
-        return ModelBundle(spec, self.heads, encoders, self.metadata)
+        return ModelBundle(spec, self.heads, encoders, self.metadata, self.config_net)
 
 
 def onnx_file(bundle: ModelBundle, device: str | None = None) -> str:
@@ -195,10 +213,20 @@ def save(bundle: ModelBundle, folder: Path, extra_metadata: dict[str, Any] | Non
     folder.mkdir(parents=True, exist_ok=True)
     tensors = {}
     heads_meta = {}
+    modes = bundle.config_net is not None
+    if modes != (INDUCTOR_GEMM in bundle.heads) or modes != (KERNEL_MODE_INPUT in bundle.metadata) \
+            or (modes and STATIC in bundle.heads):
+        raise ArtifactError(f"config_net: a config network needs its {INDUCTOR_GEMM!r} head and metadata "
+                            f"{KERNEL_MODE_INPUT!r}, and no static head (set config_network())")
     for name, head in bundle.heads.items():
+        if name == INDUCTOR_GEMM:  # a mode of the config network, written once as "gemm"
+            continue
+        features = bundle.encoders[name].names
+        if modes and name == "gemm":
+            head, features = bundle.config_net, features + [KERNEL_MODE_FEATURE]
         for k, v in head.state_dict().items():
             tensors[f"{name}.{k}"] = v.detach().contiguous().cpu()
-        heads_meta[name] = {"mlp": head.cfg.as_dict(), "features": bundle.encoders[name].names,
+        heads_meta[name] = {"mlp": head.cfg.as_dict(), "features": features,
                             "encoder_kind": bundle.encoders[name].kind}
     versions = {enc.version for enc in bundle.encoders.values()}
     if len(versions) != 1:
@@ -265,9 +293,10 @@ def load(folder: Path) -> ModelBundle:
                 cfg = replace(cfg, floor_features=floor_features(enc.names, cfg.n_outputs))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ArtifactError(f"{folder}: head {name!r}: bad metadata ({exc!r})") from None
-        if list(hm.get("features", [])) != enc.names:
+        names = enc.names + ([KERNEL_MODE_FEATURE] if name == "gemm" and KERNEL_MODE_INPUT in meta else [])
+        if list(hm.get("features", [])) != names:
             raise ArtifactError(f"{folder}: head {name!r} was trained on features {hm.get('features')} "
-                                f"but this encoder gives {enc.names}")
+                                f"but this encoder gives {names}")
         head = PerfMLP(cfg)
         sd = {k[len(name) + 1:]: v for k, v in tensors.items() if k.startswith(name + ".")}
         try:
@@ -277,6 +306,19 @@ def load(folder: Path) -> ModelBundle:
         heads[name], encoders[name] = head.eval(), enc
     if "gemm" not in heads:
         raise ArtifactError(f"{folder}: no gemm head")
+    net = None
+    if KERNEL_MODE_INPUT in meta:
+        net = heads["gemm"]
+        try:
+            heads.update(config_heads(net, meta[KERNEL_MODE_INPUT]))
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise ArtifactError(f"{meta_path}: {KERNEL_MODE_INPUT!r}: {exc}") from None
+        encoders[INDUCTOR_GEMM] = encoders["gemm"]
+        if STATIC in heads:
+            raise ArtifactError(f"{meta_path}: a config network ({KERNEL_MODE_INPUT!r}) and a static head: one "
+                                "serves kernel='inductor'")
+    elif INDUCTOR_GEMM in heads:
+        raise ArtifactError(f"{folder}: head {INDUCTOR_GEMM!r} is a mode of a config network, not stored")
     if PROBLEM in heads:
         outs = meta.get("problem_outputs")
         if not isinstance(outs, list) or len(outs) != heads[PROBLEM].cfg.n_outputs \
@@ -290,11 +332,36 @@ def load(folder: Path) -> ModelBundle:
     if meta.get("screen_head", SCREEN) == STUDENT and (SCREEN in heads or STUDENT not in heads):
         raise ArtifactError(f"{meta_path}: 'screen_head' is 'student' but the folder has "
                             + ("no student head" if STUDENT not in heads else "a screen head too"))
-    bundle = ModelBundle(spec, heads, encoders, meta)
+    bundle = ModelBundle(spec, heads, encoders, meta, net)
     try:
         check_lead_keep(bundle, meta.get("lead_keep", 0), meta.get("screen_keep", DEFAULT_SCREEN_KEEP))
     except (TypeError, ValueError) as exc:
         raise ArtifactError(f"{meta_path}: {exc}") from None
+    return bundle
+
+
+KERNEL_MODE_VALUES = {"autotune": 0.0, "inductor": 1.0}   # the kernel-mode input's values, as trained
+
+
+def config_heads(net: PerfMLP, values: Any) -> dict[str, PerfMLP]:
+    """{"gemm": net's autotune mode, INDUCTOR_GEMM: its inductor mode}: net (a gemm head whose last input is
+    the kernel mode) with that input held at values[mode] (PerfMLP.with_input). ValueError naming the field."""
+    if not isinstance(values, dict) or set(values) != set(KERNEL_MODE_VALUES) \
+            or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values.values()):
+        raise ValueError(f"expected {{mode: value}} for the modes {sorted(KERNEL_MODE_VALUES)}, got {values!r}")
+    col = net.cfg.n_inputs - 1
+    return {"gemm": net.with_input(col, values["autotune"]), INDUCTOR_GEMM: net.with_input(col, values["inductor"])}
+
+
+def config_network(bundle: ModelBundle, net: PerfMLP) -> ModelBundle:
+    """bundle serving the config network net (a gemm head with the kernel-mode input last, trained with
+    KERNEL_MODE_VALUES) in place of its gemm head (and any static head); changed in place and returned."""
+    bundle.heads.pop(STATIC, None)
+    bundle.encoders.pop(STATIC, None)
+    bundle.heads.update(config_heads(net, KERNEL_MODE_VALUES))
+    bundle.encoders[INDUCTOR_GEMM] = bundle.encoders["gemm"]
+    bundle.metadata = {**bundle.metadata, KERNEL_MODE_INPUT: dict(KERNEL_MODE_VALUES)}
+    bundle.config_net = net
     return bundle
 
 
@@ -410,6 +477,8 @@ class _OnnxHeads(torch.nn.Module):
             self.screen = self.heads[self.names.index(screen)]
         self.predict = self.heads[self.names.index(predict_head(self.names))]
         self.static = self.heads[self.names.index(STATIC)] if STATIC in self.names else None
+        # a config network's inductor mode: the inductor graphs rank and predict with it in place of gemm + static
+        self.inductor = self.heads[self.names.index(INDUCTOR_GEMM)] if INDUCTOR_GEMM in self.names else None
 
     def forward(self, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         n = len(self.names)
@@ -462,6 +531,8 @@ class _OnnxHeads(torch.nn.Module):
         out = out + (pred.reshape(n_prob, n_cfg),)
         if self.static is not None:  # kernel="inductor": the static head's output, then the gemm head's floor
             out = out + (with_static(pred, score_all(self.static), physical_floor(self.gemm)).reshape(n_prob, n_cfg),)
+        elif self.inductor is not None:  # kernel="inductor" of a config network: its inductor mode on every row
+            out = out + (self.inductor.floor(self.inductor.score(x), x).reshape(n_prob, n_cfg),)
         if not self.rank:
             return out
         # The ranking graph always has problems and more than 2 * keep configs (Predictor runs it only
@@ -481,37 +552,40 @@ class _OnnxHeads(torch.nn.Module):
 
         scored: list[torch.Tensor] = []  # the features the lead scored, (P, keep, F)
 
-        def ranking(static: PerfMLP | None) -> tuple[torch.Tensor, torch.Tensor]:
-            """screened_rank for a kernel mode: static None (autotune), or the static head whose output
-            with_static adds to the lead's and the gemm head's scores (inductor)."""
+        def ranking(head: PerfMLP, static: PerfMLP | None) -> tuple[torch.Tensor, torch.Tensor]:
+            """screened_rank for a kernel mode: by the gemm head `head` (the gemm head, or a config network's
+            inductor mode), with static None, or the static head whose output with_static adds to the lead's
+            and the gemm head's scores (inductor)."""
             def lead(cand: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
                 scored.append(rows(cand))
                 xr = scored[-1].reshape(-1, width)
-                score, outputs = self.gemm.lead_score(xr)
+                score, outputs = head.lead_score(xr)
                 return (score if static is None else with_static(score, static.score(xr))), outputs
 
             def gemm(cand: torch.Tensor | None, lead: tuple[torch.Tensor, torch.Tensor] | None
                      ) -> tuple[torch.Tensor, torch.Tensor]:
                 if lead is None:
                     xr = rows(cand).reshape(-1, width) if cand is not None else x
-                    score = self.gemm.score(xr)
+                    score = head.score(xr)
                 else:  # the picked rows' features gathered from those the lead scored, not computed again
                     out, pick = lead
                     idx = pick.unsqueeze(-1) + torch.zeros(1, 1, width, dtype=pick.dtype)
                     xr = torch.gather(scored[-1], 1, idx).reshape(-1, width)
-                    score = self.gemm.score_with_lead(xr, out.reshape(-1))
+                    score = head.score_with_lead(xr, out.reshape(-1))
                 if static is None:
-                    return score, self.gemm.floor(score, xr)
+                    return score, head.floor(score, xr)
                 score = with_static(score, static.score(xr))
-                return score, self.gemm.physical_floor(score, xr)
+                return score, head.physical_floor(score, xr)
 
             # traced with k = the longest ranking the rule gives in one pass: lead_keep when the lead refines
             k = self.lead_keep if refines(self.lead_keep, self.keep, self.lead_keep) else self.keep
             return screened_rank(gemm, n_prob, n_cfg, screen, self.keep, k, by_config=True,
                                  lead=lead, lead_keep=self.lead_keep)
 
-        out = out + ranking(None)
-        return out if self.static is None else out + ranking(self.static)
+        out = out + ranking(self.gemm, None)
+        if self.inductor is not None:
+            return out + ranking(self.inductor, None)
+        return out if self.static is None else out + ranking(self.gemm, self.static)
 
 
 # Tile sizes and group_m below this make an exact float64 key of the four (BLOCK_M/N/K, GROUP_M): 9000**4 < 2**53.
@@ -610,7 +684,7 @@ def export_onnx(bundle: ModelBundle, path: Path) -> Path:
     configs = torch.cat([configs, torch.tensor([[8.0, 3, 4]], dtype=torch.float64).expand(3 * keep, 3)], 1)
     xs = xs + (problems, configs, *enc.config_part(configs))
     names_in += list(RANK_INPUTS)
-    static = mod.static is not None
+    static = mod.static is not None or mod.inductor is not None
     names_out += list(PREDICT_OUTPUTS) + (list(PREDICT_STATIC_OUTPUTS) if static else [])
     names_out += (list(RANK_OUTPUTS) + (list(RANK_STATIC_OUTPUTS) if static else [])) if mod.rank else []
     axes.update({"rank_problems": {0: "rank_p"}, "rank_configs": {0: "rank_c"}, "rank_config_part": {0: "rank_c"},

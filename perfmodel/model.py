@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 from torch import nn
@@ -205,6 +205,34 @@ class PerfMLP(nn.Module):
         m.net = nn.Sequential(*out)
         m._norm_folded = True  # score() skips the identity standardisation (not saved: a property of this copy)
         return m
+
+    def with_input(self, column: int, value: float) -> "PerfMLP":
+        """An eval-mode copy on one input fewer: input `column` held at `value` (raw, before the
+        standardisation), folded into the first Linear's bias (folded(): plain Linear/ReLU layers, norm
+        "none" where it was "batch"). A network with a kernel-mode input served for one mode (perfmodel/artifact.py): the same
+        outputs as feeding the column `value`, to float rounding."""
+        if not 0 <= column < self.cfg.n_inputs or self.cfg.n_inputs < 2:
+            raise ValueError(f"column: expected 0 to {self.cfg.n_inputs - 1} of a head of {self.cfg.n_inputs} "
+                             f"inputs, got {column}")
+        if column in self.cfg.floor_features:
+            raise ValueError(f"column: {column} is the physical floor's input, not a fixed one")
+        m = self.folded()
+        first = next(mod for mod in m.net if isinstance(mod, nn.Linear))
+        keep = [i for i in range(self.cfg.n_inputs) if i != column]
+        lin = nn.Linear(len(keep), first.out_features)
+        with torch.no_grad():
+            lin.weight.copy_(first.weight[:, keep])
+            lin.bias.copy_(first.bias + first.weight[:, column] * float(value))
+        mods = list(m.net)
+        mods[mods.index(first)] = lin
+        floors = tuple(i - (i > column) if i >= 0 else i for i in self.cfg.floor_features)
+        norm = "none" if self.cfg.norm == "batch" else self.cfg.norm     # folded: BatchNorm in the Linears
+        out = PerfMLP(replace(self.cfg, n_inputs=len(keep), norm=norm, dropout=0.0, floor_features=floors))
+        out.net = nn.Sequential(*mods)
+        with torch.no_grad():
+            out.log_overhead.copy_(m.log_overhead)
+        out._norm_folded = True
+        return out.eval()
 
     def for_serving(self) -> "PerfMLP":
         """folded(), with an ensemble's net (cfg.members > 1) run as GroupedNet: the copy that the

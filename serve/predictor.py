@@ -27,8 +27,8 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import torch
 
-from perfmodel.artifact import (CALL, CALL_STATIC, PROBLEM, STATIC, ModelBundle, predict_head, problem_columns,
-                                problem_output, with_static)
+from perfmodel.artifact import (CALL, CALL_STATIC, INDUCTOR_GEMM, PROBLEM, STATIC, ModelBundle, inductor_head,
+                                predict_head, problem_columns, problem_output, with_static)
 from perfmodel.configs import pruned_space, runnable
 from perfmodel.features import configs_tensor, pad_tensor, problems_array, problems_tensor
 from perfmodel.ranking import screened_rank, screens
@@ -117,9 +117,9 @@ class Predictor:
 
     def __init__(self, bundle: ModelBundle, backend: str, runner: Runner, source: str, kernel: str = "autotune") -> None:
         _check_kernel(kernel)
-        if kernel == "inductor" and STATIC not in bundle.heads:
-            raise ValueError(f"kernel: {source} has no static head, so it predicts only kernel='autotune' "
-                             "(perfmodel static-head adds one)")
+        if kernel == "inductor" and inductor_head(bundle.heads) is None:
+            raise ValueError(f"kernel: {source} has no static head or config network, so it predicts only "
+                             "kernel='autotune' (perfmodel static-head adds a static head)")
         if kernel not in runner.kernels:
             raise ValueError(f"kernel: the {runner.backend} backend cannot serve kernel={kernel!r} for {source}: its "
                              f"model.onnx has no {kernel} ranking and predict graphs (exported before they existed); "
@@ -129,6 +129,10 @@ class Predictor:
         runner.prepare(kernel)  # the mode's graphs built and checked now, not inside a call
         self.kernel = kernel
         self._static = kernel == "inductor"
+        # the inductor mode of a config network ranks and predicts in place of the gemm head; a static head's
+        # output is added to the gemm head's (perfmodel.artifact.inductor_head)
+        self._gemm = INDUCTOR_GEMM if self._static and inductor_head(bundle.heads) == INDUCTOR_GEMM else "gemm"
+        self._adds_static = self._static and self._gemm == "gemm"
         self._loaded = (bundle, backend, runner, source)  # for with_kernel
         self.bundle = bundle
         self.backend = runner.backend  # what runs: every call of this Predictor goes through runner
@@ -173,8 +177,8 @@ class Predictor:
             when a GPU it does not know is visible). `Predictor.device` says which.
         kernel: which compile of the kernel to predict (KERNELS): "autotune" (default; Triton's default
             specialisation, as a @triton.autotune user's kernel) or "inductor" (every size and stride a
-            constant, as Inductor compiles its mm template; needs the model's static head). Both backends
-            serve both modes (onnx: the graphs export-onnx writes for each); backend None picks onnx only
+            constant, as Inductor compiles its mm template; needs the model's static head or config
+            network). Both backends serve both modes (onnx: the graphs export-onnx writes for each); backend None picks onnx only
             when its file serves the mode.
         Raises FileNotFoundError for a missing model, ArtifactError (a ValueError) for a corrupt or
         mismatched one, ValueError for an unknown backend, a device the model does not know, or a kernel
@@ -190,8 +194,8 @@ class Predictor:
 
     @property
     def has_static(self) -> bool:
-        """Whether the model predicts kernel="inductor" (it has a static head)."""
-        return STATIC in self.bundle.heads
+        """Whether the model predicts kernel="inductor" (it has a static head or a config network)."""
+        return inductor_head(self.bundle.heads) is not None
 
     # ---------------------------------------------------------------------------------- properties
     @property
@@ -323,6 +327,8 @@ class Predictor:
             return self._checked(np.exp(log_ms.astype(np.float64)), what, positive=True)
         with torch.inference_mode():  # no autograd bookkeeping on the encoder's small ops
             x = self._encoder.encode_cross(problems_tensor(problems), ct, part)  # (P * C, F)
+        if self._gemm == INDUCTOR_GEMM:  # the config network's inductor mode (the student is autotune's)
+            return self._ms(INDUCTOR_GEMM, x, what).reshape(len(problems), len(ct))
         if self._static:
             log_ms = self._inductor(torch.from_numpy(self._run(self.predict_head, x)), x, floor=True)
             return self._checked(np.exp(log_ms.numpy()), what, positive=True).reshape(len(problems), len(ct))
@@ -372,8 +378,8 @@ class Predictor:
 
         def gemm(rows: torch.Tensor | None, lead: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
             xr = x if rows is None else x[rows]
-            z, log_ms = self._run.score_log_ms("gemm", xr, lead)
-            if self._static:  # the inductor kernel: the static head's output added before the physical floor
+            z, log_ms = self._run.score_log_ms(self._gemm, xr, lead)
+            if self._adds_static:  # the inductor kernel: the static head's output added before the physical floor
                 z = self._inductor(z, xr, floor=False)
                 log_ms = self.bundle.heads["gemm"].physical_floor(z, xr)
             self._checked(z.numpy(), "problems")
@@ -381,8 +387,8 @@ class Predictor:
 
         def lead(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             xr = x[rows]
-            score, outputs = self._run.lead("gemm", xr)
-            if self._static:  # the lead orders by the inductor kernel's times too; its outputs stay the member's
+            score, outputs = self._run.lead(self._gemm, xr)
+            if self._adds_static:  # the lead orders by the inductor kernel's times too; its outputs stay the member's
                 score = self._inductor(score, xr, floor=False)
             return score, outputs
 

@@ -21,7 +21,8 @@ import torch
 from torch import nn
 
 from perfmodel.artifact import (PREDICT_OUTPUTS, PREDICT_STATIC_OUTPUTS, RANK_INPUTS, RANK_OUTPUTS, RANK_STATIC_OUTPUTS,
-                                STATIC, ArtifactError, ModelBundle, predict_head, with_static)
+                                INDUCTOR_GEMM, STATIC, ArtifactError, ModelBundle, inductor_head, predict_head,
+                                with_static)
 from perfmodel.configs import pruned_space
 from perfmodel.features import configs_tensor
 from perfmodel.model import GroupedNet
@@ -38,13 +39,14 @@ _ONNX_CHECK_RTOL = 1e-3
 # The kernel modes a Predictor predicts for (docs/design.md, "Kernel modes"): "autotune", the canonical
 # kernel with Triton's default specialisation (what a @triton.autotune user runs, and what the dataset's
 # gemm rows time); "inductor", the same source compiled for one problem's shape, as Inductor compiles its
-# mm template (the gemm head plus the model's static head).
+# mm template (the gemm head plus the model's static head, or a config network's inductor mode).
 KERNELS = ("autotune", "inductor")
 
 
 def model_kernels(bundle: ModelBundle) -> frozenset[str]:
-    """The kernel modes a model predicts: "autotune", and "inductor" when it has a static head."""
-    return frozenset(KERNELS if STATIC in bundle.heads else KERNELS[:1])
+    """The kernel modes a model predicts: "autotune", and "inductor" when it has a static head or a config
+    network (perfmodel.artifact.inductor_head)."""
+    return frozenset(KERNELS if inductor_head(bundle.heads) else KERNELS[:1])
 
 
 class Runner(abc.ABC):
@@ -230,7 +232,7 @@ class _OnnxRunner(Runner):
         # with a static head (a file exported before them serves autotune only: Predictor says so).
         self.kernels = frozenset(
             k for k in model_kernels(bundle)
-            if k == KERNELS[0] or (STATIC in self.heads and k in self._has_predict
+            if k == KERNELS[0] or (inductor_head(self.heads) and k in self._has_predict
                                    and (k in self._has_rank or not self._has_rank)))
 
     @property
@@ -525,13 +527,16 @@ def _check_graphs(bundle: ModelBundle, runner: _OnnxRunner, path: Path, kernel: 
     if rank is None and predict is None:
         return
     enc, gemm = bundle.encoders["gemm"], bundle.heads["gemm"]
+    modes = kernel != KERNELS[0] and inductor_head(bundle.heads) == INDUCTOR_GEMM
+    if modes:  # a config network's inductor mode ranks and predicts in place of the gemm head (no static head)
+        gemm = bundle.heads[INDUCTOR_GEMM]
     problems = torch.tensor([[3000.0, 1000, 777, 2, 0, 0, 0, 1]], dtype=torch.float64)
     configs = configs_tensor(pruned_space("float16", bundle.spec))
     part = _ConfigPart.of(enc, configs)
     with torch.inference_mode():
         x = enc.encode_cross(problems, configs)
         # the static head once on the rows (the unfolded heads on ~1,000 rows: most of the check's time)
-        static_x = bundle.heads[STATIC].score(x) if kernel != KERNELS[0] else None
+        static_x = bundle.heads[STATIC].score(x) if kernel != KERNELS[0] and not modes else None
 
         def rule(z: torch.Tensor, rows: torch.Tensor, idx: torch.Tensor | None = None) -> torch.Tensor:
             """The torch rule of the kernel mode on log ms z of rows (x[idx]; all of x for None): for
@@ -542,7 +547,7 @@ def _check_graphs(bundle: ModelBundle, runner: _OnnxRunner, path: Path, kernel: 
 
         if predict is not None:
             got = predict.run(predict.outputs, problems.numpy(), part)[0][0]
-            want = rule(bundle.heads[predict_head(bundle.heads)](x), x).numpy()
+            want = (gemm(x) if modes else rule(bundle.heads[predict_head(bundle.heads)](x), x)).numpy()
             if got.shape != want.shape or not np.allclose(got, want, rtol=_ONNX_CHECK_RTOL, atol=1e-4):
                 raise ArtifactError(f"{path}: the ONNX predict graph disagrees with the folder's weights "
                                     f"(kernel={kernel!r}; stale export?); re-run `perfmodel export-onnx`")

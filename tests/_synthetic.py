@@ -17,7 +17,8 @@ from pathlib import Path
 
 import torch
 
-from perfmodel.artifact import ModelBundle, export_onnx_all, save
+from perfmodel.artifact import (KERNEL_MODE_VALUES, ModelBundle, config_heads, config_network, export_onnx_all,
+                                save)
 from perfmodel.configs import exhaustive_space, pruned_space
 from perfmodel.devices import DEFAULT_DEVICE, get_spec
 from perfmodel.features import FeatureEncoder, configs_tensor, pad_tensor, problems_tensor
@@ -61,14 +62,16 @@ def make_synthetic_bundle(seed: int = 0, hidden: tuple[int, ...] = (256, 256, 25
                           with_pad: bool = True, with_cublas: bool = True, screen: str | None = "copy",
                           members: int = 1, average: str = "after_floor",
                           devices: tuple[str, ...] = (DEFAULT_DEVICE,), screen_keep: int | None = None,
-                          lead_keep: int | None = None) -> ModelBundle:
+                          lead_keep: int | None = None, config_net: bool = False) -> ModelBundle:
     """An H100 bundle whose heads have random weights (seeded) and realistic normalisation.
     devices: the device specs it claims to be trained for, its default first (more than one: metadata
     "devices" and "device_specs" as a joint model's; the normalisation is the first device's).
     screen: "copy" (a screen head identical to the gemm head: ranking must then equal the full
     ranking), "random" (its own random weights, 2 x 64), or None (no screen head).
     members: > 1 makes the gemm head an ensemble (PerfMLP.ensemble, averaged `average`) of that many
-    random heads. screen_keep / lead_keep: set in the metadata when given (perfmodel.ranking)."""
+    random heads. screen_keep / lead_keep: set in the metadata when given (perfmodel.ranking).
+    config_net: the gemm head a config network (one input more, the kernel mode; perfmodel.artifact.config_network)
+    serving both kernel modes; a "copy" screen is then a copy of its autotune mode."""
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
     rng = random.Random(seed)
@@ -86,14 +89,21 @@ def make_synthetic_bundle(seed: int = 0, hidden: tuple[int, ...] = (256, 256, 25
         else:
             x = enc.encode_pad(pad_tensor(_sample_pads(rng, 256)))
         parts = []
+        modes = config_net and kind == "gemm"
+        if modes:  # the kernel-mode column: half the rows each mode
+            x = torch.cat([x, (torch.arange(len(x)) % 2).float().unsqueeze(1)], 1)
         for _ in range(members if kind == "gemm" else 1):
-            head = PerfMLP(MLPConfig(n_inputs=len(enc), hidden=hidden, n_outputs=2 if kind == "pad" else 1,
+            head = PerfMLP(MLPConfig(n_inputs=len(enc) + modes, hidden=hidden, n_outputs=2 if kind == "pad" else 1,
                                      floor_features=floor_features(enc.names, 2 if kind == "pad" else 1)))
             head.set_normalisation(x.mean(0), x.std(0))
             _randomise_batchnorm(head, gen)
             parts.append(head.eval())
         head = parts[0] if len(parts) == 1 else PerfMLP.ensemble(parts, average)
         heads[kind], encoders[kind] = head.eval(), enc
+        if modes:
+            net = heads.pop("gemm")
+            heads.update(config_heads(net, KERNEL_MODE_VALUES))
+            x = x[:, :-1]
         if kind == "gemm" and screen == "copy":
             heads["screen"], encoders["screen"] = copy.deepcopy(head).eval(), enc
         elif kind == "gemm" and screen == "random":
@@ -105,6 +115,8 @@ def make_synthetic_bundle(seed: int = 0, hidden: tuple[int, ...] = (256, 256, 25
     meta.update({k: v for k, v in (("screen_keep", screen_keep), ("lead_keep", lead_keep)) if v is not None})
     if len(devices) > 1:
         meta.update(devices=list(devices), device_specs={d: get_spec(d).as_dict() for d in devices})
+    if config_net:
+        return config_network(ModelBundle(spec, heads, encoders, meta), net)
     return ModelBundle(spec, heads, encoders, meta)
 
 

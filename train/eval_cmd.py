@@ -55,19 +55,20 @@ def evaluate_datasets(bundle: artifact.ModelBundle, datasets: list, plots=None, 
 
 def static_results(bundle: artifact.ModelBundle, ds, split: np.ndarray) -> dict | None:
     """The kernel modes on the dataset's test problems that were timed statically (its gemm_static parts),
-    ranked against those static times, without and with the static head (train/static_head.py's
-    ranking_metrics, as `perfmodel static-head` reports them); None when the model has no static head or
-    the folder no static rows of test problems."""
+    ranked against those static times, in the autotune mode and in the inductor mode (with the static head,
+    or a config network's inductor mode; train/static_head.py's ranking_metrics); None when the model has no
+    inductor mode or the folder no static rows of test problems."""
     from .static_head import has_static_rows, load_static, ranking_metrics, split_static
 
-    if artifact.STATIC not in bundle.heads or not has_static_rows(ds.folder):
+    mode = artifact.inductor_head(bundle.heads)
+    if mode is None or not has_static_rows(ds.folder):
         return None
     st = split_static(ds.gemm, load_static(ds.folder), split)
     if not len(st.problems):
         return None
     calls = {name: artifact.problem_output(bundle, name) for name in (artifact.CALL, artifact.CALL_STATIC)}
     return {"problems": len(st.problems), "autotune": ranking_metrics(bundle, None, st, calls[artifact.CALL]),
-            "inductor": ranking_metrics(bundle, bundle.heads[artifact.STATIC], st, calls[artifact.CALL_STATIC])}
+            "inductor": ranking_metrics(bundle, bundle.heads[mode], st, calls[artifact.CALL_STATIC])}
 
 
 def run_eval(args: argparse.Namespace) -> int:

@@ -204,11 +204,19 @@ def _student_line(meta: dict[str, Any]) -> str:
 
 
 def _static_line(meta: dict[str, Any]) -> str:
-    """The model card's line on the static head (kernel="inductor"), if the folder has one."""
+    """The model card's line on kernel="inductor": the static head's, or the config network's, if the folder has one."""
     m = meta.get("static_metrics")
     if not m:
         return "- No static head: the model predicts `kernel=\"autotune\"` only.\n"
     w, wo = "test_static/static_head/", "test_static/without/"
+    if m.get("source") == "config_net":
+        return (f"- Config network (the gemm head with a kernel-mode input, trained on the dataset's rows and "
+                f"{m['problems/train']} train problems' static rows; `kernel=\"inductor\"`, the kernel as Inductor "
+                f"compiles it): on the {m['test_static/problems']} test problems timed statically, the ranking's top-1 "
+                f"fp16 / bf16 / fp32 {m[w + 'float16/top1_eff']:.3f} / {m[w + 'bfloat16/top1_eff']:.3f} / "
+                f"{m[w + 'fp32_all/top1_eff']:.3f} in the inductor mode (the autotune mode "
+                f"{m[wo + 'float16/top1_eff']:.3f} / {m[wo + 'bfloat16/top1_eff']:.3f} / {m[wo + 'fp32_all/top1_eff']:.3f}"
+                f"), top-5 {m[w + 'all/top5_eff']:.3f}.\n")
     return (f"- Static head (`kernel=\"inductor\"`, the kernel as Inductor compiles it; `perfmodel static-head`): on "
             f"the {m['test_static/problems']} test problems timed statically, the ranking's top-1 fp16 / bf16 / fp32 "
             f"{m[w + 'float16/top1_eff']:.3f} / {m[w + 'bfloat16/top1_eff']:.3f} / {m[w + 'fp32_all/top1_eff']:.3f} "

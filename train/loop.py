@@ -4,11 +4,13 @@
   within-problem ranking term): Lightning's Trainer on train/module.py's PerfModule.
 - fit_plain: the small heads (static, call, cuBLAS, student): a plain loop, AdamW with a one-cycle
   learning rate, smooth L1 or L1 on shuffled row batches.
-- fit_ensemble: n members, their average as one MLP (PerfMLP.ensemble).
+- fit_ensemble: n members, their average as one MLP (PerfMLP.ensemble); fit_members: n heads by
+  fit_lightning from consecutive seeds, averaged by it.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any, Callable
 
 import numpy as np
@@ -64,6 +66,23 @@ def masked_smooth_l1(pred: torch.Tensor, y: torch.Tensor, beta: float) -> torch.
     have = torch.isfinite(y)
     err = torch.nn.functional.smooth_l1_loss(pred, torch.where(have, y, pred.detach()), reduction="none", beta=beta)
     return ((err * have).sum(0) / have.sum(0).clamp(min=1)).sum()
+
+
+def fit_members(make, n: int, x: torch.Tensor, y: torch.Tensor, split: np.ndarray, groups: np.ndarray | None,
+                settings: Any, logger, epochs: int, prefix: str, rank_weight: float,
+                average: str = "before_floor") -> PerfMLP:
+    """n heads fitted with Lightning from seeds seed, seed + 1, ...; their average as one MLP when n > 1
+    (fit_ensemble); settings: TrainSettings (its seed and the Trainer's). A single head keeps its metric prefix "<prefix>_", members are
+    "<prefix>0_", "<prefix>1_", ..."""
+    if n <= 1:
+        return fit_lightning(make(), x, y, split, groups, settings, logger, epochs, f"{prefix}_", rank_weight)
+
+    def member(i: int) -> PerfMLP:
+        torch.manual_seed(settings.seed + i)
+        return fit_lightning(make(), x, y, split, groups, replace(settings, seed=settings.seed + i), logger, epochs,
+                             f"{prefix}{i}_", rank_weight)
+
+    return fit_ensemble(member, n, average)
 
 
 def fit_ensemble(fit_member: Callable[[int], PerfMLP], n: int, average: str, single_as_is: bool = True) -> PerfMLP:

@@ -21,13 +21,14 @@ from perfmodel.model import MLPConfig, PerfMLP, floor_features
 
 from . import evaluate as ev
 from . import tracking
+from .config_net import fit_config_head
 from .cublas_head import CublasHeadSettings, CublasRows, fit_cublas_head as fit_cublas_rows, folder_rows, thin_extra_rows
 from .data import (GemmTable, PadTable, concat_gemm, concat_pad, load_device_datasets, joint_split,
                    parse_device_fractions, subsample_training)
 from .distill import DistillSettings
 from .folder import data_sha256, dataset_path, settings_record, write_model_folder
-from .loop import fit_ensemble, fit_lightning
-from .refit import add_student
+from .loop import fit_lightning, fit_members  # noqa: F401  (fit_members: re-exported)
+from .refit import add_student, inductor_figures_step
 
 
 def _setting(default: Any = None, help: str = "", *, factory: Any = None, flag: str | None = None,
@@ -59,6 +60,9 @@ class TrainSettings:
     hidden: tuple[int, ...] = _setting((256, 256, 256),  # 3x128 missed the bf16/fp32 top-1 targets on the v2 data
                                        "hidden widths, e.g. 256,256,256,256")
     norm: str = _setting("batch", choices=("batch", "layer", "none"))
+    config_net: bool = _setting(False, "the gemm head a config network: a kernel-mode input, trained on the data "
+                                       "folder's gemm and gemm_static rows, serving kernel='inductor' in place of "
+                                       "a static head (train/config_net.py)")
     lr: float = _setting(2e-3)
     weight_decay: float = _setting(1e-5)
     rank_weight: float = _setting(2.0, "weight of the within-problem loss")
@@ -109,23 +113,6 @@ class TrainSettings:
         self.data = tuple(Path(p) for p in self.data)
         if not self.data:
             raise ValueError("data: at least one dataset folder")
-
-
-def fit_members(make, n: int, x: torch.Tensor, y: torch.Tensor, split: np.ndarray, groups: np.ndarray | None,
-                settings: TrainSettings, logger, epochs: int, prefix: str, rank_weight: float,
-                average: str = "before_floor") -> PerfMLP:
-    """n heads fitted with Lightning from seeds seed, seed + 1, ...; their average as one MLP when n > 1
-    (train/loop.py fit_ensemble). A single head keeps its metric prefix "<prefix>_", members are
-    "<prefix>0_", "<prefix>1_", ..."""
-    if n <= 1:
-        return fit_lightning(make(), x, y, split, groups, settings, logger, epochs, f"{prefix}_", rank_weight)
-
-    def member(i: int) -> PerfMLP:
-        torch.manual_seed(settings.seed + i)
-        return fit_lightning(make(), x, y, split, groups, replace(settings, seed=settings.seed + i), logger, epochs,
-                             f"{prefix}{i}_", rank_weight)
-
-    return fit_ensemble(member, n, average)
 
 
 @torch.inference_mode()
@@ -226,10 +213,11 @@ def fit_heads(settings: TrainSettings, d: TrainData, logger) -> artifact.ModelBu
     """The served heads (gemm, screen, cublas, pad) as a bundle, its metadata not yet written (but for
     the devices and their specs, which the evaluation's for_device needs)."""
     enc, x, gemm = d.enc, d.x, d.gemm
-    gemm_head = fit_members(lambda: PerfMLP(MLPConfig(len(enc), settings.hidden, settings.norm,
-                                                       floor_features=floor_features(enc.names, 1))),
-                             settings.gemm_members, x, d.y, d.row_split, gemm.problem_idx, settings, logger,
-                             settings.epochs, "gemm", settings.rank_weight, average="after_floor")
+    net = fit_config_head(settings, d, logger) if settings.config_net else None
+    gemm_head = artifact.config_heads(net, artifact.KERNEL_MODE_VALUES)["gemm"] if net is not None else fit_members(
+        lambda: PerfMLP(MLPConfig(len(enc), settings.hidden, settings.norm, floor_features=floor_features(enc.names, 1))),
+        settings.gemm_members, x, d.y, d.row_split, gemm.problem_idx, settings, logger, settings.epochs, "gemm",
+        settings.rank_weight, average="after_floor")
     heads, encoders = {"gemm": gemm_head}, {"gemm": enc}
     # The screen head learns the gemm head's predictions (distillation: it must keep the configs the
     # gemm head would rank first, not re-learn the timings), with the within-problem ranking term.
@@ -257,9 +245,10 @@ def fit_heads(settings: TrainSettings, d: TrainData, logger) -> artifact.ModelBu
     if screen_head is not None:
         heads["screen"], encoders["screen"] = screen_head, enc
     # What the evaluation reads from the metadata before the folder's own is written.
-    return artifact.ModelBundle(d.spec, heads, encoders, {"screen_keep": settings.screen_keep, "pad_threshold": 1.0,
-                                                          "lead_keep": effective_lead_keep(settings, heads),
-                                                          "cublas_head_metrics": cublas_fit, **device_metadata(d)})
+    bundle = artifact.ModelBundle(d.spec, heads, encoders, {"screen_keep": settings.screen_keep, "pad_threshold": 1.0,
+                                                            "lead_keep": effective_lead_keep(settings, heads),
+                                                            "cublas_head_metrics": cublas_fit, **device_metadata(d)})
+    return bundle if net is None else artifact.config_network(bundle, net)
 
 
 def effective_lead_keep(settings: Any, heads: dict[str, Any], screen: str = artifact.SCREEN) -> int:
@@ -336,6 +325,8 @@ def model_metadata(settings: TrainSettings, d: TrainData, bundle: artifact.Model
         meta["device_fraction"] = parse_device_fractions(settings.device_fraction)
     if settings.fast_dev_run:
         meta["fast_dev_run"] = True
+    if bundle.config_net is not None:  # the gemm head's kernel-mode input (perfmodel/artifact.py config_heads)
+        meta[artifact.KERNEL_MODE_INPUT] = bundle.metadata[artifact.KERNEL_MODE_INPUT]
     return meta
 
 
@@ -358,6 +349,8 @@ def run(settings: TrainSettings) -> dict[str, Any]:
         if settings.student_hidden:  # after the evaluation: ranking does not use it
             student = add_student(bundle, d.gemm, student_settings(settings), print, d.split, d.problem_device)
             tracking.log_metrics(student["student_metrics"])
+        if bundle.config_net is not None:  # its inductor mode's figures (static_metrics), the screen in place
+            student["static_metrics"] = inductor_figures_step(bundle, d.datasets[0], d.split)
         train_seconds = time.perf_counter() - t_start
         meta = {**model_metadata(settings, d, bundle, evaluation, params, run.info.run_id, train_seconds), **student}
         out = write_model_folder(bundle, meta, settings.out)

@@ -160,7 +160,8 @@ def with_problem_head(bundle: artifact.ModelBundle, head: PerfMLP, outputs: tupl
     old = set(artifact.PROBLEM_OUTPUTS[1:])  # the "cublas" encoder stays: the problem features, by their kind
     heads = {**{n: h for n, h in bundle.heads.items() if n not in old and n != "cublas"}, PROBLEM: head}
     encoders = {**{n: e for n, e in bundle.encoders.items() if n not in old}, PROBLEM: bundle.encoders["cublas"]}
-    return artifact.ModelBundle(bundle.spec, heads, encoders, {**bundle.metadata, "problem_outputs": list(outputs)})
+    return artifact.ModelBundle(bundle.spec, heads, encoders, {**bundle.metadata, "problem_outputs": list(outputs)},
+                                bundle.config_net)
 
 
 def problem_figures(bundle: artifact.ModelBundle, head: PerfMLP, outputs: tuple[str, ...], datasets: list,
@@ -180,7 +181,8 @@ def problem_figures(bundle: artifact.ModelBundle, head: PerfMLP, outputs: tuple[
                 "rows": {k: int(((rows.kind == k) & sel).sum()) for k in ("gemm", "cublas_only", "pad_orig")}}
 
     served = with_problem_head(bundle, head, outputs)
-    static = bundle.heads.get(artifact.STATIC)
+    mode = artifact.inductor_head(bundle.heads)  # the static head, or a config network's inductor mode
+    static = bundle.heads[mode] if mode else None
     by_device: dict[str, dict[str, Any]] = {d: {} for d in devices}
     for name in outputs[1:]:
         view = artifact.problem_output(served, name)

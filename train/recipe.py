@@ -4,12 +4,13 @@ run, as a recipe (a TOML file) says.
 The steps, in the order the heads depend on each other:
 
 1. data     -- the dataset folders (a slice of them, for a small model), the sha256 of every shard file;
-2. train    -- the gemm head, the screen, the cuBLAS head and the pad head, the PR 156851 baseline
-               (train/pipeline.py fit_heads; screen_keep and lead_keep are set here: the static figures
-               depend on them);
+2. train    -- the gemm head (with [train].config_net, the config network: both kernel modes, in place of
+               the gemm head and the static head), the screen, the cuBLAS head and the pad head, the PR 156851
+               baseline (train/pipeline.py fit_heads; screen_keep and lead_keep are set here: the static
+               figures depend on them);
 3. distill  -- the student head, from the gemm head ([student].screens: it screens the ranking too, in place
-               of a screen head: one speed head);
-4. static   -- the static head (kernel="inductor"), on the gemm head and the screen;
+               of a screen head: one speed head); then, for a config network, its inductor mode's figures;
+4. static   -- the static head (kernel="inductor"), on the gemm head and the screen; not with a config network;
 5. call     -- the cuBLAS call heads: call against the cuBLAS head's baseline, call_static against the
                static head; or problem -- the problem network (train/problem_head.py) in place of the
                cuBLAS head and the call heads, its call_static output against the static head;
@@ -50,7 +51,7 @@ from .folder import SHARD_KINDS, data_sha256, setting_value, settings_record, st
 from .pipeline import (TrainData, TrainSettings, effective_lead_keep, evaluate_devices, fit_baselines, fit_heads,
                        load_data, model_metadata)
 from .problem_head import ProblemHeadSettings
-from .refit import add_student, bmm_step, call_step, problem_step, static_step
+from .refit import add_student, bmm_step, call_step, inductor_figures_step, problem_step, static_step
 from .static_head import StaticHeadSettings
 
 # Recipe section -> its settings dataclass; the fields [build] sets for every step are not theirs to set.
@@ -114,6 +115,9 @@ def load_recipe(path: Path) -> Recipe:
     steps = {name: _section(doc, name, cls, seed) for name, cls in SECTIONS.items()}
     if steps["train"] is None:
         raise ValueError("recipe [train]: required (the gemm head)")
+    if steps["train"].config_net and steps["static"] is not None:
+        raise ValueError("recipe [static]: the config network ([train].config_net) serves kernel='inductor' in place "
+                         "of a static head; drop the section")
     if steps["call"] is not None and steps["problem"] is not None:
         raise ValueError("recipe [problem]: the problem network replaces the call heads; give [call] or [problem]")
     steps["train"] = replace(steps["train"], data=common["data"], out=common["out"])
@@ -228,6 +232,8 @@ def _build(recipe: Recipe, train: TrainSettings, record: dict[str, Any], logger:
         timed("distill", s, lambda: add_student(bundle, d.gemm, s, log, d.split, d.problem_device))
         if s.screens:  # the student screens: the lead (set by the train step, which had no screen) now fits
             bundle.metadata["lead_keep"] = effective_lead_keep(train, bundle.heads, bundle.screen_name)
+    if bundle.config_net is not None:  # its inductor mode's figures, through the screen and lead now set
+        timed("inductor-figures", None, lambda: inductor_figures_step(bundle, d.datasets[0], d.split, log))
     if recipe.static is not None:
         if len(d.datasets) > 1:
             raise ValueError("recipe [static]: the static head is fitted to one device's timings (one data folder)")

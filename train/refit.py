@@ -63,11 +63,32 @@ def static_step(bundle: artifact.ModelBundle, ds: Any, s: StaticHeadSettings, lo
                 split: np.ndarray | None = None) -> dict[str, Any]:
     """Fit the static head on ds (a DeviceDataset of the model's one device, with gemm_static parts) with the
     model's split (split: of ds's problems, default model_splits), and add it to bundle (static_metrics,
-    static_settings); returns its metrics."""
+    static_settings); returns its metrics. ValueError for a model with a config network (its inductor mode
+    serves kernel="inductor")."""
+    if bundle.config_net is not None:
+        raise ValueError("model: its gemm head is a config network, whose inductor mode serves kernel='inductor'; "
+                         "a static head is not added to it")
     split = model_splits(bundle, [ds])[0] if split is None else split
     head, metrics = fit_static_head(bundle, ds.gemm, load_static(ds.folder), split, s, log)
     bundle.heads[artifact.STATIC], bundle.encoders[artifact.STATIC] = head, bundle.encoders["gemm"]
     bundle.metadata = {**bundle.metadata, "static_metrics": metrics, "static_settings": settings_record(s)}
+    return metrics
+
+
+def inductor_figures_step(bundle: artifact.ModelBundle, ds: Any, split: np.ndarray | None = None,
+                          log: Any = print) -> dict[str, Any]:
+    """A config network's inductor-mode figures on ds's static rows (train/config_net.py inductor_figures; split:
+    the model's split of ds's problems, default model_splits) into bundle's metadata "static_metrics", as the
+    static head's step writes its own; after the screen and lead are set (they rank in both modes)."""
+    from .config_net import inductor_figures
+
+    split = model_splits(bundle, [ds])[0] if split is None else split
+    metrics = inductor_figures(bundle, ds.gemm, load_static(ds.folder), split)
+    for k in ("float16/top1_eff", "bfloat16/top1_eff", "fp32_all/top1_eff", "all/top5_eff"):
+        a, b = metrics.get(f"test_static/static_head/{k}"), metrics.get(f"test_static/without/{k}")
+        if a is not None:
+            log(f"config network: test problems on static times, {k}: {b:.4f} autotune mode -> {a:.4f} inductor mode")
+    bundle.metadata = {**bundle.metadata, "static_metrics": metrics}
     return metrics
 
 

@@ -102,12 +102,17 @@ def fit(x: torch.Tensor, y: torch.Tensor, s: StaticHeadSettings, log: Any = prin
 def static_outputs(bundle: artifact.ModelBundle, head: PerfMLP | None, table: GemmTable) -> dict[str, np.ndarray]:
     """The gemm head's (score, log ms, lead score) and the screen's score on every row of table, with the
     static head's output added (and the physical floor on the log ms) when head is given: the inputs of
-    train.evaluate.rank_path for the kernel mode."""
+    train.evaluate.rank_path for the kernel mode. head may also be the bundle's config network's inductor
+    mode (its INDUCTOR_GEMM head: perfmodel.artifact.inductor_head), which then scores in place of the gemm
+    head."""
     P, C = torch.from_numpy(table.problems[table.problem_idx]), torch.from_numpy(table.configs)
     with torch.inference_mode():
         x = bundle.encoders["gemm"].encode(P, C)
-    score, log_ms = ev.head_outputs(bundle.heads["gemm"], x)
-    lead = ev.lead_outputs(bundle.heads["gemm"], x) if bundle.lead_keep else None
+    gemm = bundle.heads["gemm"]
+    if head is not None and head is bundle.heads.get(artifact.INDUCTOR_GEMM):
+        gemm, head = head, None
+    score, log_ms = ev.head_outputs(gemm, x)
+    lead = ev.lead_outputs(gemm, x) if bundle.lead_keep else None
     screen = ev.head_outputs(bundle.heads[bundle.screen_name], x)[0] if bundle.screen_name else None
     if head is not None:
         with torch.inference_mode():
