@@ -59,7 +59,7 @@ def test_ci_recipe_builds_a_model_the_predictor_serves(built):
         top = p.rank(prob, cfgs, top_k=2)
         assert len(top) == 2 and all(c in cfgs for c, _ in top) and 0 < top[0][1] <= top[1][1]
         ranked[backend] = [c for c, _ in top]
-        for kernel in ("autotune", "inductor"):  # the static head serves the inductor mode
+        for kernel in ("autotune", "inductor"):  # the config network serves the inductor mode
             assert Predictor.load(built, backend=backend, kernel=kernel).rank(prob, cfgs, top_k=1)[0]
     assert ranked["torch"][0] == ranked["onnx"][0]
     # the problem network serves the cuBLAS time and the call, the same on both backends
@@ -83,20 +83,25 @@ def test_ci_recipe_builds_a_model_the_predictor_serves(built):
 @pytest.mark.slow
 def test_the_build_record(built):
     meta = json.loads((built / "metadata.json").read_text())
-    # one speed head: the student screens the ranking ([student].screens), no screen head
-    assert set(meta["heads"]) == {"gemm", "pad", "student", "static", "problem", "bmm", "bmm_call"}
+    # one speed head: the student screens the ranking ([student].screens), no screen head; the gemm head is the
+    # config network ([train].config_net: the kernel-mode input last), no static head
+    assert set(meta["heads"]) == {"gemm", "pad", "student", "problem", "bmm", "bmm_call"}
+    assert meta["kernel_mode_input"] == {"autotune": 0.0, "inductor": 1.0}
+    assert meta["heads"]["gemm"]["features"][-1] == "kernel_mode"
+    assert meta["heads"]["gemm"]["mlp"]["n_inputs"] == len(meta["heads"]["student"]["features"]) + 1
+    assert meta["static_metrics"]["source"] == "config_net" and meta["static_metrics"]["test_static/problems"] > 0
     assert meta["screen_head"] == "student"
     assert meta["problem_outputs"] == ["cublas", "call", "call_static"]
     b = meta["build"]
     assert b["recipe"]["text"] == (REPO / "recipes" / "ci-small.toml").read_text()
     assert b["command"] == "perfmodel build --recipe recipes/ci-small.toml"  # --out is where, not what
     assert b["out"] == str(built) and meta["settings"]["command"] == b["command"]
-    assert [s["step"] for s in b["steps"]] == ["data", "load", "train", "baselines", "distill", "static-head",
+    assert [s["step"] for s in b["steps"]] == ["data", "load", "train", "baselines", "distill", "inductor-figures",
                                                "problem-head", "bmm-head", "evaluate", "write"]
     assert all(s["seconds"] >= 0 for s in b["steps"]) and b["threads"] == 2 and b["seed"] == 0
     assert b["commit"] == "unknown" or len(b["commit"].removesuffix("-dirty")) == 40
     steps = {s["step"]: s["settings"] for s in b["steps"]}
-    assert steps["train"]["epochs"] == 2 and steps["static-head"]["hidden"] == [16] and steps["problem-head"]["members"] == 1
+    assert steps["train"]["epochs"] == 2 and steps["train"]["config_net"] is True and steps["problem-head"]["members"] == 1
     sha, files = _shards_sha256(REPO / "data" / "h100")
     assert b["data"] == [{"path": "data/h100", "sha256": sha, "files": files, "slice": {"problems": 200, "seed": 0}}]
     assert meta["dataset"]["sha256"] == sha and meta["dataset"]["gemm_problems"] == 200
@@ -105,7 +110,7 @@ def test_the_build_record(built):
 
 
 @pytest.mark.slow
-def test_a_refit_appends_its_step(built, tmp_path):
+def test_a_refit_appends_its_step(built, tmp_path, capsys):
     import shutil
 
     from perfmodel.cli import main
@@ -116,14 +121,18 @@ def test_a_refit_appends_its_step(built, tmp_path):
     mp = pytest.MonkeyPatch()
     mp.chdir(REPO)
     try:
-        assert main(["static-head", "--model", str(folder), "--data", "data/h100", "--hidden", "8", "--epochs", "2",
+        # a static head is refused on a config network (its inductor mode serves kernel="inductor"), the folder as it was
+        assert main(["static-head", "--model", str(folder), "--data", "data/h100", "--epochs", "1"]) != 0
+        assert "config network" in capsys.readouterr().err
+        assert json.loads((folder / "metadata.json").read_text())["build"]["steps"] == before
+        assert main(["problem-head", "--model", str(folder), "--data", "data/h100", "--hidden", "8", "--epochs", "2",
                      "--threads", "2"]) == 0
     finally:
         mp.undo()
     meta = json.loads((folder / "metadata.json").read_text())
     steps = meta["build"]["steps"]
-    assert steps[:-1] == before and steps[-1]["step"] == "static-head" and steps[-1]["refit"] is True
-    assert steps[-1]["settings"]["hidden"] == [8] and meta["static_settings"]["hidden"] == [8]
+    assert steps[:-1] == before and steps[-1]["step"] == "problem-head" and steps[-1]["refit"] is True
+    assert steps[-1]["settings"]["hidden"] == [8] and meta["problem_settings"]["hidden"] == [8]
     card = (folder / "MODEL_CARD.md").read_text()
     assert "perfmodel build --recipe recipes/ci-small.toml" in card and "Refitted after the build" in card
 
@@ -134,7 +143,8 @@ def test_recipe_errors_name_the_key(tmp_path):
     base = (REPO / "recipes" / "ci-small.toml").read_text()
     for bad, where in ((base.replace("epochs = 2\n", "epochs = \"two\"\n"), "[train].epochs"),
                        (base.replace("[student]\n", "[student]\nwidth = 3\n"), "[student].width"),
-                       (base.replace("[static]\n", "[static]\nseed = 3\n"), "[static].seed"),
+                       (base + "\n[static]\nseed = 3\n", "[static].seed"),
+                       (base + "\n[static]\nhidden = [16]\n", "[static]"),  # a static head beside the config network
                        (base.replace("hidden = [32, 32]\n", "hidden = 32\n"), "[train].hidden"),
                        (base.replace("threads = 2\n", "threads = 2\ncores = 4\n"), "[build].cores"),
                        (base + "\n[extra]\na = 1\n", "[extra]")):
@@ -146,7 +156,7 @@ def test_recipe_errors_name_the_key(tmp_path):
     shipped = json.loads((REPO / "models" / "h100" / "metadata.json").read_text())
     assert (r.train.epochs, r.train.gemm_members, r.train.screen_keep, r.train.lead_keep) == \
         (shipped["settings"]["epochs"], shipped["settings"]["gemm_members"], shipped["screen_keep"], shipped["lead_keep"])
-    assert r.static.epochs == shipped["static_settings"]["epochs"]
+    assert r.static is None and r.train.config_net and shipped["kernel_mode_input"] == {"autotune": 0.0, "inductor": 1.0}
     # the shipped problem network (in place of the cuBLAS and call heads), with the recipe's settings
     assert r.call is None and (r.problem.hidden, r.problem.members, r.problem.epochs, r.problem.weight_decay) == (
         tuple(shipped["problem_settings"]["hidden"]), shipped["problem_settings"]["members"],
@@ -194,8 +204,8 @@ def test_a_failed_build_leaves_the_previous_folder(tmp_path, monkeypatch):
 def test_the_shipped_folders_are_their_recipes_builds(name, data):
     """models/<name> is `perfmodel build --recipe recipes/<name>.toml`: its record holds that recipe's text, the
     command on its card, and the sha256 over every shard file of today's data folders (recomputed here);
-    one speed head (the student screens); besides the bmm heads, four heads (models/h200: gemm, student, problem,
-    pad) or five (models/h100: and the static head)."""
+    one speed head (the student screens); besides the bmm heads, four heads: gemm (models/h100: the config
+    network, serving both kernel modes), student, problem, pad."""
     meta = json.loads((REPO / "models" / name / "metadata.json").read_text())
     b = meta["build"]
     assert b["command"] == f"perfmodel build --recipe recipes/{name}.toml" and b["out"] == f"models/{name}"
@@ -209,4 +219,5 @@ def test_the_shipped_folders_are_their_recipes_builds(name, data):
     card = (REPO / "models" / name / "MODEL_CARD.md").read_text()
     assert f"Regenerate with:\n\n    {b['command']}\n" in card
     assert meta["screen_head"] == "student" and "screen" not in meta["heads"]
-    assert len(set(meta["heads"]) - {"bmm", "bmm_call"}) <= 4 + (name == "h100"), sorted(meta["heads"])
+    assert set(meta["heads"]) - {"bmm", "bmm_call"} == {"gemm", "student", "problem", "pad"}, sorted(meta["heads"])
+    assert ("kernel_mode_input" in meta) == (name == "h100")

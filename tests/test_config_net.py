@@ -1,6 +1,8 @@
 """The config network with a kernel-mode input (train/config_net.py), on synthetic rows (said so in each
 test): its rows, its split and groups, and that the flag changes its ranking where the two modes' times
-disagree. The measurement on data/h100 is in docs/model.md ("Merging gemm and static: measured")."""
+disagree; and a model folder serving it (perfmodel/artifact.py config_heads), with RANDOM weights
+(tests/_synthetic.py): stored once, loaded as its two modes, served alike by both backends. The measurement on
+data/h100 is in docs/model.md ("The config network")."""
 from __future__ import annotations
 
 import numpy as np
@@ -93,3 +95,109 @@ def test_the_flag_changes_the_ranking():
     # one held-out problem per mode may flip (the configs' times differ by 0.2 in log ms, the noise
     # column is 0.1): a network that ignored the flag would get at most half of them in one mode
     assert right[0.0] >= len(test) - 1 and right[1.0] >= len(test) - 1, (right, len(test))
+
+
+@pytest.mark.parametrize("members", [1, 3])
+def test_a_mode_held_fixed_is_the_network_fed_that_mode(members):
+    # synthetic random weights: PerfMLP.with_input folds the mode column into the first Linear's bias; its
+    # outputs are the network's on rows with the column appended, to float32 rounding (~1e-6 in log ms)
+    from perfmodel.model import MLPConfig, PerfMLP
+
+    torch.manual_seed(0)
+    heads = []
+    for _ in range(members):
+        h = PerfMLP(MLPConfig(6, (32, 32), "batch", floor_features=(2,)))
+        h.set_normalisation(torch.randn(6), torch.rand(6) + 0.5)
+        with torch.no_grad():
+            for m in h.net:
+                if isinstance(m, torch.nn.BatchNorm1d):
+                    m.running_mean.normal_()
+                    m.running_var.uniform_(0.5, 2.0)
+        heads.append(h.eval())
+    net = heads[0] if members == 1 else PerfMLP.ensemble(heads, "after_floor")
+    x = torch.randn(200, 5)
+    for flag in (0.0, 1.0):
+        fixed = net.with_input(5, flag)
+        assert fixed.cfg.n_inputs == 5 and fixed.cfg.floor_features == (2,)
+        with torch.inference_mode():
+            want = net(torch.cat([x, torch.full((200, 1), flag)], 1))
+            assert (fixed(x) - want).abs().max() < 1e-4
+            assert (fixed.for_serving()(x) - want).abs().max() < 1e-4
+    with pytest.raises(ValueError, match="column"):
+        net.with_input(2, 0.0)                      # the physical floor's column is not a mode
+
+
+@pytest.fixture(scope="module")
+def config_folder(tmp_path_factory):
+    """synthetic random weights: a model folder whose gemm head is a 3-member config network, a random screen."""
+    from tests._synthetic import write_synthetic_model
+
+    folder = tmp_path_factory.mktemp("config_net") / "m"
+    write_synthetic_model(folder, hidden=(32, 32), members=3, config_net=True, screen="random", screen_keep=8,
+                          lead_keep=4)
+    return folder
+
+
+def test_the_folder_stores_the_network_once(config_folder):
+    import json
+
+    from perfmodel.artifact import INDUCTOR_GEMM, load
+
+    meta = json.loads((config_folder / "metadata.json").read_text())
+    assert "gemm_inductor" not in meta["heads"] and "static" not in meta["heads"]
+    assert meta["kernel_mode_input"] == {"autotune": 0.0, "inductor": 1.0}
+    assert meta["heads"]["gemm"]["features"][-1] == "kernel_mode"
+    b = load(config_folder)
+    assert set(b.heads) >= {"gemm", INDUCTOR_GEMM} and b.config_net.cfg.n_inputs == len(b.encoders["gemm"]) + 1
+    assert b.heads["gemm"].cfg.n_inputs == b.heads[INDUCTOR_GEMM].cfg.n_inputs == len(b.encoders["gemm"])
+
+
+def test_both_backends_serve_both_modes(config_folder):
+    # synthetic random weights: the onnx graphs rank and predict each mode as the torch path does; the inductor
+    # mode's predict is the network's inductor mode on every config (the student is autotune's)
+    from perfmodel import GemmProblem, Predictor
+    from perfmodel.artifact import INDUCTOR_GEMM, load
+    from perfmodel.configs import pruned_space
+    from perfmodel.features import configs_tensor, problems_tensor
+
+    probs = [GemmProblem(m=3000, n=1000, k=777, dtype="float16"),
+             GemmProblem(m=64, n=4096, k=4096, dtype="bfloat16", transpose_right=True)]
+    b = load(config_folder)
+    got = {}
+    for kernel in ("autotune", "inductor"):
+        for backend in ("torch", "onnx"):
+            p = Predictor.load(config_folder, backend=backend, kernel=kernel)
+            assert p.backend == backend and p.has_static
+            got[kernel, backend] = ([[c for c, _ in p.rank(q, top_k=4)] for q in probs], p.predict_many(probs[:1]))
+        (rt, pt), (ro, po) = got[kernel, "torch"], got[kernel, "onnx"]
+        assert rt == ro
+        assert np.abs(np.log(pt) - np.log(po)).max() < 1e-4
+    assert got["autotune", "torch"][0] != got["inductor", "torch"][0]      # random weights: the modes differ
+    cfgs = pruned_space("float16", b.spec)             # the default configs of predict_many
+    x = b.encoders["gemm"].encode_cross(problems_tensor(probs[:1]), configs_tensor(cfgs))
+    with torch.inference_mode():
+        want = b.heads[INDUCTOR_GEMM](x).double().exp().numpy()
+    assert np.abs(np.log(got["inductor", "torch"][1][0]) - np.log(want)).max() < 1e-4
+
+
+def test_a_bad_kernel_mode_record_is_refused(config_folder, tmp_path):
+    import json
+    import shutil
+
+    from perfmodel.artifact import ArtifactError, load
+
+    for bad in ({"autotune": 0.0}, {"autotune": 0.0, "inductor": "one"}, [0, 1]):
+        folder = tmp_path / f"m{len(list(tmp_path.iterdir()))}"
+        shutil.copytree(config_folder, folder)
+        meta = json.loads((folder / "metadata.json").read_text())
+        meta["kernel_mode_input"] = bad
+        (folder / "metadata.json").write_text(json.dumps(meta))
+        with pytest.raises(ArtifactError, match="kernel_mode_input"):
+            load(folder)
+    folder = tmp_path / "without"       # the record gone: the stored network's features do not match the encoder's
+    shutil.copytree(config_folder, folder)
+    meta = json.loads((folder / "metadata.json").read_text())
+    del meta["kernel_mode_input"]
+    (folder / "metadata.json").write_text(json.dumps(meta))
+    with pytest.raises(ArtifactError, match="gemm"):
+        load(folder)

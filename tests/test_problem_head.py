@@ -49,7 +49,7 @@ def refitted(tmp_path_factory, repo_root):
 def test_refit_replaces_three_heads(refitted):
     meta = json.loads((refitted / "metadata.json").read_text())
     # the three heads replaced; every other head of the folder (the bmm heads among them) kept
-    assert set(meta["heads"]) == {"gemm", "pad", "student", "static", "problem", "bmm", "bmm_call"}
+    assert set(meta["heads"]) == {"gemm", "pad", "student", "problem", "bmm", "bmm_call"}
     assert meta["problem_outputs"] == ["cublas", "call", "call_static"]
     assert meta["heads"]["problem"]["mlp"]["n_outputs"] == 3 and meta["heads"]["problem"]["encoder_kind"] == "cublas"
     assert meta["build"]["steps"][-1]["step"] == "problem-head" and meta["problem_settings"]["members"] == 2

@@ -38,11 +38,11 @@ def test_each_runner_declares_its_heads_and_kernel_modes(engines) -> None:
         run = p._run
         assert isinstance(run, Runner) and run.backend == backend == p.backend
         assert run.heads == frozenset(p.bundle.heads)          # every head of the shipped model, both backends
-        assert run.kernels == frozenset(KERNELS)               # models/h100 has a static head
+        assert run.kernels == frozenset(KERNELS)               # models/h100's config network serves both
     for backend in ("torch", "onnx"):                          # models/h200 has none: autotune only
         p = Predictor.load(H200, backend=backend)
-        assert p._run.kernels == frozenset({"autotune"}) and "static" not in p._run.heads
-        with pytest.raises(ValueError, match="kernel: .*no static head"):
+        assert p._run.kernels == frozenset({"autotune"}) and not {"static", "gemm_inductor"} & p._run.heads
+        with pytest.raises(ValueError, match="kernel: .*no static head or config network"):
             Predictor.load(H200, backend=backend, kernel="inductor")
     with pytest.raises(TypeError):
         Runner()  # an interface: only the backends are built

@@ -1,6 +1,7 @@
-"""The inductor kernel mode: the static head (train/static_head.py) and Predictor.load(kernel="inductor").
+"""The inductor kernel mode: Predictor.load(kernel="inductor"), served by the shipped model's config network
+(train/config_net.py: its inductor mode) -- or by a static head (train/static_head.py) where a folder has one.
 
-The shipped model's static head is judged on data/h100's test problems, every dataset config of each
+The shipped model's inductor mode is judged on data/h100's test problems, every dataset config of each
 timed statically (the gemm_static parts); the fitting itself is checked on synthetic log ratios (said so
 where used)."""
 from __future__ import annotations
@@ -12,7 +13,12 @@ import pytest
 import torch
 
 from perfmodel import GemmConfig, GemmProblem, Predictor
-from perfmodel.artifact import STATIC
+from perfmodel.artifact import inductor_head
+
+
+def _inductor(bundle):
+    """The head that gives the bundle's inductor mode (a config network's, or the static head)."""
+    return bundle.heads[inductor_head(bundle.heads)]
 
 
 @pytest.fixture(scope="module")
@@ -35,12 +41,12 @@ def test_metrics_reproduce_from_the_data(shipped, static_test):
     _, st = static_test
     m = shipped.metadata["static_metrics"]
     assert len(st.problems) == m["test_static/problems"]
-    got = ranking_metrics(shipped, shipped.heads[STATIC], st)
+    got = ranking_metrics(shipped, _inductor(shipped), st)
     base = ranking_metrics(shipped, None, st)
     for k in ("all/top1_eff", "float16/top1_eff", "bfloat16/top1_eff", "fp32_all/top1_eff", "all/top5_eff"):
         assert m[f"test_static/static_head/{k}"] == efficiency(got[k], got, k, st.modes), k
         assert m[f"test_static/without/{k}"] == efficiency(base[k], base, k, st.modes), k
-    # the head is what moves the ranking towards the static times (the figures docs/model.md quotes)
+    # the inductor mode is what moves the ranking towards the static times (the figures docs/model.md quotes)
     assert got["all/top1_eff"] > base["all/top1_eff"] + 0.01
     assert got["all/top1_eff"] >= 0.96 and got["all/top5_eff"] >= 0.995
 
@@ -54,7 +60,7 @@ def test_predictor_ranks_as_the_evaluation(shipped, static_test, backend):
 
     _, st = static_test
     pred = Predictor.load(backend=backend, kernel="inductor")
-    o = static_outputs(shipped, shipped.heads[STATIC], st)
+    o = static_outputs(shipped, _inductor(shipped), st)
     order = ev.screened(st, o["score"], o["log_ms"], o["screen"], shipped.screen_keep, o["lead"], shipped.lead_keep)
     fields = ("block_m", "block_n", "block_k", "group_m", "num_stages", "num_warps")
     for i, rows in enumerate(st.problem_rows()[:24]):
@@ -79,7 +85,7 @@ def test_inductor_mode_differs_and_backends_agree():
     i_torch, i_onnx = Predictor.load(backend="torch", kernel="inductor"), Predictor.load(backend="onnx", kernel="inductor")
     assert i_torch.kernel == "inductor" and a.kernel == "autotune"
     pa, pt, po = a.predict(prob), i_torch.predict(prob), i_onnx.predict(prob)
-    assert not np.allclose(pa, pt, rtol=1e-3)          # the static head changes the times
+    assert not np.allclose(pa, pt, rtol=1e-3)          # the inductor mode changes the times
     np.testing.assert_allclose(pt, po, rtol=1e-3)
     # onnx runs its own inductor graphs: the same picks, times apart by float32 rounding only (~1e-6)
     ti, to = i_torch.rank(prob, top_k=5), i_onnx.rank(prob, top_k=5)
@@ -93,7 +99,7 @@ def test_kernel_argument_errors(repo_root):
     with pytest.raises(ValueError, match="kernel"):
         Predictor.load(kernel="static")
     with pytest.raises(ValueError, match="kernel"):
-        Predictor.load(repo_root / "models" / "h200", kernel="inductor")   # no static head there
+        Predictor.load(repo_root / "models" / "h200", kernel="inductor")   # no inductor mode there
     with pytest.raises(ValueError, match="kernel"):
         Predictor.load().with_kernel("triton")
 
@@ -147,7 +153,7 @@ def test_eval_reports_both_kernel_modes(repo_root, shipped, static_test):
     (res,) = evaluate_datasets(shipped, load_device_datasets([repo_root / "data" / "h100"]), full_space=False)
     _, st = static_test
     assert res["static"]["problems"] == len(st.problems)
-    for mode, head in (("inductor", shipped.heads[STATIC]), ("autotune", None)):
+    for mode, head in (("inductor", _inductor(shipped)), ("autotune", None)):
         want = ranking_metrics(shipped, head, st)  # the same computation in this process: equal
         for k in ("all/top1_eff", "all/top5_eff", "fp32_all/top1_eff"):
             assert res["static"][mode][k] == pytest.approx(want[k], rel=1e-12), (mode, k)
