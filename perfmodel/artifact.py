@@ -462,8 +462,9 @@ class _OnnxHeads(torch.nn.Module):
     screen on every config, the gemm head on its best `keep` per problem; and what predict serves
     (PREDICT_OUTPUTS): the log ms of every config by the student head (else the gemm head). With a static
     head, the same two for kernel="inductor" (RANK_STATIC_OUTPUTS, PREDICT_STATIC_OUTPUTS): the static
-    head's output added by with_static wherever the Predictor's torch path adds it. One onnxruntime call
-    each, where the torch backend dispatches ~100 small ops."""
+    head's output added by with_static wherever the Predictor's torch path adds it; with a config network
+    (heads holding INDUCTOR_GEMM), the same two by its inductor mode in place of the gemm head (predict: that
+    mode on every config). One onnxruntime call each, where the torch backend dispatches ~100 small ops."""
 
     def __init__(self, heads: dict[str, PerfMLP], encoder: FeatureEncoder, keep: int = 0, lead_keep: int = 0,
                  screen: str | None = SCREEN) -> None:
@@ -651,8 +652,8 @@ RANK_OUTPUTS = ("rank_kept", "rank_log_ms")
 # (P, C) log ms of every problem with every config by predict_head(); from RANK_INPUTS. A model.onnx
 # written before it has none (the predictor then encodes in torch and runs the head's own graph).
 PREDICT_OUTPUTS = ("predict_log_ms",)
-# The same two for kernel="inductor" (with_static), in the graph of a model with a static head. A
-# model.onnx written before them serves kernel="autotune" only.
+# The same two for kernel="inductor" (with_static, or a config network's inductor mode), in the graph of a
+# model with a static head or a config network. A model.onnx written before them serves kernel="autotune" only.
 RANK_STATIC_OUTPUTS = ("rank_static_kept", "rank_static_log_ms")
 PREDICT_STATIC_OUTPUTS = ("predict_static_log_ms",)
 
@@ -665,7 +666,7 @@ def export_onnx_all(bundle: ModelBundle, folder: Path) -> list[Path]:
 def export_onnx(bundle: ModelBundle, path: Path) -> Path:
     """A single-file ONNX graph (no external data) with inputs <head>_x and outputs <head>_log_ms and
     <head>_score; from RANK_INPUTS, predict's log ms (PREDICT_OUTPUTS) and, when the bundle has a screen
-    head, the screened ranking (RANK_OUTPUTS) -- with a static head both again for kernel="inductor"
+    head, the screened ranking (RANK_OUTPUTS) -- with a static head or a config network both again for kernel="inductor"
     (PREDICT_STATIC_OUTPUTS, RANK_STATIC_OUTPUTS) -- all for the bundle's device (its spec's constants are folded
     into the graph's encoder: export_onnx_all writes one file per device)."""
     keep = bundle.screen_keep

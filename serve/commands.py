@@ -50,7 +50,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     rank.add_argument("--allow-tf32", action="store_true", help="float32 inputs use tf32 tensor cores")
     rank.add_argument("--kernel", choices=("autotune", "inductor"), default="autotune",
                       help="the kernel compiled as a @triton.autotune user's (default) or as Inductor compiles its "
-                           "mm template (needs the model's static head)")
+                           "mm template (needs the model's config network or static head)")
     rank.add_argument("--transpose-left", action="store_true", help="A stored column-major")
     rank.add_argument("--transpose-right", action="store_true", help="B stored column-major")
     rank.add_argument("--batch", type=_dim, default=1,

@@ -302,7 +302,8 @@ def install(top_k: int = 5, predictor: Predictor | None = None, *, model: Any = 
     predictor: a loaded Predictor (default: Predictor.load(model, backend=backend), loaded now so that a
     missing model fails here, not inside a compile).
     kernel: the kernel mode to rank for (Predictor.with_kernel); None: "inductor" -- the mm template as
-    Inductor compiles it, for static shapes -- when the model has a static head, else the predictor's own.
+    Inductor compiles it, for static shapes -- when the model has a config network or a static head, else the
+    predictor's own.
     cublas_margin: drop the Triton mm choices when cuBLAS's predicted time (the cuBLAS head's) x
     (1 + cublas_margin) is below the best ranked config's among those Inductor offers
     (perfmodel.serve.decisions.triton_dropped): predicted times only, never the call head behind

@@ -178,8 +178,8 @@ class Predictor:
         kernel: which compile of the kernel to predict (KERNELS): "autotune" (default; Triton's default
             specialisation, as a @triton.autotune user's kernel) or "inductor" (every size and stride a
             constant, as Inductor compiles its mm template; needs the model's static head or config
-            network). Both backends serve both modes (onnx: the graphs export-onnx writes for each); backend None picks onnx only
-            when its file serves the mode.
+            network). Both backends serve both modes (onnx: the graphs export-onnx writes for each);
+            backend None picks onnx only when its file serves the mode.
         Raises FileNotFoundError for a missing model, ArtifactError (a ValueError) for a corrupt or
         mismatched one, ValueError for an unknown backend, a device the model does not know, or a kernel
         mode the model or the named backend cannot serve (saying why).

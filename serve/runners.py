@@ -229,7 +229,8 @@ class _OnnxRunner(Runner):
                                     f"(re-export with `perfmodel export-onnx`)")
         self.heads = frozenset(self.head_sessions)
         # A kernel mode is served when the file has its graphs: the inductor mode's are written for a model
-        # with a static head (a file exported before them serves autotune only: Predictor says so).
+        # with a config network or a static head (a file exported before them serves autotune only: Predictor
+        # says so).
         self.kernels = frozenset(
             k for k in model_kernels(bundle)
             if k == KERNELS[0] or (inductor_head(self.heads) and k in self._has_predict

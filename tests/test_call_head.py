@@ -41,7 +41,9 @@ def test_metrics_reproduce_from_the_data(shipped, tables, name):
     table, split = tables[name]
     ok, y = call_targets(table)
     pred = call_scores(shipped, artifact.problem_output(shipped, name), table)
-    before = times_call(shipped, table, shipped.heads.get("static") if name == CALL_STATIC else None)
+    # the inductor-mode call's baseline: the config network's inductor mode (or a static head, in an older folder)
+    before = times_call(shipped, table, shipped.heads[artifact.inductor_head(shipped.heads)] if name == CALL_STATIC
+                        else None)
     m = shipped.metadata["call_metrics"]
     acc = {}
     for part, which in (("train", 0), ("val", 1), ("test", 2)):

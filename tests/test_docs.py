@@ -149,7 +149,7 @@ INDUCTOR_H100, INDUCTOR_H200 = ("benchmarks/results/inductor_bench_h100_unseen_v
 
 def _serve_latency() -> list[float]:
     """p50 ms of the onnx backend (the default): rank one problem / 100; predict one / 100."""
-    ours = _json("benchmarks/results/serve_latency_cpu2_v14.json")["results"]["ours, onnx"]
+    ours = _json("benchmarks/results/serve_latency_cpu2_v15.json")["results"]["ours, onnx"]
     return [ours[k]["p50_ms"] for k in ("one", "many", "predict_one", "predict_many")]
 
 

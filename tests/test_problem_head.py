@@ -111,10 +111,12 @@ def test_problem_outputs_must_match_the_head(tmp_path, repo_root):
     heads["problem"] = PerfMLP(MLPConfig(len(enc), (4,), "none", n_outputs=2)).eval()
     encoders = {**{k: bundle.encoders[k] for k in heads if k != "problem"}, "problem": enc}
     meta = {k: v for k, v in bundle.metadata.items() if k not in ("heads", "weights_sha256")}
-    save(ModelBundle(bundle.spec, heads, encoders, {**meta, "problem_outputs": ["cublas", "call", "call_static"]}), tmp_path)
+    save(ModelBundle(bundle.spec, heads, encoders, {**meta, "problem_outputs": ["cublas", "call", "call_static"]},
+                     bundle.config_net), tmp_path)
     with pytest.raises(ArtifactError, match="problem_outputs"):
         load(tmp_path)
-    save(ModelBundle(bundle.spec, heads, encoders, {**meta, "problem_outputs": ["cublas", "call"]}), tmp_path)
+    save(ModelBundle(bundle.spec, heads, encoders, {**meta, "problem_outputs": ["cublas", "call"]}, bundle.config_net),
+         tmp_path)
     b = load(tmp_path)
     with torch.inference_mode():
         out = b.heads["problem"](enc.encode(torch.tensor([[64.0, 64, 64, 2, 0, 0, 0, 0]], dtype=torch.float64)))
