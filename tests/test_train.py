@@ -400,3 +400,35 @@ def test_cli_help(command, option):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert option in proc.stdout
+
+
+@pytest.mark.slow
+def test_train_fits_a_config_network(tmp_path, isolated, repo_root):
+    # `perfmodel train --config-net` (pipeline.run, not the recipe) on a slice of data/h100 with its gemm_static
+    # rows: the folder's gemm head has the kernel-mode input, its inductor figures are in static_metrics, and both
+    # kernel modes load; a folder without static rows is refused naming config_net (SYNTHETIC shards, no static)
+    import json
+
+    from perfmodel import GemmProblem, Predictor
+    from perfmodel.train.data import slice_dataset
+    from perfmodel.train.folder import SHARD_KINDS
+    from perfmodel.train.pipeline import run
+
+    data = slice_dataset(repo_root / "data" / "h100", tmp_path / "h100", 60, 0, SHARD_KINDS)
+    mp = pytest.MonkeyPatch()
+    mp.chdir(tmp_path)
+    try:
+        run(_settings(tmp_path, tmp_path / "model", data=data, config_net=True, screen_hidden=(), baselines=False))
+        write_synthetic_dataset(tmp_path / "synthetic")
+        with pytest.raises(ValueError, match="config_net"):
+            run(_settings(tmp_path, tmp_path / "model2", data=tmp_path / "synthetic", config_net=True))
+    finally:
+        mp.undo()
+    meta = json.loads((tmp_path / "model" / "metadata.json").read_text())
+    assert meta["kernel_mode_input"] == {"autotune": 0.0, "inductor": 1.0} and "static" not in meta["heads"]
+    assert meta["heads"]["gemm"]["features"][-1] == "kernel_mode" and meta["settings"]["config_net"] is True
+    assert meta["static_metrics"]["source"] == "config_net" and meta["static_metrics"]["test_static/problems"] > 0
+    prob = GemmProblem(m=1024, n=1024, k=1024, dtype="float16")
+    for kernel in ("autotune", "inductor"):
+        assert Predictor.load(tmp_path / "model", backend="torch", kernel=kernel).predict(prob).min() > 0
+    assert not (tmp_path / "model2").exists()

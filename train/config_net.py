@@ -25,7 +25,7 @@ from perfmodel.model import MLPConfig, PerfMLP, floor_features
 from .data import GemmTable
 from .loop import fit_members
 from .metrics import summarize
-from .static_head import load_static, paired, ranking_metrics, split_static
+from .static_head import has_static_rows, load_static, paired, ranking_metrics, split_static
 
 AUTOTUNE, INDUCTOR = artifact.KERNEL_MODE_VALUES["autotune"], artifact.KERNEL_MODE_VALUES["inductor"]  # the flag's values
 KERNEL_MODES = {"autotune": AUTOTUNE, "inductor": INDUCTOR}
@@ -101,9 +101,10 @@ def fit_config_head(settings: Any, d: Any, logger: Any = False) -> PerfMLP:
     head with `config_net`. ValueError for several folders or a folder without static rows."""
     if len(d.datasets) != 1:
         raise ValueError("config_net: the static rows are one device's timings; train on one data folder")
-    static = load_static(d.datasets[0].folder)
-    if not len(static.ms):
-        raise ValueError(f"config_net: {d.datasets[0].folder} has no gemm_static rows (the inductor mode's data)")
+    folder = d.datasets[0].folder
+    if not has_static_rows(folder):
+        raise ValueError(f"config_net: {folder} has no gemm_static rows (the inductor mode's data: perfmodel gen static)")
+    static = load_static(folder)
     with torch.inference_mode():
         xs = d.enc.encode(torch.from_numpy(static.problems[static.problem_idx]), torch.from_numpy(static.configs))
     rows = joint_rows(d.gemm, static, d.split, d.x, xs)

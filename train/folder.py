@@ -204,25 +204,29 @@ def _student_line(meta: dict[str, Any]) -> str:
 
 
 def _static_line(meta: dict[str, Any]) -> str:
-    """The model card's line on kernel="inductor": the static head's, or the config network's, if the folder has one."""
+    """The model card's line on kernel="inductor": the static head's, or the config network's, if the folder has one
+    (a figure its test problems have no rows for, as a small slice's, written "-")."""
     m = meta.get("static_metrics")
     if not m:
         return "- No static head: the model predicts `kernel=\"autotune\"` only.\n"
-    w, wo = "test_static/static_head/", "test_static/without/"
+
+    def f(mode: str, key: str) -> str:
+        v = m.get(f"test_static/{mode}/{key}")
+        return "-" if v is None else f"{v:.3f}"
+
+    def top1(mode: str) -> str:
+        return " / ".join(f(mode, f"{d}/top1_eff") for d in ("float16", "bfloat16", "fp32_all"))
+
     if m.get("source") == "config_net":
         return (f"- Config network (the gemm head with a kernel-mode input, trained on the dataset's rows and "
                 f"{m['problems/train']} train problems' static rows; `kernel=\"inductor\"`, the kernel as Inductor "
                 f"compiles it): on the {m['test_static/problems']} test problems timed statically, the ranking's top-1 "
-                f"fp16 / bf16 / fp32 {m[w + 'float16/top1_eff']:.3f} / {m[w + 'bfloat16/top1_eff']:.3f} / "
-                f"{m[w + 'fp32_all/top1_eff']:.3f} in the inductor mode (the autotune mode "
-                f"{m[wo + 'float16/top1_eff']:.3f} / {m[wo + 'bfloat16/top1_eff']:.3f} / {m[wo + 'fp32_all/top1_eff']:.3f}"
-                f"), top-5 {m[w + 'all/top5_eff']:.3f}.\n")
+                f"fp16 / bf16 / fp32 {top1('static_head')} in the inductor mode (the autotune mode "
+                f"{top1('without')}), top-5 {f('static_head', 'all/top5_eff')}.\n")
     return (f"- Static head (`kernel=\"inductor\"`, the kernel as Inductor compiles it; `perfmodel static-head`): on "
             f"the {m['test_static/problems']} test problems timed statically, the ranking's top-1 fp16 / bf16 / fp32 "
-            f"{m[w + 'float16/top1_eff']:.3f} / {m[w + 'bfloat16/top1_eff']:.3f} / {m[w + 'fp32_all/top1_eff']:.3f} "
-            f"(without the head {m[wo + 'float16/top1_eff']:.3f} / {m[wo + 'bfloat16/top1_eff']:.3f} / "
-            f"{m[wo + 'fp32_all/top1_eff']:.3f}), top-5 {m[w + 'all/top5_eff']:.3f}; fitted on "
-            f"{m['problems/train']} train problems' static rows.\n")
+            f"{top1('static_head')} (without the head {top1('without')}), top-5 {f('static_head', 'all/top5_eff')}; "
+            f"fitted on {m['problems/train']} train problems' static rows.\n")
 
 
 def _problem_heads(meta: dict[str, Any]) -> str:
