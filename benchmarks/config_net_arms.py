@@ -80,8 +80,6 @@ def run_arm(arm: str, data: Path, epochs: int, hidden: tuple[int, ...], static_e
             threads: int, members: int = 1) -> dict[str, Any]:
     """Fit one arm ("a": gemm head then static head; "b": the config network) and measure it; returns
     its settings, metrics and wall time (the data's loading and encoding included)."""
-    from dataclasses import replace
-
     if arm not in ("a", "b"):
         raise ValueError(f"arm: expected 'a' (gemm + static heads) or 'b' (config network), got {arm!r}")
     if threads:

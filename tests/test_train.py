@@ -409,7 +409,7 @@ def test_train_fits_a_config_network(tmp_path, isolated, repo_root):
     # kernel modes load; a folder without static rows is refused naming config_net (SYNTHETIC shards, no static)
     import json
 
-    from perfmodel import GemmProblem, Predictor
+    from perfmodel import Predictor
     from perfmodel.train.data import slice_dataset
     from perfmodel.train.folder import SHARD_KINDS
     from perfmodel.train.pipeline import run
