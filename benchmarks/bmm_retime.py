@@ -1,8 +1,15 @@
 """How repeatable are the bmm sweep's timings? The ceiling of any bmm ranking against one timing (CPU).
 
-A second H100 run of the fourth bmm sweep's draw (`perfmodel gen bmm --modes float16,tf32 --seed 3 --n 600
---exclude-from <a folder with data/h100's first three bmm parts>`: the same problems and configs, in the same
-order; stopped after 140 s, its first 247 problems) is compared with data/h100's timing of them, config by config:
+A sweep's draw is deterministic (seed, n, modes, the folder whose problems it excluded), so running `perfmodel gen
+bmm` again with the same arguments on one H100 re-times the same problems and configs in the same order. Two such
+re-times are committed under benchmarks/results/bmm_retime_h100/, each stopped after a few minutes:
+
+- sweep4: the fourth sweep (data/h100's bmm-s0of1-p003: `--modes float16,tf32 --seed 3 --n 600 --exclude-from <a
+  folder with the first three bmm parts>`), its first 247 problems, re-timed in the same session's later call;
+- sweep1: the first sweep (bmm-s0of1-p000: `--seed 0 --n 300`, every mode), all 300 problems, a day after it
+  was timed (then on a machine running a second GPU job beside it).
+
+Each is compared with data/h100's timing of the same problems, config by config:
 
 - top-1 of the first timing's fastest config scored on the re-time (and the reverse): what a model that knew
   one timing exactly would score against another -- the noise ceiling of the held-out top-1;
@@ -10,8 +17,8 @@ order; stopped after 140 s, its first 247 problems) is compared with data/h100's
   ceiling of the call's accuracy;
 - the ratio of the two times of each config.
 
-    python benchmarks/bmm_retime.py [--first data/h100/bmm-s0of1-p003.jsonl.gz]
-        [--retime benchmarks/results/bmm_retime_h100/bmm-s0of1-p000.jsonl.gz] [--out benchmarks/results/bmm_retime_h100.json]
+    python benchmarks/bmm_retime.py --sweep 4 --out benchmarks/results/bmm_retime_h100_sweep4.json
+    python benchmarks/bmm_retime.py --sweep 1 --out benchmarks/results/bmm_retime_h100_sweep1.json
 """
 from __future__ import annotations
 
@@ -26,6 +33,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = ("block_m", "block_n", "block_k", "group_m", "num_stages", "num_warps")
 PROBLEM = ("m", "n", "k", "dtype", "allow_tf32", "transpose_left", "transpose_right", "batch")
+RETIMES = REPO / "benchmarks/results/bmm_retime_h100"
+# sweep: (data/h100's part file, its committed re-time)
+SWEEPS = {4: (REPO / "data/h100/bmm-s0of1-p003.jsonl.gz", RETIMES / "sweep4/bmm-s0of1-p000.jsonl.gz"),
+          1: (REPO / "data/h100/bmm-s0of1-p000.jsonl.gz", RETIMES / "sweep1/bmm-s0of1-p000.jsonl.gz")}
 
 
 def timings(path: Path) -> tuple[dict[tuple, dict[tuple, float]], dict[tuple, float]]:
@@ -78,11 +89,10 @@ def compare(first: tuple[dict, dict], second: tuple[dict, dict]) -> dict[str, An
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--first", type=Path, default=REPO / "data/h100/bmm-s0of1-p003.jsonl.gz")
-    ap.add_argument("--retime", type=Path, default=REPO / "benchmarks/results/bmm_retime_h100/bmm-s0of1-p000.jsonl.gz")
+    ap.add_argument("--sweep", type=int, choices=sorted(SWEEPS), default=4, help="which committed re-time")
     ap.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
     args = ap.parse_args(argv)
-    res = compare(timings(args.first), timings(args.retime))
+    res = compare(*(timings(p) for p in SWEEPS[args.sweep]))
     text = json.dumps(res, indent=1)
     print(text)
     if args.out:

@@ -32,12 +32,12 @@ def test_the_ceiling_rule_on_synthetic_timings():
     assert same["top1_first_on_second"] == 1.0 and same["call_same"] == 1.0 and same["picks_differ"] == 0.0
 
 
-def test_the_committed_figures_are_the_rows():
-    from bmm_retime import compare, timings
+@pytest.mark.parametrize("sweep,problems", [(4, 247), (1, 300)])
+def test_the_committed_figures_are_the_rows(sweep, problems):
+    from bmm_retime import SWEEPS, compare, timings
 
-    want = json.loads((REPO / "benchmarks/results/bmm_retime_h100.json").read_text())
-    got = compare(timings(REPO / "data/h100/bmm-s0of1-p003.jsonl.gz"),
-                  timings(REPO / "benchmarks/results/bmm_retime_h100/bmm-s0of1-p000.jsonl.gz"))
-    assert got["problems"] == want["problems"] == 247 and got["configs"] == want["configs"]
+    want = json.loads((REPO / f"benchmarks/results/bmm_retime_h100_sweep{sweep}.json").read_text())
+    got = compare(*(timings(p) for p in SWEEPS[sweep]))
+    assert got["problems"] == want["problems"] == problems and got["configs"] == want["configs"]
     for k in ("top1_first_on_second", "top1_second_on_first", "picks_differ", "call_same"):
         assert got[k] == pytest.approx(want[k], rel=1e-9), k
