@@ -29,7 +29,7 @@ from perfmodel.train.config_net import KERNEL_MODES, fit_config_net, joint_rows,
 from perfmodel.train.data import GemmTable
 from perfmodel.train.loop import fit_members
 from perfmodel.train.pipeline import TrainSettings, load_data
-from perfmodel.train.static_head import StaticHeadSettings, fit, load_static, paired, split_static
+from perfmodel.train.static_head import StaticHeadSettings, fit, load_static, paired_split, split_static
 
 
 @torch.inference_mode()
@@ -107,9 +107,8 @@ def fit_static_rows(table: GemmTable, static: GemmTable, split: np.ndarray, xs: 
                     s: StaticHeadSettings) -> PerfMLP:
     """The static head as static_head.fit_static_head fits it (the log ratio static / dataset time on
     the paired rows of the train problems), without its figures."""
-    rows, prob = paired(table, static)
+    rows, prob, part = paired_split(table, static, split)
     ok = rows >= 0
-    part = np.where(prob >= 0, split[np.maximum(prob, 0)], -1)
     y = torch.from_numpy(np.log(static.ms) - np.log(np.where(ok, table.ms[np.maximum(rows, 0)], 1.0))).float()
     train = torch.from_numpy(ok & (part == 0))
     return fit(xs[train], y[train], s, log=lambda *a: None)

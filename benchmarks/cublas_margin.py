@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         from perfmodel.train.static_head import load_static, split_static, static_outputs
 
         test = split_static(ds.gemm, load_static(args.data), split_problems(ds.gemm.modes, seed))
-        pred = static_outputs(bundle, bundle.heads.get(artifact.inductor_head(bundle.heads) or ""), test)["log_ms"]
+        pred = static_outputs(bundle, artifact.inductor_mode(bundle.heads), test)["log_ms"]
     else:
         P, C = torch.from_numpy(test.problems[test.problem_idx]), torch.from_numpy(test.configs)
         _, pred = head_outputs(bundle.heads["gemm"], bundle.encoders["gemm"].encode(P, C))

@@ -118,6 +118,12 @@ def inductor_head(heads: Any) -> str | None:
     return INDUCTOR_GEMM if INDUCTOR_GEMM in heads else STATIC if STATIC in heads else None
 
 
+def inductor_mode(heads: dict[str, Any]) -> Any:
+    """The head named by inductor_head(heads) (a config network's inductor mode, or the static head), or None."""
+    name = inductor_head(heads)
+    return heads[name] if name else None
+
+
 def with_static(score: torch.Tensor, static: torch.Tensor,
                 floor: "Callable[[torch.Tensor], torch.Tensor] | None" = None) -> torch.Tensor:
     """kernel="inductor", the one rule: a gemm (or student) head's score or log ms plus the static head's

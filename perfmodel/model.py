@@ -209,8 +209,8 @@ class PerfMLP(nn.Module):
     def with_input(self, column: int, value: float) -> "PerfMLP":
         """An eval-mode copy on one input fewer: input `column` held at `value` (raw, before the
         standardisation), folded into the first Linear's bias (folded(): plain Linear/ReLU layers, norm
-        "none" where it was "batch"). A network with a kernel-mode input served for one mode (perfmodel/artifact.py): the same
-        outputs as feeding the column `value`, to float rounding."""
+        "none" where it was "batch"). A network with a kernel-mode input served for one mode
+        (perfmodel/artifact.py): the same outputs as feeding the column `value`, to float rounding."""
         if not 0 <= column < self.cfg.n_inputs or self.cfg.n_inputs < 2:
             raise ValueError(f"column: expected 0 to {self.cfg.n_inputs - 1} of a head of {self.cfg.n_inputs} "
                              f"inputs, got {column}")

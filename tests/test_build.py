@@ -200,6 +200,31 @@ def test_a_failed_build_leaves_the_previous_folder(tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.iterdir()] == ["model", "r.toml"]  # no temporary folder left
 
 
+@pytest.mark.slow
+def test_a_recipe_with_a_static_head_still_builds(tmp_path, monkeypatch):
+    """The layout before the config network: recipes/ci-small.toml without config_net and with a [static]
+    section (a slice of 40 problems) builds a folder whose static head serves kernel="inductor", its figures in
+    static_metrics under the keys the card and `perfmodel eval` read."""
+    pytest.importorskip("lightning", reason="building needs the train extra (pip install 'perfmodel[train]')")
+    from perfmodel import GemmProblem, Predictor
+    from perfmodel.train import recipe
+
+    monkeypatch.chdir(REPO)
+    text = (REPO / "recipes" / "ci-small.toml").read_text().replace("slice_problems = 200", "slice_problems = 40")
+    text = text.replace("config_net = true", "config_net = false") + "\n[static]\nhidden = [16]\nepochs = 5\n"
+    (tmp_path / "r.toml").write_text(text)
+    out = tmp_path / "model"
+    recipe.run_build(tmp_path / "r.toml", out=out, log=lambda *a: None)
+    meta = json.loads((out / "metadata.json").read_text())
+    assert "static" in meta["heads"] and "kernel_mode_input" not in meta
+    m = meta["static_metrics"]
+    assert "source" not in m and m["test_static/problems"] > 0 and 0 < m["test_static/without/all/top1_eff"] <= 1
+    assert 0 < m["test_static/static_head/all/top1_eff"] <= 1 and m["rows/train"] > 0
+    assert "- Static head (" in (out / "MODEL_CARD.md").read_text()
+    prob = GemmProblem(m=1024, n=1024, k=1024, dtype="float16")
+    assert Predictor.load(out, backend="torch", kernel="inductor").predict(prob).min() > 0
+
+
 @pytest.mark.parametrize("name,data", [("h100", ["h100"]), ("h200", ["h100", "h200"])])
 def test_the_shipped_folders_are_their_recipes_builds(name, data):
     """models/<name> is `perfmodel build --recipe recipes/<name>.toml`: its record holds that recipe's text, the

@@ -42,8 +42,7 @@ def test_metrics_reproduce_from_the_data(shipped, tables, name):
     ok, y = call_targets(table)
     pred = call_scores(shipped, artifact.problem_output(shipped, name), table)
     # the inductor-mode call's baseline: the config network's inductor mode (or a static head, in an older folder)
-    before = times_call(shipped, table, shipped.heads[artifact.inductor_head(shipped.heads)] if name == CALL_STATIC
-                        else None)
+    before = times_call(shipped, table, artifact.inductor_mode(shipped.heads) if name == CALL_STATIC else None)
     m = shipped.metadata["call_metrics"]
     acc = {}
     for part, which in (("train", 0), ("val", 1), ("test", 2)):

@@ -13,12 +13,12 @@ import pytest
 import torch
 
 from perfmodel import GemmConfig, GemmProblem, Predictor
-from perfmodel.artifact import inductor_head
+from perfmodel.artifact import inductor_mode
 
 
 def _inductor(bundle):
     """The head that gives the bundle's inductor mode (a config network's, or the static head)."""
-    return bundle.heads[inductor_head(bundle.heads)]
+    return inductor_mode(bundle.heads)
 
 
 @pytest.fixture(scope="module")

@@ -133,8 +133,8 @@ def _fit_one(bundle: artifact.ModelBundle, datasets: list, splits: list[np.ndarr
              by_device: dict[str, dict[str, Any]], log: Any) -> PerfMLP:
     """One call head (name: CALL or CALL_STATIC) fitted on every device's train problems; its figures into
     by_device."""
-    mode = artifact.inductor_head(bundle.heads) if name == CALL_STATIC else None
-    static = bundle.heads[mode] if mode else None  # the static head, or a config network's inductor mode
+    # the static head, or a config network's inductor mode
+    static = artifact.inductor_mode(bundle.heads) if name == CALL_STATIC else None
     parts = []  # per device: (device bundle, table, has both times, target, split)
     for ds, split in zip(datasets, splits):
         tab = ds.gemm if name == CALL else load_static(ds.folder)

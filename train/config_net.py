@@ -25,7 +25,7 @@ from perfmodel.model import MLPConfig, PerfMLP, floor_features
 from .data import GemmTable
 from .loop import fit_members
 from .metrics import summarize
-from .static_head import has_static_rows, load_static, paired, ranking_metrics, split_static
+from .static_head import has_static_rows, load_static, mode_figures, paired_split, split_static
 
 AUTOTUNE, INDUCTOR = artifact.KERNEL_MODE_VALUES["autotune"], artifact.KERNEL_MODE_VALUES["inductor"]  # the flag's values
 KERNEL_MODES = {"autotune": AUTOTUNE, "inductor": INDUCTOR}
@@ -58,9 +58,8 @@ def joint_rows(table: GemmTable, static: GemmTable, split: np.ndarray, x_table: 
     if len(x_table) != len(table.ms) or len(x_static) != len(static.ms):
         raise ValueError(f"x_table / x_static: {len(x_table)} / {len(x_static)} rows for tables of "
                          f"{len(table.ms)} / {len(static.ms)}")
-    _, prob = paired(table, static)
+    _, prob, s_split = paired_split(table, static, split)
     n = len(table.problems)
-    s_split = np.where(prob >= 0, split[np.maximum(prob, 0)], -1)
     s_group = np.where(prob >= 0, n + prob, -1)
     return JointRows(torch.cat([with_mode(x_table, AUTOTUNE), with_mode(x_static, INDUCTOR)]),
                      torch.from_numpy(np.log(np.concatenate([table.ms, static.ms]))).float(),
@@ -111,20 +110,18 @@ def fit_config_head(settings: Any, d: Any, logger: Any = False) -> PerfMLP:
     return fit_config_net(rows, d.enc.names, settings, settings.epochs, settings.gemm_members, logger)
 
 
-def inductor_figures(bundle: artifact.ModelBundle, table: GemmTable, static: GemmTable, split: np.ndarray
-                     ) -> dict[str, Any]:
+def inductor_figures(bundle: artifact.ModelBundle, table: GemmTable, static: GemmTable, split: np.ndarray,
+                     log: Any = print) -> dict[str, Any]:
     """A config network's figures for metadata "static_metrics" (the keys the static head's had): the test
     problems (split: the model's split of table's problems) ranked on their static times by the serving
     path, with the inductor mode ("static_head") and with the autotune mode ("without"), and the static
     rows' counts."""
     t0 = time.perf_counter()
-    _, prob = paired(table, static)
-    part = np.where(prob >= 0, split[np.maximum(prob, 0)], -1)
-    st = split_static(table, static, split)
+    _, prob, part = paired_split(table, static, split)
     metrics: dict[str, Any] = {"rows/train": int((part == 0).sum()), "rows/val": int((part == 1).sum()),
                                "problems/train": len(set(prob[part == 0])), "problems/val": len(set(prob[part == 1])),
-                               "test_static/problems": len(st.problems), "source": "config_net"}
-    for name, h in (("static_head", bundle.heads[artifact.INDUCTOR_GEMM]), ("without", None)):
-        metrics.update({f"test_static/{name}/{k}": v for k, v in ranking_metrics(bundle, h, st).items()})
+                               "source": "config_net"}
+    metrics.update(mode_figures(bundle, bundle.heads[artifact.INDUCTOR_GEMM], split_static(table, static, split), log,
+                                "config network", ("autotune mode", "inductor mode")))
     metrics["seconds"] = time.perf_counter() - t0
     return metrics

@@ -60,7 +60,7 @@ def static_results(bundle: artifact.ModelBundle, ds, split: np.ndarray) -> dict 
     inductor mode or the folder no static rows of test problems."""
     from .static_head import has_static_rows, load_static, ranking_metrics, split_static
 
-    mode = artifact.inductor_head(bundle.heads)
+    mode = artifact.inductor_mode(bundle.heads)
     if mode is None or not has_static_rows(ds.folder):
         return None
     st = split_static(ds.gemm, load_static(ds.folder), split)
@@ -68,7 +68,7 @@ def static_results(bundle: artifact.ModelBundle, ds, split: np.ndarray) -> dict 
         return None
     calls = {name: artifact.problem_output(bundle, name) for name in (artifact.CALL, artifact.CALL_STATIC)}
     return {"problems": len(st.problems), "autotune": ranking_metrics(bundle, None, st, calls[artifact.CALL]),
-            "inductor": ranking_metrics(bundle, bundle.heads[mode], st, calls[artifact.CALL_STATIC])}
+            "inductor": ranking_metrics(bundle, mode, st, calls[artifact.CALL_STATIC])}
 
 
 def run_eval(args: argparse.Namespace) -> int:

@@ -181,8 +181,7 @@ def problem_figures(bundle: artifact.ModelBundle, head: PerfMLP, outputs: tuple[
                 "rows": {k: int(((rows.kind == k) & sel).sum()) for k in ("gemm", "cublas_only", "pad_orig")}}
 
     served = with_problem_head(bundle, head, outputs)
-    mode = artifact.inductor_head(bundle.heads)  # the static head, or a config network's inductor mode
-    static = bundle.heads[mode] if mode else None
+    static = artifact.inductor_mode(bundle.heads)  # the static head, or a config network's inductor mode
     by_device: dict[str, dict[str, Any]] = {d: {} for d in devices}
     for name in outputs[1:]:
         view = artifact.problem_output(served, name)

@@ -83,11 +83,7 @@ def inductor_figures_step(bundle: artifact.ModelBundle, ds: Any, split: np.ndarr
     from .config_net import inductor_figures
 
     split = model_splits(bundle, [ds])[0] if split is None else split
-    metrics = inductor_figures(bundle, ds.gemm, load_static(ds.folder), split)
-    for k in ("float16/top1_eff", "bfloat16/top1_eff", "fp32_all/top1_eff", "all/top5_eff"):
-        a, b = metrics.get(f"test_static/static_head/{k}"), metrics.get(f"test_static/without/{k}")
-        if a is not None:
-            log(f"config network: test problems on static times, {k}: {b:.4f} autotune mode -> {a:.4f} inductor mode")
+    metrics = inductor_figures(bundle, ds.gemm, load_static(ds.folder), split, log)
     bundle.metadata = {**bundle.metadata, "static_metrics": metrics}
     return metrics
 

@@ -79,6 +79,13 @@ def paired(table: GemmTable, static: GemmTable) -> tuple[np.ndarray, np.ndarray]
     return rows, prob
 
 
+def paired_split(table: GemmTable, static: GemmTable, split: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """paired(table, static) and each static row's problem's split (split: of table's problems; -1 for a
+    problem table does not have)."""
+    rows, prob = paired(table, static)
+    return rows, prob, np.where(prob >= 0, split[np.maximum(prob, 0)], -1)
+
+
 def split_static(table: GemmTable, static: GemmTable, split: np.ndarray, which: int = 2) -> GemmTable:
     """static's rows of the problems of table that split puts in `which` (0 train, 1 val, 2 test)."""
     keys = {table.problem_keys[i] for i in np.flatnonzero(split == which)}
@@ -151,9 +158,8 @@ def fit_static_head(bundle: artifact.ModelBundle, table: GemmTable, static: Gemm
     (split: the model's split of table's problems), and its figures: the fit on each split's paired rows,
     and the ranking of the test problems on their static times with and without it. Writes nothing."""
     t0 = time.perf_counter()
-    rows, prob = paired(table, static)
+    rows, prob, part = paired_split(table, static, split)
     ok = rows >= 0
-    part = np.where(prob >= 0, split[np.maximum(prob, 0)], -1)
     with torch.inference_mode():
         x = bundle.encoders["gemm"].encode(torch.from_numpy(static.problems[static.problem_idx]),
                                            torch.from_numpy(static.configs))
@@ -166,17 +172,28 @@ def fit_static_head(bundle: artifact.ModelBundle, table: GemmTable, static: Gemm
         d = head.score(x).double().numpy()
     metrics = _fit_figures(d, y.double().numpy(), train, val, ok & (part == 2), prob)
     # the test problems: the ranking on the static times (every dataset config of each), with and without
-    st = split_static(table, static, split)
-    for name, h in (("static_head", head), ("without", None)):
-        metrics.update({f"test_static/{name}/{k}": v for k, v in ranking_metrics(bundle, h, st).items()})
-    metrics["test_static/problems"] = len(st.problems)
+    metrics.update(mode_figures(bundle, head, split_static(table, static, split), log, "static-head",
+                                ("without the head", "with it")))
     metrics["seconds"] = time.perf_counter() - t0
+    return head, metrics
+
+
+def mode_figures(bundle: artifact.ModelBundle, head: PerfMLP, st: GemmTable, log: Any, what: str,
+                 labels: tuple[str, str]) -> dict[str, Any]:
+    """The test problems' static rows st ranked by the serving path (ranking_metrics) with the inductor mode's
+    head (the static head, or a config network's inductor mode: keys "test_static/static_head/...") and without
+    it ("test_static/without/..."), and their count; each headline figure logged as `what`: `<without> -> <with>`
+    (labels: how the two are named)."""
+    out: dict[str, Any] = {}
+    for name, h in (("static_head", head), ("without", None)):
+        out.update({f"test_static/{name}/{k}": v for k, v in ranking_metrics(bundle, h, st).items()})
+    out["test_static/problems"] = len(st.problems)
     for k in ("all/top1_eff", "float16/top1_eff", "bfloat16/top1_eff", "fp32_all/top1_eff", "all/top5_eff",
               "cublas/choice_accuracy"):
-        a, b = metrics.get(f"test_static/static_head/{k}"), metrics.get(f"test_static/without/{k}")
+        a, b = out.get(f"test_static/static_head/{k}"), out.get(f"test_static/without/{k}")
         if a is not None:
-            log(f"static-head: test problems on static times, {k}: {b:.4f} without the head -> {a:.4f} with it")
-    return head, metrics
+            log(f"{what}: test problems on static times, {k}: {b:.4f} {labels[0]} -> {a:.4f} {labels[1]}")
+    return out
 
 
 def _fit_figures(d: np.ndarray, yy: np.ndarray, train: np.ndarray, val: np.ndarray, test: np.ndarray,
