@@ -61,20 +61,21 @@ def settings_record(settings: Any, exclude: tuple[str, ...] = ()) -> dict[str, A
     return {f.name: setting_value(getattr(settings, f.name)) for f in fields(settings) if f.name not in exclude}
 
 
-def shard_files(folder: Path) -> list[Path]:
-    """The dataset folder's shard files of the kinds a build reads, sorted by their path in the folder."""
+def shard_files(folder: Path, kinds: tuple[str, ...] = SHARD_KINDS) -> list[Path]:
+    """The dataset folder's shard files of these kinds (default: every kind a build reads), sorted by their
+    path in the folder."""
     folder = Path(folder)
     names = [p for p in folder.iterdir() if p.is_file() and any(
         p.name.startswith(k + "-") and (p.name.endswith(".jsonl") or p.name.endswith(".jsonl.gz"))
-        for k in SHARD_KINDS)] if folder.is_dir() else []
+        for k in kinds)] if folder.is_dir() else []
     return sorted(names, key=lambda p: p.relative_to(folder).as_posix())
 
 
-def data_sha256(folder: Path) -> dict[str, Any]:
-    """sha256 over every shard file of the folder (shard_files): each one's path relative to the folder,
-    then its bytes, in sorted order; with the folder as recorded and the number of files."""
+def data_sha256(folder: Path, kinds: tuple[str, ...] = SHARD_KINDS) -> dict[str, Any]:
+    """sha256 over every shard file of the folder of these kinds (shard_files): each one's path relative to
+    the folder, then its bytes, in sorted order; with the folder as recorded and the number of files."""
     h = hashlib.sha256()
-    files = shard_files(folder)
+    files = shard_files(folder, kinds)
     for p in files:
         h.update(p.relative_to(folder).as_posix().encode())
         h.update(p.read_bytes())

@@ -3,7 +3,8 @@ run, as a recipe (a TOML file) says.
 
 The steps, in the order the heads depend on each other:
 
-1. data     -- the dataset folders (a slice of them, for a small model), the sha256 of every shard file;
+1. data     -- the dataset folders (a slice of them, for a small model), the sha256 of every shard file the
+               build reads (bmm shards only where a [bmm] step reads them);
 2. train    -- the gemm head (with [train].config_net, the config network: both kernel modes, in place of
                the gemm head and the static head), the screen, the cuBLAS head and the pad head, the PR 156851
                baseline (train/pipeline.py fit_heads; screen_keep and lead_keep are set here: the static
@@ -192,13 +193,15 @@ def run_build(path: Path, out: Path | None = None, log: Any = print) -> dict[str
 
 def _prepare_data(recipe: Recipe, tmp: Path) -> tuple[tuple[Path, ...], list[dict[str, Any]], float]:
     """The folders the build reads (the recipe's, or slices of them in tmp) and the data record: each
-    recipe folder's hash over every shard file it has (data_sha256), and the slice taken."""
+    recipe folder's hash over every shard file the build reads (data_sha256: the bmm shards only of the first
+    folder and only with a [bmm] step, which alone reads them), and the slice taken."""
     t0 = time.perf_counter()
     record, folders = [], []
     for i, folder in enumerate(recipe.data):
         if not folder.is_dir():
             raise FileNotFoundError(f"data: no dataset folder {folder} (recipe [build].data)")
-        rec = data_sha256(folder)
+        read = SHARD_KINDS if (recipe.bmm is not None and i == 0) else tuple(k for k in SHARD_KINDS if k != "bmm")
+        rec = data_sha256(folder, read)
         if recipe.slice_problems:
             # the slice keeps the folder's name (the device it stands for: train/data.py folder_name_device)
             folder = slice_dataset(folder, tmp / str(i) / folder.resolve().name, recipe.slice_problems,
