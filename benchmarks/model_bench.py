@@ -32,6 +32,10 @@ after the other, each after torch._dynamo.reset() in a fresh Inductor cache:
   perfmodel-b2     the set-up with the recipe builds of models/h100 before the config network (a gemm head and a
                    static head; their mm decisions alike): its rows of the workloads where the config network
                    decides differently (Swin-T, Llama decode); run it with --model
+  perfmodel-b3     the set-up with the recipe builds of models/h100 whose bmm heads were fitted on 1,800 bmm
+                   problems (before the fifth and sixth bmm sweeps; their mm decisions the shipped folder's): its
+                   rows of the workloads where the shipped bmm heads decide differently (BERT-large, T5-base,
+                   Swin-T); run it with --model
   perfmodel-1x1mm  the set-up with Inductor's max_autotune_gemm lowering of channels-last 1x1 convolutions as
                    mm (ranked like any mm) instead of default mode's convolution
 
@@ -170,7 +174,7 @@ WORKLOADS = [
     Workload("Swin-T, fp16, batch 32", _vision("swin_t", "float16", 32), "float16"),
 ]
 VARIANTS = ("default", "max-autotune", "perfmodel", "perfmodel-top1", "perfmodel-top3", "perfmodel-aten", "perfmodel-zero", "perfmodel-1x1mm", "hook",
-            "hook-m0", "hook-top1", "perfmodel-bmm3", "perfmodel-v2", "perfmodel-b1", "perfmodel-b2")
+            "hook-m0", "hook-top1", "perfmodel-bmm3", "perfmodel-v2", "perfmodel-b1", "perfmodel-b2", "perfmodel-b3")
 BASELINES = ("default", "max-autotune")
 TIMED_RUNS = 30
 REL_TOL = 0.05   # relative Frobenius error against eager allowed for a fp16/bf16 model with random weights
