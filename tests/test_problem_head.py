@@ -28,6 +28,29 @@ def test_masked_loss_is_per_output_means_summed():
     assert torch.all(pred.grad[:, 2] == 0) and pred.grad[1, 1] == 0  # no gradient from a missing target
 
 
+def test_the_one_cycle_schedule_runs_ten_steps():
+    # torch's OneCycleLR divided by zero at 10 steps (a tenth of them warming up ends on step 0): a call head of
+    # 5 epochs of 2 batches is 10 steps (the CI recipe's slice, once data/h100 had 3,600 bmm problems)
+    from types import SimpleNamespace
+
+    from perfmodel.model import MLPConfig, PerfMLP
+    from perfmodel.train.loop import fit_plain, one_cycle
+
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    sched = one_cycle(opt, 1.0, 10)
+    lrs = []
+    for _ in range(10):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert lrs.index(max(lrs)) == 1 and lrs[-1] < lrs[0]  # two steps warming up (0, 1), then down
+    assert one_cycle(torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0), 1.0, 20).total_steps == 20
+    head = PerfMLP(MLPConfig(3, (4,), "none"))
+    s = SimpleNamespace(lr=0.01, weight_decay=0.0, epochs=5, batch_rows=3, huber_beta=0.05)
+    x, y = torch.randn(5, 3), torch.randn(5)  # synthetic rows: 2 batches a epoch
+    fit_plain(head, x, y, s, 0, lambda rows: head(rows).squeeze(-1))
+
+
 @pytest.fixture(scope="module")
 def refitted(tmp_path_factory, repo_root):
     """A copy of models/h100 whose cublas, call and call_static heads are replaced by a problem network of a

@@ -45,7 +45,7 @@ from perfmodel.model import MLPConfig, PerfMLP
 
 from .data import _mode, _problem_row, split_problems
 from .losses import within_problem_loss
-from .loop import fit_ensemble, fit_plain
+from .loop import fit_ensemble, fit_plain, one_cycle
 
 BMM, BMM_ATEN, BMM_CALL = artifact.BMM, artifact.BMM_ATEN, artifact.BMM_CALL
 MODES = ("float16", "bfloat16", "tf32", "float32")
@@ -256,7 +256,7 @@ def fit_ranked(x: torch.Tensor, y: torch.Tensor, group: np.ndarray, s: BmmHeadSe
     drawn = round(s.static_share * len(aux))
     steps = math.ceil((len(main) + drawn) / s.problems_per_batch)
     opt = torch.optim.AdamW(head.parameters(), lr=s.lr, weight_decay=s.weight_decay)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=s.lr, total_steps=s.epochs * steps, pct_start=0.1)
+    sched = one_cycle(opt, s.lr, s.epochs * steps)
     rng = np.random.default_rng(seed)
     for _ in range(s.epochs):
         perm = rng.permutation(len(rows)) if not len(aux) else \
