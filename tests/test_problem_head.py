@@ -47,7 +47,7 @@ def test_the_one_cycle_schedule_runs_ten_steps():
     assert one_cycle(torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0), 1.0, 20).total_steps == 20
     head = PerfMLP(MLPConfig(3, (4,), "none"))
     s = SimpleNamespace(lr=0.01, weight_decay=0.0, epochs=5, batch_rows=3, huber_beta=0.05)
-    x, y = torch.randn(5, 3), torch.randn(5)  # synthetic rows: 2 batches a epoch
+    x, y = torch.randn(5, 3), torch.randn(5)  # synthetic rows: 2 batches an epoch
     fit_plain(head, x, y, s, 0, lambda rows: head(rows).squeeze(-1))
 
 
