@@ -77,15 +77,17 @@ def _test_rows(d, static: GemmTable, xs: torch.Tensor):
 
 
 def run_arm(arm: str, data: Path, epochs: int, hidden: tuple[int, ...], static_epochs: int, seed: int,
-            threads: int, members: int = 1) -> dict[str, Any]:
+            threads: int, members: int = 1, split_seed: int | None = None) -> dict[str, Any]:
     """Fit one arm ("a": gemm head then static head; "b": the config network) and measure it; returns
-    its settings, metrics and wall time (the data's loading and encoding included)."""
+    its settings, metrics and wall time (the data's loading and encoding included). seed seeds the fit and,
+    unless split_seed is given, the split (the model's: the same seed for both)."""
     if arm not in ("a", "b"):
         raise ValueError(f"arm: expected 'a' (gemm + static heads) or 'b' (config network), got {arm!r}")
     if threads:
         torch.set_num_threads(threads)
     t0 = time.perf_counter()
-    d, static, xs = _load(data, seed)
+    split_seed = seed if split_seed is None else split_seed
+    d, static, xs = _load(data, split_seed)
     ts = replace(TrainSettings(data=(data,), seed=seed, progress=False), hidden=tuple(hidden), epochs=epochs)
     test, st, x_test, xs_test = _test_rows(d, static, xs)
     if arm == "a":
@@ -98,8 +100,8 @@ def run_arm(arm: str, data: Path, epochs: int, hidden: tuple[int, ...], static_e
         net = fit_config_net(joint_rows(d.gemm, static, d.split, d.x, xs), d.enc.names, ts, epochs, members)
         metrics = arm_b_metrics(net, x_test, xs_test, test, st)
     return {"arm": arm, "epochs": epochs, "members": members, "hidden": list(hidden),
-            "static_epochs": static_epochs if arm == "a" else None, "seed": seed, "threads": torch.get_num_threads(),
-            "seconds": time.perf_counter() - t0,
+            "static_epochs": static_epochs if arm == "a" else None, "seed": seed, "split_seed": split_seed,
+            "threads": torch.get_num_threads(), "seconds": time.perf_counter() - t0,
             "rows": {"gemm": int(len(d.gemm.ms)), "gemm_static": int(len(static.ms))}, "metrics": metrics}
 
 
@@ -129,11 +131,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--members", type=int, default=3, help="seeds averaged into the gemm head / the network")
     p.add_argument("--static-epochs", type=int, default=80, help="the static head's (arm a)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--split-seed", type=int, help="the split's seed (default: --seed, as a model's build has it): "
+                                                   "another --seed with --split-seed 0 refits on the shipped split")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", type=Path, help="write the result as JSON here")
     a = p.parse_args(argv)
     result = run_arm(a.arm, a.data, a.epochs, tuple(int(h) for h in a.hidden.split(",")), a.static_epochs, a.seed,
-                     a.threads, a.members)
+                     a.threads, a.members, a.split_seed)
     text = json.dumps(result, indent=1, sort_keys=True)
     print(text)
     if a.out:
