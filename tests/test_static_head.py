@@ -16,11 +16,6 @@ from perfmodel import GemmConfig, GemmProblem, Predictor
 from perfmodel.artifact import inductor_mode
 
 
-def _inductor(bundle):
-    """The head that gives the bundle's inductor mode (a config network's, or the static head)."""
-    return inductor_mode(bundle.heads)
-
-
 @pytest.fixture(scope="module")
 def static_test(repo_root, shipped):
     """(dataset table, its static table restricted to the test problems)."""
@@ -41,7 +36,7 @@ def test_metrics_reproduce_from_the_data(shipped, static_test):
     _, st = static_test
     m = shipped.metadata["static_metrics"]
     assert len(st.problems) == m["test_static/problems"]
-    got = ranking_metrics(shipped, _inductor(shipped), st)
+    got = ranking_metrics(shipped, inductor_mode(shipped.heads), st)
     base = ranking_metrics(shipped, None, st)
     for k in ("all/top1_eff", "float16/top1_eff", "bfloat16/top1_eff", "fp32_all/top1_eff", "all/top5_eff"):
         assert m[f"test_static/static_head/{k}"] == efficiency(got[k], got, k, st.modes), k
@@ -60,7 +55,7 @@ def test_predictor_ranks_as_the_evaluation(shipped, static_test, backend):
 
     _, st = static_test
     pred = Predictor.load(backend=backend, kernel="inductor")
-    o = static_outputs(shipped, _inductor(shipped), st)
+    o = static_outputs(shipped, inductor_mode(shipped.heads), st)
     order = ev.screened(st, o["score"], o["log_ms"], o["screen"], shipped.screen_keep, o["lead"], shipped.lead_keep)
     fields = ("block_m", "block_n", "block_k", "group_m", "num_stages", "num_warps")
     for i, rows in enumerate(st.problem_rows()[:24]):
@@ -153,7 +148,7 @@ def test_eval_reports_both_kernel_modes(repo_root, shipped, static_test):
     (res,) = evaluate_datasets(shipped, load_device_datasets([repo_root / "data" / "h100"]), full_space=False)
     _, st = static_test
     assert res["static"]["problems"] == len(st.problems)
-    for mode, head in (("inductor", _inductor(shipped)), ("autotune", None)):
+    for mode, head in (("inductor", inductor_mode(shipped.heads)), ("autotune", None)):
         want = ranking_metrics(shipped, head, st)  # the same computation in this process: equal
         for k in ("all/top1_eff", "all/top5_eff", "fp32_all/top1_eff"):
             assert res["static"][mode][k] == pytest.approx(want[k], rel=1e-12), (mode, k)
