@@ -41,15 +41,19 @@ def recorded(results: dict[str, Any], variant: str = "perfmodel") -> dict[tuple,
     return out
 
 
-def replay(predictor: Any, op: str, problem: dict[str, Any], policy: Any) -> tuple[bool, list[str]]:
-    """(Triton kept, the kept configs) for one recorded problem under `predictor` and `policy`."""
+def replay(predictor: Any, op: str, problem: dict[str, Any], policy: Any) -> tuple[bool, list[str], bool]:
+    """(Triton kept, the kept configs, a bmm's config kept alone without aten) for one recorded problem under
+    `predictor` and `policy`."""
     from perfmodel.configs import inductor_default_configs
     from perfmodel.schema import GemmProblem
     from perfmodel.serve.compile import decide
+    from perfmodel.serve.decisions import bmm_sure
 
     cfgs = list(inductor_default_configs())
-    keep, best, _ = decide(predictor, GemmProblem(**problem), cfgs, policy)
-    return keep, [str(cfgs[i]) for i, _ in best] if keep else []
+    prob = GemmProblem(**problem)
+    keep, best, aten = decide(predictor, prob, cfgs, policy)
+    sure = keep and prob.batch > 1 and bmm_sure(aten, best[0][1], policy.bmm_sure_gain)
+    return keep, [str(cfgs[i]) for i, _ in (best[:1] if sure else best)] if keep else [], sure
 
 
 def _load(folder: str) -> Any:
@@ -94,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     for (op, items), d in rec.items():
         problem = dict(items)
         a, b = replay(old, op, problem, policy), replay(new, op, problem, policy)
-        same_as_recorded += (a[0] == d["triton"] and (not a[0] or a[1] == d["configs"]))
+        same_as_recorded += (a[0] == d["triton"] and (not a[0] or a[1] == d["configs"]) and a[2] == d.get("sure", False))
         if a != b:
             diff += 1
             print(f"differs: {d['workload']}: {op} {problem} measured {a} candidate {b}")

@@ -16,7 +16,9 @@ bmm/baddbmm where the model has bmm heads (Inductor's bmm template against aten:
 - the model's best Triton config (its kernel as Inductor compiles it) predicted faster than cuBLAS by
   `triton_gain` or more: keep the model's top_k Triton configs, beside aten's choice when keep_aten (Inductor
   then benchmarks those few) -- or alone (no benchmark at all);
-- otherwise: aten's own choice alone, as default mode lowers it (no benchmark).
+- otherwise: aten's own choice alone, as default mode lowers it (no benchmark);
+- a bmm/baddbmm whose aten time (as the model's call implies it) is predicted at least `bmm_sure_gain`
+  slower than the best ranked config: that config alone, no aten choice (no benchmark).
 
 Convolutions keep default mode's lowering whole: under `max_autotune_gemm` Inductor would lower a
 channels-last 1x1 convolution as an mm (kernel/conv.py, convert_1x1_conv_to_mm); the set-up lowers it as a
@@ -40,7 +42,7 @@ from perfmodel.configs import inductor_default_configs
 from perfmodel.schema import GemmConfig, GemmProblem
 
 from . import bmm
-from .decisions import triton_expected_gain
+from .decisions import BMM_SURE_GAIN, bmm_sure, check_bmm_sure_gain, triton_expected_gain
 from .predictor import Predictor, _check_top_k
 from .triton_hook import kwargs_to_gemm, rank_positions
 
@@ -93,13 +95,16 @@ class Policy:
     is). conv_1x1_as_mm: let Inductor lower
     channels-last 1x1 convolutions as mm (then ranked like any mm), as max_autotune_gemm does; off, they stay
     convolutions, as in default mode. bmm_top_k: Triton configs kept for a bmm/baddbmm (default BMM_TOP_K, 1;
-    None: top_k); each kept one is compiled and benchmarked."""
+    None: top_k); each kept one is compiled and benchmarked. bmm_sure_gain: a bmm/baddbmm whose aten::bmm time
+    (as the model's call implies it) is predicted at least this fraction slower than the best ranked config
+    keeps that config alone, without aten (no benchmark; default BMM_SURE_GAIN, 0.2; None: never)."""
 
     triton_gain: float = TRITON_GAIN
     top_k: int | None = None           # None: TOP_K with keep_aten, else 1
     keep_aten: bool = True
     conv_1x1_as_mm: bool = False
     bmm_top_k: int | None = BMM_TOP_K  # Triton configs kept for a bmm/baddbmm; None: top_k
+    bmm_sure_gain: float | None = BMM_SURE_GAIN  # a bmm's best config alone (no aten, no benchmark) from this gain
 
     def __post_init__(self) -> None:
         if self.top_k is None:
@@ -109,6 +114,7 @@ class Policy:
             _check_top_k(self.bmm_top_k, "bmm_top_k")
             if not self.keep_aten and self.bmm_top_k != 1:
                 raise ValueError("bmm_top_k: without keep_aten only the model's top-1 config can be used")
+        check_bmm_sure_gain(self.bmm_sure_gain)
         if isinstance(self.triton_gain, bool) or not isinstance(self.triton_gain, (int, float)) \
                 or not self.triton_gain > -1.0:
             raise ValueError(f"triton_gain: expected a number > -1 (or inf), got {self.triton_gain!r}")
@@ -132,6 +138,7 @@ class GemmDecision:
     configs: list[str] = field(default_factory=list)   # the kept configs, fastest predicted first
     choices_in: int = 0                # choices Inductor offered (all of this op's calls)
     choices_kept: int = 0
+    sure: bool = False                 # a bmm's best config kept alone (Policy.bmm_sure_gain): not benchmarked
 
 
 def decide(predictor: Predictor, prob: GemmProblem, configs: Sequence[GemmConfig] | None,
@@ -155,12 +162,13 @@ def _uid(choice: Any) -> str:
     return str(getattr(getattr(choice, "template", None), "uid", None) or "")
 
 
-def filter_choices(choices: list, op_name: str, keep_triton: bool, positions: Sequence[int], policy: Policy) -> list:
+def filter_choices(choices: list, op_name: str, keep_triton: bool, positions: Sequence[int], policy: Policy,
+                   alone: bool = False) -> list:
     """The KernelTemplateChoices of one _finalize_template_configs call that the set-up keeps: the op's Triton
     template's choices (TRITON_TEMPLATE: triton::mm, triton::bmm) at `positions` (among this call's choices of
     that template) when keep_triton and the op is ranked;
     default mode's aten choice (DEFAULT_ATEN: aten::bias_addmm over aten::addmm), unless this call keeps Triton
-    without keep_aten; nothing else (decompose-k, TMA/persistent and contiguous-subgraph templates, the other
+    without keep_aten or `alone` (a bmm the model is sure of); nothing else (decompose-k, TMA/persistent and contiguous-subgraph templates, the other
     aten variants, other ops' Triton templates).
     Never returns an empty list from a non-empty one: then Inductor's choices are left as they are."""
     uids = [_uid(c) for c in choices]
@@ -175,7 +183,7 @@ def filter_choices(choices: list, op_name: str, keep_triton: bool, positions: Se
             if any(c is k for k in kept_tri):
                 out.append(c)
         elif uid.startswith("aten::") and (aten_pick is None or uid == aten_pick):
-            if policy.keep_aten or not kept_tri:
+            if (policy.keep_aten and not alone) or not kept_tri:
                 out.append(c)
     return out if out else choices
 
@@ -212,10 +220,13 @@ def _handler_class() -> type:
             prob = problem_from_kernel_inputs(kernel_inputs)
             key = (op_name, prob)
             keep, best, cublas = decide(self.perfmodel, prob, cfgs or None, self.policy)
+            sure = keep and prob.batch > 1 and bmm_sure(cublas, best[0][1], self.policy.bmm_sure_gain)
+            best = best[:1] if sure else best
             listed = cfgs or list(inductor_default_configs())
             d = GemmDecision(op=op_name, problem=asdict(prob), cublas_ms=cublas,
                              triton_ms=best[0][1] if best else None, triton=keep and bool(cfgs),
-                             configs=[str(listed[i]) for i, _ in best] if keep and cfgs else [])
+                             configs=[str(listed[i]) for i, _ in best] if keep and cfgs else [],
+                             sure=sure and bool(cfgs))
             with _state.lock:
                 old = _state.decisions.get(key)
                 if old is None or cfgs:
@@ -247,7 +258,7 @@ def _handler_class() -> type:
                     d, positions = self._decide(op_name, kernel_inputs, cfgs)
                 except ValueError:  # a problem the model does not cover: default mode's choice
                     return filter_choices(choices, op_name, False, [], self.policy)
-                out = filter_choices(choices, op_name, bool(positions), positions, self.policy)
+                out = filter_choices(choices, op_name, bool(positions), positions, self.policy, d.sure)
                 with _state.lock:
                     d.choices_in += len(choices)
                     d.choices_kept += len(out)
@@ -429,7 +440,7 @@ def summary() -> str:
         times = (f"{'aten::bmm' if d.op in BMM_OPS else 'cuBLAS'} {d.cublas_ms:.4f} ms, best Triton {d.triton_ms:.4f} ms" if d.cublas_ms is not None
                  and d.triton_ms is not None else "no prediction")
         what = f"Triton {', '.join(d.configs)}" + (" + aten" if d.choices_kept > len(d.configs) else "") \
-            if d.triton else "aten"
+            + (" (sure: not benchmarked)" if d.sure else "") if d.triton else "aten"
         batch = f"{p['batch']}x" if p.get("batch", 1) > 1 else ""
         lines.append(f"  {d.op} {batch}{p['m']}x{p['k']}x{p['n']} {p['dtype']} {lay}: {times} -> {what}")
     if other:

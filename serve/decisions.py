@@ -17,6 +17,9 @@ on its own. Two cuBLAS rules live here, for two questions:
 - the whole-model set-up's trade (`triton_expected_gain`, perfmodel.serve.compile): keep Triton beside
   default mode's aten kernel only where the best ranked config is predicted at least `gain` faster than
   cuBLAS; elsewhere the GEMM lowers as default mode lowers it, with no benchmark.
+- a bmm the model is sure of (`bmm_sure`, both hooks): where the aten::bmm time the call implies is at
+  least `sure_gain` slower than the best ranked config's, that config is kept alone -- no aten choice, so
+  Inductor has one choice and benchmarks nothing (BMM_SURE_GAIN).
 
 Imports neither Lightning, nor MLflow, nor pandas.
 """
@@ -31,8 +34,9 @@ from perfmodel.schema import DTYPE_BYTES, GemmConfig, PadDecision, PadProblem
 if TYPE_CHECKING:  # the Predictor calls this module: no import cycle at run time
     from .predictor import Predictor
 
-__all__ = ["CUBLAS_MARGIN", "PAD_TRITON_MARGIN", "cublas_preferred", "hook_pad_decision", "kept_positions", "pad_copy_floor_ms",
-           "pad_decision", "padded_path_ms", "triton_dropped", "triton_expected_gain", "unpadded_triton_instead"]
+__all__ = ["BMM_SURE_GAIN", "CUBLAS_MARGIN", "PAD_TRITON_MARGIN", "bmm_sure", "check_bmm_sure_gain", "cublas_preferred", "hook_pad_decision",
+           "kept_positions", "pad_copy_floor_ms", "pad_decision", "padded_path_ms", "triton_dropped",
+           "triton_expected_gain", "unpadded_triton_instead"]
 
 # install()'s default cublas_margin: keep the Triton mm choices only where the model's best config is
 # predicted more than 5 % faster than cuBLAS. benchmarks/cublas_margin.py on the 173 held-out problems:
@@ -41,6 +45,14 @@ __all__ = ["CUBLAS_MARGIN", "PAD_TRITON_MARGIN", "cublas_preferred", "hook_pad_d
 # On the 12 shapes of benchmarks/inductor_bench.py (H200) it cut the GEMM tuning from 8.9 s (margin 0) to
 # 2.8 s with every shape's kernel within 1 % of stock's time or faster.
 CUBLAS_MARGIN = -0.05
+
+# Both hooks keep a bmm's best ranked Triton config alone (no aten::bmm beside it, nothing benchmarked) where
+# the aten::bmm time the model's call implies is at least this fraction slower than that config's predicted
+# time. Chosen on the val problems of models/h100's bmm split (benchmarks/bmm_sure_gain.py): the smallest gain
+# (of 0, 0.05, ..., 0.5) at which the configs used alone are, against the better of them and aten::bmm as
+# measured, a geomean 1.002 or less and nowhere more than 1.15x slower. docs/benchmarks.md has the
+# figures of each gain on the val and test problems.
+BMM_SURE_GAIN = 0.2
 
 # How much faster than padded cuBLAS the model's best unpadded Triton config must be predicted before the
 # hook leaves an mm unpadded. The two paths cannot both be benchmarked (padding rewrites the graph before
@@ -87,6 +99,22 @@ def triton_expected_gain(cublas_ms: float | None, best_triton_ms: float, gain: f
     if cublas_ms is None:
         return gain <= 0.0
     return best_triton_ms * (1.0 + gain) <= cublas_ms
+
+
+def bmm_sure(aten_ms: float | None, best_triton_ms: float, sure_gain: float | None) -> bool:
+    """Both hooks' rule for a bmm (BMM_SURE_GAIN): keep the best ranked config alone -- no aten choice, no
+    benchmark -- where the aten::bmm time the model's call implies is at least (1 + sure_gain) x that
+    config's predicted time; never with sure_gain None, no aten time, or an unrunnable best (inf)."""
+    if sure_gain is None or aten_ms is None or math.isinf(best_triton_ms):
+        return False
+    return aten_ms >= best_triton_ms * (1.0 + sure_gain)
+
+
+def check_bmm_sure_gain(value: Any) -> float | None:
+    """value, or ValueError naming bmm_sure_gain unless it is None or a number >= 0 (inf: never)."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0.0):
+        raise ValueError(f"bmm_sure_gain: expected None or a number >= 0, got {value!r}")
+    return value
 
 
 def kept_positions(order: Sequence[tuple[int, float]]) -> list[int]:

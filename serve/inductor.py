@@ -11,7 +11,9 @@ template's KernelTemplateChoice generator before any is turned into a (costly) C
 for mm/addmm, only the top_k choices of the canonical Triton mm template ("triton::mm") by predicted
 time, and for bmm/baddbmm the top_k of Inductor's Triton bmm template ("triton::bmm"; its configs are the
 mm heuristics' and map to the same GemmConfig) by the model's bmm head (a model without one leaves them
-to Inductor). aten (cuBLAS), decompose-k, TMA/persistent and other templates pass through unchanged.
+to Inductor). aten (cuBLAS), decompose-k, TMA/persistent and other templates pass through unchanged --
+but for a bmm/baddbmm the model is sure of (the aten::bmm time its call implies at least bmm_sure_gain
+slower than its best config's), whose best config is kept alone, without aten: one choice, no benchmark.
 
 Private APIs move between torch releases: install() checks what it relies on and, when something is
 missing, warns once and leaves Inductor's default behaviour (returns False). A failure inside the hook
@@ -40,8 +42,8 @@ from perfmodel.configs import inductor_default_configs
 from perfmodel.schema import GemmConfig, GemmProblem, PadProblem, is_column_major
 
 # The decisions are perfmodel.serve.decisions'; their names stay importable from here.
-from .decisions import (CUBLAS_MARGIN, PAD_TRITON_MARGIN, hook_pad_decision, pad_copy_floor_ms,  # noqa: F401
-                        padded_path_ms, triton_dropped, unpadded_triton_instead)
+from .decisions import (BMM_SURE_GAIN, CUBLAS_MARGIN, PAD_TRITON_MARGIN, bmm_sure,  # noqa: F401
+                        check_bmm_sure_gain, hook_pad_decision, pad_copy_floor_ms, padded_path_ms, triton_dropped, unpadded_triton_instead)
 from . import bmm
 from .predictor import Predictor, _check_top_k
 from .triton_hook import kwargs_to_gemm, rank_positions
@@ -124,11 +126,14 @@ def _uid(ktc: Any) -> str | None:
 
 def filter_template_choices(choices: list, kernel_inputs: Any, op_name: str, predictor: Predictor, top_k: int,
                             *, ops: Sequence[str] = RANKED_OPS, templates: Sequence[str] = RANKED_TEMPLATES,
-                            cublas_margin: float | None = None) -> list:
+                            cublas_margin: float | None = None, bmm_sure_gain: float | None = None) -> list:
     """Keeps the top_k KernelTemplateChoices of the ranked templates by predicted time, every other
     choice unchanged and in Inductor's order. With cublas_margin set, drops the ranked templates
     altogether when cuBLAS's (aten::bmm's, for a bmm) predicted time x (1 + cublas_margin) is below the best
     of them (perfmodel.serve.decisions.triton_dropped; an aten choice must be present to fall back on).
+    With bmm_sure_gain set, a bmm/baddbmm whose aten::bmm time (as the model's call implies it) is at least
+    that fraction slower than the best ranked config keeps that config alone, without the aten choices
+    (perfmodel.serve.decisions.bmm_sure): Inductor then benchmarks nothing where no other choice remains.
     A bmm/baddbmm is left as Inductor has it where the model has no bmm heads."""
     if op_name not in ops:
         return choices
@@ -147,7 +152,8 @@ def filter_template_choices(choices: list, kernel_inputs: Any, op_name: str, pre
         cfgs.append(cfg)
         allow_tf32 = allow_tf32 or bool(getattr(ktc, "extra_kwargs", {}).get("ALLOW_TF32", False))
     has_aten = any((_uid(c) or "").startswith("aten::") for c in choices)
-    if not idx or (len(idx) <= top_k and not (cublas_margin is not None and has_aten)):
+    sure_rule = op_name in BMM_OPS and bmm_sure_gain is not None
+    if not idx or (len(idx) <= top_k and not ((cublas_margin is not None or sure_rule) and has_aten)):
         return choices
     try:
         prob = problem_from_kernel_inputs(kernel_inputs)
@@ -159,11 +165,14 @@ def filter_template_choices(choices: list, kernel_inputs: Any, op_name: str, pre
         prob = replace(prob, allow_tf32=True)
     best = rank_positions(predictor, prob, cfgs, top_k)
     keep = {idx[j] for j, _ in best}
-    if cublas_margin is not None and has_aten and predictor.has_cublas:
+    if (cublas_margin is not None or sure_rule) and has_aten and predictor.has_cublas:
         # a bmm: the aten::bmm time the model's call implies (perfmodel.serve.bmm.aten_call_ms)
         aten = bmm.aten_call_ms(predictor, prob, best[0][1]) if prob.batch > 1 else predictor.predict_cublas(prob)
         if triton_dropped(aten, best[0][1], cublas_margin):
             keep = set()
+        elif sure_rule and bmm_sure(aten, best[0][1], bmm_sure_gain):
+            alone = idx[best[0][0]]
+            return [c for i, c in enumerate(choices) if i == alone or not (i in idx or (_uid(c) or "").startswith("aten::"))]
     ranked = set(idx)
     return [c for i, c in enumerate(choices) if i not in ranked or i in keep]
 
@@ -248,7 +257,8 @@ def _handler_class() -> type:
         """InductorChoices that prunes Triton mm configs with the perfmodel Predictor."""
 
         def __init__(self, predictor: Predictor, top_k: int, ops: Sequence[str], templates: Sequence[str],
-                     cublas_margin: float | None, bmm_top_k: int | None = None) -> None:
+                     cublas_margin: float | None, bmm_top_k: int | None = None,
+                     bmm_sure_gain: float | None = None) -> None:
             super().__init__()
             self.perfmodel = predictor
             self.perfmodel_top_k = top_k
@@ -256,6 +266,7 @@ def _handler_class() -> type:
             self.perfmodel_ops = tuple(ops)
             self.perfmodel_templates = tuple(templates)
             self.perfmodel_cublas_margin = cublas_margin
+            self.perfmodel_bmm_sure_gain = bmm_sure_gain
 
         def _finalize_template_configs(self, template_choices, kernel_inputs, templates, op_name,
                                        kwarg_overrides=None):
@@ -266,7 +277,8 @@ def _handler_class() -> type:
                 return filter_template_choices(choices, kernel_inputs, op_name, self.perfmodel,
                                                top_k, ops=self.perfmodel_ops,
                                                templates=self.perfmodel_templates,
-                                               cublas_margin=self.perfmodel_cublas_margin)
+                                               cublas_margin=self.perfmodel_cublas_margin,
+                                               bmm_sure_gain=self.perfmodel_bmm_sure_gain)
             # Inductor's private structures change between releases; a mismatch here must not break
             # the user's compile, so fall back to the unfiltered choices and say so once.
             except (AttributeError, TypeError, KeyError, IndexError, ValueError, AssertionError,
@@ -295,10 +307,13 @@ def _check_device(predictor: Predictor) -> None:
 def install(top_k: int = 5, predictor: Predictor | None = None, *, model: Any = None, backend: str | None = None,
             ops: Sequence[str] = RANKED_OPS, templates: Sequence[str] = RANKED_TEMPLATES,
             cublas_margin: float | None = CUBLAS_MARGIN, pad: bool = False, kernel: str | None = None,
-            bmm_top_k: int | None = BMM_TOP_K) -> bool:
+            bmm_top_k: int | None = BMM_TOP_K, bmm_sure_gain: float | None = BMM_SURE_GAIN) -> bool:
     """Install the hook in this thread. ops / templates: what it ranks (default: mm, addmm, bmm, baddbmm and
     their Triton templates; a bmm is ranked only by a model with bmm heads). top_k: the Triton mm configs kept
     per mm/addmm; bmm_top_k: the Triton bmm configs kept per bmm/baddbmm (default BMM_TOP_K, 1; None: top_k).
+    bmm_sure_gain: a bmm/baddbmm whose aten::bmm time (as the model's call implies it) is predicted at least
+    this fraction slower than the best ranked config keeps that config alone, without aten, so nothing is
+    benchmarked (default BMM_SURE_GAIN, 0.2; None: never).
     predictor: a loaded Predictor (default: Predictor.load(model, backend=backend), loaded now so that a
     missing model fails here, not inside a compile).
     kernel: the kernel mode to rank for (Predictor.with_kernel); None: "inductor" -- the mm template as
@@ -319,6 +334,7 @@ def install(top_k: int = 5, predictor: Predictor | None = None, *, model: Any = 
     if cublas_margin is not None and not (isinstance(cublas_margin, (int, float)) and not isinstance(cublas_margin, bool)
                                           and -1.0 < cublas_margin < float("inf")):
         raise ValueError(f"cublas_margin: expected None or a number > -1, got {cublas_margin!r}")
+    check_bmm_sure_gain(bmm_sure_gain)
     problem = check_torch_api()
     if problem is not None:
         _warn_once("api", f"{problem}; Inductor's default autotuning is left in place")
@@ -340,7 +356,7 @@ def install(top_k: int = 5, predictor: Predictor | None = None, *, model: Any = 
     _check_device(predictor)
     from torch._inductor.virtualized import V
 
-    handler = _handler_class()(predictor, top_k, ops, templates, cublas_margin, bmm_top_k)
+    handler = _handler_class()(predictor, top_k, ops, templates, cublas_margin, bmm_top_k, bmm_sure_gain)
     with _lock:
         if pad:
             from torch._inductor.fx_passes import pad_mm

@@ -282,3 +282,58 @@ def test_the_set_up_compiles_a_bmm_model_on_the_gpu():
     ds = pc.decisions()
     assert "bmm" in {d.op for d in ds}, pc.summary()
     assert all(d.problem.get("batch") == 32 for d in ds if d.op == "bmm")
+
+
+@pytest.mark.parametrize("ratio, sure", [(2.0, True), (1.2, True), (1.1, False), (0.5, False)])
+def test_a_bmm_the_model_is_sure_of_keeps_its_best_config_alone(model_dir, monkeypatch, ratio, sure):
+    """Both hooks: where the aten::bmm time the call implies is >= (1 + BMM_SURE_GAIN) x the best ranked
+    config's, that config alone (no aten choice: Inductor benchmarks nothing); else the choices as before.
+    The call's aten time is set here as a ratio to the best config's (SYNTHETIC choices)."""
+    pytest.importorskip("torch._inductor.choices")
+    pred = Predictor.load(model_dir, backend="torch")
+    monkeypatch.setattr(sbmm, "aten_call_ms", lambda p, prob, best_ms: best_ms * ratio)
+    top1 = str(pred.rank(PROB, CFGS, top_k=1)[0][0])
+    assert si.BMM_SURE_GAIN == pc.BMM_SURE_GAIN == 0.2
+
+    def configs(out):
+        return [str(si.kwargs_to_gemm(c.params.to_kwargs())) for c in out if c.template.uid == "triton::bmm"]
+
+    call = _bmm_call()
+    out = si.filter_template_choices(call, _BmmInputs(PROB), "bmm", pred, top_k=1, cublas_margin=-0.05,
+                                     bmm_sure_gain=si.BMM_SURE_GAIN)
+    dropped = ratio * (1 - 0.05) < 1.0  # the cublas_margin rule: aten alone
+    want = ["triton::bmm", "triton::mm"] if sure else ["aten::bmm", "triton::mm"] if dropped else \
+        ["aten::bmm", "triton::bmm", "triton::mm"]
+    assert [c.template.uid for c in out] == want
+    assert configs(out) == ([] if dropped else [top1])
+    # without the rule (None) aten::bmm stays beside the config
+    out = si.filter_template_choices(call, _BmmInputs(PROB), "bmm", pred, top_k=1, cublas_margin=None,
+                                     bmm_sure_gain=None)
+    assert [c.template.uid for c in out] == ["aten::bmm", "triton::bmm", "triton::mm"]
+    # the whole-model set-up: the same rule, recorded in the decision and the summary
+    pc.reset()
+    handler = pc._handler_class()(pred, pc.Policy(triton_gain=0.0, top_k=3, bmm_top_k=2))
+    out = handler._finalize_template_configs({"all": iter(_bmm_call())}, _BmmInputs(PROB), [], "bmm")
+    (d,) = pc.decisions()
+    if ratio < 1.0:
+        assert [c.template.uid for c in out] == ["aten::bmm"] and not d.triton and not d.sure
+    else:
+        assert d.triton and d.sure == sure
+        assert [c.template.uid for c in out] == (["triton::bmm"] if sure else ["aten::bmm", "triton::bmm", "triton::bmm"])
+        assert top1 in configs(out) and d.configs[0] == top1 and len(d.configs) == (1 if sure else 2)
+        assert ("sure: not benchmarked" in pc.summary()) == sure
+    pc.reset()
+
+
+def test_the_sure_gain_is_checked_naming_the_field(model_dir):
+    from perfmodel.serve.decisions import bmm_sure
+
+    assert bmm_sure(1.2, 1.0, 0.2) and not bmm_sure(1.19, 1.0, 0.2) and not bmm_sure(10.0, 1.0, None)
+    assert not bmm_sure(None, 1.0, 0.2) and not bmm_sure(10.0, float("inf"), 0.2) and not bmm_sure(10.0, 1.0, float("inf"))
+    for bad in (-0.1, "0.2", True, float("nan")):
+        with pytest.raises(ValueError, match="bmm_sure_gain"):
+            pc.Policy(bmm_sure_gain=bad)
+        with pytest.raises(ValueError, match="bmm_sure_gain"):
+            si.install(3, Predictor.load(model_dir, backend="torch"), bmm_sure_gain=bad)
+    assert not si.is_installed()
+    assert pc.Policy(bmm_sure_gain=None).bmm_sure_gain is None
