@@ -20,6 +20,10 @@ after the other, each after torch._dynamo.reset() in a fresh Inductor cache:
   hook-m0          the hook with cublas_margin=0 (Triton kept wherever predicted faster than cuBLAS at all, the
                    set-up's rule) instead of -0.05
   hook-top1        the hook with top_k=1
+  hook-nosure      the hook with bmm_sure_gain=None (aten::bmm always beside the kept bmm config, as before the
+                   rule)
+  perfmodel-nosure the set-up with Policy(bmm_sure_gain=None): aten::bmm always beside the kept bmm config (the
+                   set-up before the rule that keeps a bmm's config alone where the model is sure of it)
   perfmodel-bmm3   the set-up with Policy(bmm_top_k=3) (three Triton bmm configs beside aten::bmm, as for mm;
                    the set-up keeps one)
   perfmodel-v2     the set-up (Policy()) run with the model folder shipped before the recipe build (models/h100:
@@ -174,7 +178,7 @@ WORKLOADS = [
     Workload("Swin-T, fp16, batch 32", _vision("swin_t", "float16", 32), "float16"),
 ]
 VARIANTS = ("default", "max-autotune", "perfmodel", "perfmodel-top1", "perfmodel-top3", "perfmodel-aten", "perfmodel-zero", "perfmodel-1x1mm", "hook",
-            "hook-m0", "hook-top1", "perfmodel-bmm3", "perfmodel-v2", "perfmodel-b1", "perfmodel-b2", "perfmodel-b3")
+            "hook-m0", "hook-top1", "hook-nosure", "perfmodel-nosure", "perfmodel-bmm3", "perfmodel-v2", "perfmodel-b1", "perfmodel-b2", "perfmodel-b3")
 BASELINES = ("default", "max-autotune")
 TIMED_RUNS = 30
 REL_TOL = 0.05   # relative Frobenius error against eager allowed for a fp16/bf16 model with random weights
@@ -196,6 +200,7 @@ def _policy(variant: str) -> Any:
             "perfmodel-zero": Policy(triton_gain=0.10, top_k=1, keep_aten=False),
             "perfmodel-1x1mm": Policy(conv_1x1_as_mm=True),
             "perfmodel-bmm3": Policy(bmm_top_k=3),
+            "perfmodel-nosure": Policy(bmm_sure_gain=None),
             "perfmodel-v2": Policy(),
             "perfmodel-b1": Policy()}[_base(variant)]
 
@@ -217,7 +222,8 @@ def _compile(variant: str, module: Any, predictor: Any) -> tuple[Any, Any]:
     if variant.startswith("hook"):
         from perfmodel.serve import inductor
 
-        kw = {"hook": {}, "hook-m0": {"cublas_margin": 0.0}, "hook-top1": {"top_k": 1}}[variant]
+        kw = {"hook": {}, "hook-m0": {"cublas_margin": 0.0}, "hook-top1": {"top_k": 1},
+              "hook-nosure": {"bmm_sure_gain": None}}[variant]
         return torch.compile(module, mode="max-autotune"), inductor.installed(**{"top_k": 5, **kw},
                                                                                 predictor=predictor, pad=True)
     from perfmodel.serve import compile as pc
