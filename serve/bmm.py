@@ -132,3 +132,21 @@ def aten_call_ms(predictor: "Predictor", prob: GemmProblem, best_ms: float) -> f
     (decisions.triton_expected_gain, triton_dropped) take it as the aten kernel's time."""
     score = call_scores(predictor, [prob])
     return float(best_ms * np.exp(score[0])) if score is not None else float(aten_ms(predictor, [prob])[0])
+
+
+def leave_unpadded(predictor: "Predictor", prob: GemmProblem,
+                   configs: Sequence[Any] | None = None) -> tuple[bool, float, float]:
+    """The pad hook's rule for a bmm that Inductor's pad_mm pass would pad, when the compile autotunes the
+    Triton bmm template: (leave it unpadded, the best config's predicted ms, aten::bmm's as the call implies
+    it). Unpadded where the model keeps Triton for it -- its best config (of `configs`, those autotuning
+    offers; None: the whole space) predicted faster than aten::bmm -- since the template runs the unaligned
+    shape as it is and padding only adds the copies; elsewhere (aten::bmm predicted faster) Inductor's own
+    benchmark decides. On the 1,771 problems of data/h100's bmm rows that pad_mm would pad, timed padded
+    (pad, aten::bmm, slice), unpadded and with every Triton config, this rule under the whole-model
+    set-up's decisions runs a geomean 1.005x the faster of padded and unpadded, Inductor's rule with an exact
+    benchmark 1.025x (benchmarks/bmm_pad_rule.py)."""
+    best = predictor.rank(prob, None if configs is None else list(configs), top_k=1)
+    if not best or not np.isfinite(best[0][1]):
+        return False, float("inf"), float("nan")
+    aten = aten_call_ms(predictor, prob, best[0][1])
+    return bool(best[0][1] < aten), float(best[0][1]), aten

@@ -22,7 +22,9 @@ at compile time also falls back to the unfiltered choices, with one warning.
 With pad=True, install() also replaces the benchmark inside Inductor's pad_mm pass
 (torch._inductor.fx_passes.pad_mm._should_pad, which times orig vs padded GEMMs in eager mode while
 compiling) by the model's pad decision (Predictor.pad) for 2-D mm of fp16/bf16/fp32 with static
-shapes; everything else (addmm, bmm, dynamic shapes, force_shape_pad) keeps Inductor's own logic.
+shapes, and, where the compile autotunes the Triton bmm template and the model has bmm heads, leaves a bmm
+unpadded where the model keeps Triton for it (serve.bmm.leave_unpadded); everything else (addmm, the other
+bmm, dynamic shapes, force_shape_pad) keeps Inductor's own logic.
 That patch is process-wide (a module attribute), not per thread.
 
 The choices handler is thread-local in Inductor: install in the thread that calls torch.compile.
@@ -205,6 +207,33 @@ def pad_problem_from_match(match: Any, mat1: Any, mat2: Any) -> PadProblem | Non
                       allow_tf32=dtype == "float32" and bool(torch.backends.cuda.matmul.allow_tf32))
 
 
+def bmm_problem_from_match(mat1: Any, mat2: Any) -> GemmProblem | None:
+    """The GemmProblem (batch > 1) of a bmm that Inductor's pad_mm pass considers -- mat1 (b, m, k), mat2
+    (b, k, n) -- or None when the model does not cover it (symbolic shapes, other dtypes, matrices neither
+    row- nor column-major)."""
+    import torch
+
+    dtypes = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
+    if mat1.dim() != 3 or mat2.dim() != 3 or mat1.dtype != mat2.dtype or mat1.dtype not in dtypes:
+        return None
+    dims = (*mat1.shape, *mat2.shape, *mat1.stride(), *mat2.stride())
+    if not all(isinstance(d, int) for d in dims) or mat1.shape[0] < 2:
+        return None
+    b, m, k = mat1.shape
+    n = mat2.shape[2]
+    layouts = []
+    for t in (mat1, mat2):
+        if t.stride(2) == 1 or t.shape[2] == 1:
+            layouts.append(False)  # row-major
+        elif t.stride(1) == 1 or t.shape[1] == 1:
+            layouts.append(True)   # column-major: a transposed view
+        else:
+            return None
+    dtype = dtypes[mat1.dtype]
+    return GemmProblem(m=m, n=n, k=k, dtype=dtype, transpose_left=layouts[0], transpose_right=layouts[1], batch=b,
+                       allow_tf32=dtype == "float32" and bool(torch.backends.cuda.matmul.allow_tf32))
+
+
 def _triton_mm_in_play() -> bool:
     """Whether this compile autotunes Triton mm templates (max-autotune with the TRITON backend)."""
     from torch._inductor import config
@@ -241,6 +270,19 @@ def _pad_hook(predictor: Predictor, original: Any) -> Any:
                         _installed.setdefault("pad_decisions", collections.deque(maxlen=PAD_LOG_SIZE)).append(
                             (pp, decision))
                     return decision.should_pad
+            if op is torch.ops.aten.bmm and predictor.has_bmm and _triton_mm_in_play() \
+                    and not torch._inductor.config.force_shape_pad:
+                prob = bmm_problem_from_match(mat1, mat2)
+                if prob is not None:
+                    from torch.utils._mode_utils import no_dispatch
+
+                    with no_dispatch():
+                        unpadded, triton_ms, aten_ms = bmm.leave_unpadded(predictor, prob, _configs_in_play())
+                    if unpadded:  # the Triton bmm template runs the shape as it is: no pad copies
+                        with _lock:
+                            _installed.setdefault("bmm_pad_decisions", collections.deque(maxlen=PAD_LOG_SIZE)).append(
+                                (prob, False, triton_ms, aten_ms))
+                        return False
         except (AttributeError, TypeError, ValueError, RuntimeError) as exc:
             _warn_once(f"pad:{type(exc).__name__}", f"could not decide padding with the model ({type(exc).__name__}: "
                                                     f"{exc}); using Inductor's pad_mm benchmark")
@@ -399,6 +441,15 @@ def uninstall() -> bool:
 def is_installed() -> bool:
     with _lock:
         return "handler" in _installed
+
+
+def bmm_pad_decisions() -> list:
+    """The bmm pad decisions the model made since install(pad=True), oldest first (the most recent
+    PAD_LOG_SIZE): (GemmProblem, padded -- always False: where the model keeps Triton the bmm is left
+    unpadded; elsewhere Inductor's pad_mm benchmark decides, unlogged --, the best config's predicted ms,
+    aten::bmm's as the model's call implies it)."""
+    with _lock:
+        return list(_installed.get("bmm_pad_decisions", []))
 
 
 def pad_decisions() -> list:

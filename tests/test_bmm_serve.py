@@ -337,3 +337,38 @@ def test_the_sure_gain_is_checked_naming_the_field(model_dir):
             si.install(3, Predictor.load(model_dir, backend="torch"), bmm_sure_gain=bad)
     assert not si.is_installed()
     assert pc.Policy(bmm_sure_gain=None).bmm_sure_gain is None
+
+
+def test_the_pad_hook_leaves_a_bmm_the_model_keeps_triton_for_unpadded(model_dir, monkeypatch):
+    """install(pad=True): a bmm pad_mm would pad stays unpadded where the model keeps Triton for it (its best
+    config predicted faster than the aten::bmm its call implies, set here as a ratio: SYNTHETIC) and the
+    compile autotunes Triton; elsewhere Inductor's own benchmark decides."""
+    from torch._inductor.fx_passes import pad_mm
+
+    pred = Predictor.load(model_dir, backend="torch")
+    calls = []
+
+    def original(match, mat1, mat2, op, input=None):
+        calls.append(tuple(mat1.shape))
+        return "inductor's own"
+
+    monkeypatch.setattr(pad_mm, "_should_pad", original)
+    a = torch.randn(96, 49, 32, dtype=torch.float16)
+    b = torch.randn(96, 49, 32, dtype=torch.float16).transpose(1, 2)   # k^T: a transposed view
+    prob = GemmProblem(m=49, n=49, k=32, dtype="float16", transpose_right=True, batch=96)
+    assert si.bmm_problem_from_match(a, b) == prob
+    assert si.bmm_problem_from_match(a[0], b[0]) is None and si.bmm_problem_from_match(a, b.float()) is None
+    assert si.install(3, pred, pad=True)
+    try:
+        hooked = pad_mm._should_pad
+        for in_play, ratio, want in ((True, 1.5, False), (True, 0.8, "inductor's own"), (False, 1.5, "inductor's own")):
+            monkeypatch.setattr(si, "_triton_mm_in_play", lambda: in_play)
+            monkeypatch.setattr(sbmm, "aten_call_ms", lambda p, q, best_ms: best_ms * ratio)
+            assert hooked(None, a, b, torch.ops.aten.bmm) == want
+        (logged,) = si.bmm_pad_decisions()
+        best = pred.rank(prob, list(inductor_default_configs()), top_k=1)[0][1]
+        assert logged[:2] == (prob, False) and logged[2] == pytest.approx(best) and logged[3] == pytest.approx(1.5 * best)
+        assert len(calls) == 2
+    finally:
+        si.uninstall()
+    assert pad_mm._should_pad is original and si.bmm_pad_decisions() == []
