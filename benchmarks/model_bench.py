@@ -40,6 +40,11 @@ after the other, each after torch._dynamo.reset() in a fresh Inductor cache:
                    problems (before the fifth and sixth bmm sweeps; their mm decisions the shipped folder's): its
                    rows of the workloads where the shipped bmm heads decide differently (BERT-large, T5-base,
                    Swin-T); run it with --model
+  perfmodel-b4     the set-up before its two bmm rules (a bmm's config kept alone where the model is sure of it,
+                   Policy.bmm_sure_gain; a bmm the model keeps Triton for left unpadded by the pad hook): its
+                   BERT-large and Swin-T rows (the workloads the rules change)
+  perfmodel-p0, perfmodel-nosure-p0, hook-p0, hook-nosure-p0
+                   perfmodel, perfmodel-nosure, hook and hook-nosure before the pad hook's bmm rule (run r50)
   perfmodel-1x1mm  the set-up with Inductor's max_autotune_gemm lowering of channels-last 1x1 convolutions as
                    mm (ranked like any mm) instead of default mode's convolution
 
@@ -178,7 +183,8 @@ WORKLOADS = [
     Workload("Swin-T, fp16, batch 32", _vision("swin_t", "float16", 32), "float16"),
 ]
 VARIANTS = ("default", "max-autotune", "perfmodel", "perfmodel-top1", "perfmodel-top3", "perfmodel-aten", "perfmodel-zero", "perfmodel-1x1mm", "hook",
-            "hook-m0", "hook-top1", "hook-nosure", "perfmodel-nosure", "perfmodel-bmm3", "perfmodel-v2", "perfmodel-b1", "perfmodel-b2", "perfmodel-b3")
+            "hook-m0", "hook-top1", "hook-nosure", "perfmodel-nosure", "perfmodel-bmm3", "perfmodel-v2", "perfmodel-b1", "perfmodel-b2", "perfmodel-b3",
+            "perfmodel-b4", "perfmodel-p0", "perfmodel-nosure-p0", "hook-p0", "hook-nosure-p0")
 BASELINES = ("default", "max-autotune")
 TIMED_RUNS = 30
 REL_TOL = 0.05   # relative Frobenius error against eager allowed for a fp16/bf16 model with random weights

@@ -372,3 +372,26 @@ def test_the_pad_hook_leaves_a_bmm_the_model_keeps_triton_for_unpadded(model_dir
     finally:
         si.uninstall()
     assert pad_mm._should_pad is original and si.bmm_pad_decisions() == []
+
+
+@pytest.mark.gpu
+def test_the_set_up_leaves_a_window_attention_bmm_unpadded_on_the_gpu():
+    """Swin-style window attention (49 tokens: pad_mm would pad M, K or N to 56) under the whole-model set-up
+    with the shipped model: where the model keeps Triton the bmm is lowered unpadded (the pad hook's bmm
+    rule), and the outputs match eager."""
+    dev = torch.device("cuda")
+
+    class Attn(torch.nn.Module):
+        def forward(self, q, k, v):
+            return torch.bmm(torch.softmax(torch.bmm(q, k.transpose(1, 2)) * 0.17, -1), v)
+
+    q, k, v = (torch.randn(1536, 49, 32, device=dev, dtype=torch.float16) for _ in range(3))
+    pc.reset()
+    with torch.no_grad():
+        ref = Attn()(q, k, v)
+        out = pc.compile(Attn())(q, k, v).clone()
+    torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
+    kept = [d for d in pc.decisions() if d.op == "bmm" and d.triton]
+    assert kept, pc.summary()
+    assert all(d.problem["m"] == 49 and 56 not in (d.problem["k"], d.problem["n"]) for d in kept), pc.summary()
+    pc.reset()
