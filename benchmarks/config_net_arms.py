@@ -5,7 +5,7 @@ static head with the [static] settings of recipes/h100.toml before the merge), a
 (train/config_net.py); both on the same split (the model's: train/data.py joint_split with the seed), the same
 width, members, epochs and Lightning settings. Each prints and writes its held-out top-1 / top-5 per dtype for
 both kernel modes (the gemm head, or the network, scoring every measured config of each test problem: no screen,
-no lead) and its wall time.
+no lead), the same on the val problems (`val_metrics`), and its wall time.
 
     nice -n 10 python benchmarks/config_net_arms.py --arm a --epochs 60 --members 3 --threads 2 --out a.json
     nice -n 10 python benchmarks/config_net_arms.py --arm b --epochs 60 --members 3 --threads 2 --out b.json
@@ -67,13 +67,13 @@ def _load(data: Path, seed: int):
     return d, static, xs
 
 
-def _test_rows(d, static: GemmTable, xs: torch.Tensor):
-    """The test problems' rows and static rows, with their encodings."""
-    test = d.gemm.subset(d.split == 2)
-    st = split_static(d.gemm, static, d.split)
+def _test_rows(d, static: GemmTable, xs: torch.Tensor, which: int = 2):
+    """The test problems' (which=1: the val problems') rows and static rows, with their encodings."""
+    test = d.gemm.subset(d.split == which)
+    st = split_static(d.gemm, static, d.split, which)
     keys = set(test.problem_keys)
     s_rows = np.array([static.problem_keys[p] in keys for p in static.problem_idx])
-    return test, st, d.x[torch.from_numpy(d.row_split == 2)], xs[torch.from_numpy(s_rows)]
+    return test, st, d.x[torch.from_numpy(d.row_split == which)], xs[torch.from_numpy(s_rows)]
 
 
 def run_arm(arm: str, data: Path, epochs: int, hidden: tuple[int, ...], static_epochs: int, seed: int,
@@ -96,13 +96,22 @@ def run_arm(arm: str, data: Path, epochs: int, hidden: tuple[int, ...], static_e
                            ts, False, epochs, "gemm", ts.rank_weight, average="after_floor")
         sh = fit_static_rows(d.gemm, static, d.split, xs, StaticHeadSettings(epochs=static_epochs, seed=seed))
         metrics = arm_a_metrics(gemm, sh, x_test, xs_test, test, st)
+        val_metrics = arm_a_metrics(gemm, sh, *_val_inputs(d, static, xs))
     else:
         net = fit_config_net(joint_rows(d.gemm, static, d.split, d.x, xs), d.enc.names, ts, epochs, members)
         metrics = arm_b_metrics(net, x_test, xs_test, test, st)
+        val_metrics = arm_b_metrics(net, *_val_inputs(d, static, xs))
     return {"arm": arm, "epochs": epochs, "members": members, "hidden": list(hidden),
             "static_epochs": static_epochs if arm == "a" else None, "seed": seed, "split_seed": split_seed,
             "threads": torch.get_num_threads(), "seconds": time.perf_counter() - t0,
-            "rows": {"gemm": int(len(d.gemm.ms)), "gemm_static": int(len(static.ms))}, "metrics": metrics}
+            "rows": {"gemm": int(len(d.gemm.ms)), "gemm_static": int(len(static.ms))}, "metrics": metrics,
+            "val_metrics": val_metrics}
+
+
+def _val_inputs(d, static: GemmTable, xs: torch.Tensor) -> tuple:
+    """The arm metrics' inputs (x, static x, table, static table) for the val problems."""
+    val, sv, x_val, xs_val = _test_rows(d, static, xs, which=1)
+    return x_val, xs_val, val, sv
 
 
 def fit_static_rows(table: GemmTable, static: GemmTable, split: np.ndarray, xs: torch.Tensor,
