@@ -12,7 +12,7 @@ for mm/addmm, only the top_k choices of the canonical Triton mm template ("trito
 time, and for bmm/baddbmm the top_k of Inductor's Triton bmm template ("triton::bmm"; its configs are the
 mm heuristics' and map to the same GemmConfig) by the model's bmm head (a model without one leaves them
 to Inductor). aten (cuBLAS), decompose-k, TMA/persistent and other templates pass through unchanged --
-but for a bmm/baddbmm the model is sure of (the aten::bmm time its call implies at least bmm_sure_gain
+but for aten::addmm where aten::bias_addmm is offered too (prefer_bias_addmm), and for a bmm/baddbmm the model is sure of (the aten::bmm time its call implies at least bmm_sure_gain
 slower than its best config's), whose best config is kept alone, without aten: one choice, no benchmark.
 
 Private APIs move between torch releases: install() checks what it relies on and, when something is
@@ -136,9 +136,11 @@ def filter_template_choices(choices: list, kernel_inputs: Any, op_name: str, pre
     With bmm_sure_gain set, a bmm/baddbmm whose aten::bmm time (as the model's call implies it) is at least
     that fraction slower than the best ranked config keeps that config alone, without the aten choices
     (perfmodel.serve.decisions.bmm_sure): Inductor then benchmarks nothing where no other choice remains.
-    A bmm/baddbmm is left as Inductor has it where the model has no bmm heads."""
+    A bmm/baddbmm is left as Inductor has it where the model has no bmm heads.
+    An addmm offered both aten kernels loses aten::addmm to aten::bias_addmm (prefer_bias_addmm)."""
     if op_name not in ops:
         return choices
+    choices = prefer_bias_addmm(choices, op_name)
     templates = [t for t in templates if t in _OP_TEMPLATES.get(op_name, templates)]
     idx: list[int] = []
     cfgs: list[GemmConfig] = []
@@ -177,6 +179,22 @@ def filter_template_choices(choices: list, kernel_inputs: Any, op_name: str, pre
             return [c for i, c in enumerate(choices) if i == alone or not (i in idx or (_uid(c) or "").startswith("aten::"))]
     ranked = set(idx)
     return [c for i, c in enumerate(choices) if i not in ranked or i in keep]
+
+
+def prefer_bias_addmm(choices: list, op_name: str) -> list:
+    """An addmm's choices without aten::addmm where aten::bias_addmm is offered too. Under max-autotune Inductor
+    hands aten::addmm the bias expanded to [M, N]: ATen copies it into the output and runs the GEMM with
+    beta=1, where aten::bias_addmm passes the 1-D bias to cuBLASLt's epilogue, default mode's kernel (the
+    whole-model set-up keeps it alone for the same reason: serve.compile.DEFAULT_ATEN). Inductor's benchmark
+    of the two favours aten::addmm (on BERT-large's 6144x1024x1024 projections 0.043-0.056 ms against
+    0.053-0.075 ms), which then ran its copies in the step: under this hook BERT-large stepped 3.058 / 3.096 ms
+    against stock max-autotune's 2.975 / 2.961 and the set-up's 2.923 / 2.909 (docs/benchmarks.md)."""
+    if op_name != "addmm":
+        return choices
+    uids = [_uid(c) for c in choices]
+    if "aten::bias_addmm" not in uids or "aten::addmm" not in uids:
+        return choices
+    return [c for c, u in zip(choices, uids) if u != "aten::addmm"]
 
 
 def pad_problem_from_match(match: Any, mat1: Any, mat2: Any) -> PadProblem | None:

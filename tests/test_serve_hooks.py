@@ -418,3 +418,20 @@ def test_prune_never_keeps_a_config_the_device_cannot_run(pt: Predictor) -> None
     kept = perfmodel_prune(top_k=3, predictor=pt)([big, *small], args)
     assert big not in kept and set(map(id, kept)) == set(map(id, small))
     assert perfmodel_prune(top_k=2, predictor=pt)([big], args) == [big]  # nothing runnable: Triton's own failure
+
+
+def test_an_addmm_keeps_bias_addmm_in_place_of_aten_addmm(pt: Predictor) -> None:
+    """Offered both, an addmm keeps aten::bias_addmm (the 1-D bias in cuBLASLt's epilogue, default mode's kernel)
+    and loses aten::addmm (the bias expanded and copied): alone where Triton is dropped, so nothing is
+    benchmarked. A lone aten::addmm stays; other ops are untouched (SYNTHETIC choices)."""
+    plain, bias = _KTC("aten::addmm"), _KTC("aten::bias_addmm")
+    tri = _triton_choices()
+    out = si.filter_template_choices([plain, bias, *tri], _Inputs(512, 512, 512), "addmm", pt, top_k=2,
+                                     cublas_margin=None)
+    assert plain not in out and bias in out and len(out) == 3
+    assert si.filter_template_choices([plain, bias, *tri], _Inputs(512, 512, 512), "addmm", pt, top_k=2,
+                                      cublas_margin=-1.0 + 1e-9) == [bias]
+    assert si.filter_template_choices([plain, *tri], _Inputs(512, 512, 512), "addmm", pt, top_k=2,
+                                      cublas_margin=-1.0 + 1e-9) == [plain]
+    assert si.prefer_bias_addmm([plain, bias], "mm") == [plain, bias]
+    assert si.prefer_bias_addmm([plain, bias], "addmm") == [bias]
