@@ -168,8 +168,8 @@ def filter_choices(choices: list, op_name: str, keep_triton: bool, positions: Se
     template's choices (TRITON_TEMPLATE: triton::mm, triton::bmm) at `positions` (among this call's choices of
     that template) when keep_triton and the op is ranked;
     default mode's aten choice (DEFAULT_ATEN: aten::bias_addmm over aten::addmm), unless this call keeps Triton
-    without keep_aten or `alone` (a bmm the model is sure of); nothing else (decompose-k, TMA/persistent and contiguous-subgraph templates, the other
-    aten variants, other ops' Triton templates).
+    without keep_aten or `alone` (a bmm the model is sure of); nothing else (decompose-k, TMA/persistent and
+    contiguous-subgraph templates, the other aten variants, other ops' Triton templates).
     Never returns an empty list from a non-empty one: then Inductor's choices are left as they are."""
     uids = [_uid(c) for c in choices]
     preferred = DEFAULT_ATEN.get(op_name)

@@ -34,9 +34,9 @@ from perfmodel.schema import DTYPE_BYTES, GemmConfig, PadDecision, PadProblem
 if TYPE_CHECKING:  # the Predictor calls this module: no import cycle at run time
     from .predictor import Predictor
 
-__all__ = ["BMM_SURE_GAIN", "CUBLAS_MARGIN", "PAD_TRITON_MARGIN", "bmm_sure", "check_bmm_sure_gain", "cublas_preferred", "hook_pad_decision",
-           "kept_positions", "pad_copy_floor_ms", "pad_decision", "padded_path_ms", "triton_dropped",
-           "triton_expected_gain", "unpadded_triton_instead"]
+__all__ = ["BMM_SURE_GAIN", "CUBLAS_MARGIN", "PAD_TRITON_MARGIN", "bmm_sure", "check_bmm_sure_gain",
+           "cublas_preferred", "hook_pad_decision", "kept_positions", "pad_copy_floor_ms", "pad_decision",
+           "padded_path_ms", "triton_dropped", "triton_expected_gain", "unpadded_triton_instead"]
 
 # install()'s default cublas_margin: keep the Triton mm choices only where the model's best config is
 # predicted more than 5 % faster than cuBLAS. benchmarks/cublas_margin.py on the 173 held-out problems:

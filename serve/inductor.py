@@ -12,8 +12,9 @@ for mm/addmm, only the top_k choices of the canonical Triton mm template ("trito
 time, and for bmm/baddbmm the top_k of Inductor's Triton bmm template ("triton::bmm"; its configs are the
 mm heuristics' and map to the same GemmConfig) by the model's bmm head (a model without one leaves them
 to Inductor). aten (cuBLAS), decompose-k, TMA/persistent and other templates pass through unchanged --
-but for aten::addmm where aten::bias_addmm is offered too (prefer_bias_addmm), and for a bmm/baddbmm the model is sure of (the aten::bmm time its call implies at least bmm_sure_gain
-slower than its best config's), whose best config is kept alone, without aten: one choice, no benchmark.
+but for aten::addmm where aten::bias_addmm is offered too (prefer_bias_addmm), and for a bmm/baddbmm the
+model is sure of (the aten::bmm time its call implies at least bmm_sure_gain slower than its best
+config's), whose best config is kept alone, without aten: one choice, no benchmark.
 
 Private APIs move between torch releases: install() checks what it relies on and, when something is
 missing, warns once and leaves Inductor's default behaviour (returns False). A failure inside the hook
@@ -45,7 +46,8 @@ from perfmodel.schema import GemmConfig, GemmProblem, PadProblem, is_column_majo
 
 # The decisions are perfmodel.serve.decisions'; their names stay importable from here.
 from .decisions import (BMM_SURE_GAIN, CUBLAS_MARGIN, PAD_TRITON_MARGIN, bmm_sure,  # noqa: F401
-                        check_bmm_sure_gain, hook_pad_decision, pad_copy_floor_ms, padded_path_ms, triton_dropped, unpadded_triton_instead)
+                        check_bmm_sure_gain, hook_pad_decision, pad_copy_floor_ms, padded_path_ms,
+                        triton_dropped, unpadded_triton_instead)
 from . import bmm
 from .predictor import Predictor, _check_top_k
 from .triton_hook import kwargs_to_gemm, rank_positions
@@ -175,8 +177,9 @@ def filter_template_choices(choices: list, kernel_inputs: Any, op_name: str, pre
         if triton_dropped(aten, best[0][1], cublas_margin):
             keep = set()
         elif sure_rule and bmm_sure(aten, best[0][1], bmm_sure_gain):
-            alone = idx[best[0][0]]
-            return [c for i, c in enumerate(choices) if i == alone or not (i in idx or (_uid(c) or "").startswith("aten::"))]
+            alone, ranked = idx[best[0][0]], set(idx)
+            return [c for i, c in enumerate(choices)
+                    if i == alone or not (i in ranked or (_uid(c) or "").startswith("aten::"))]
     ranked = set(idx)
     return [c for i, c in enumerate(choices) if i not in ranked or i in keep]
 
