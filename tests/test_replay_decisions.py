@@ -37,7 +37,8 @@ def test_replay_against_the_measured_folder_and_another(rd, tmp_path, capsys):
               (64, 14336, 4096, "bfloat16"), (8192, 8192, 512, "float16"))]
     decisions = []
     for p in probs:
-        keep, cfgs = rd.replay(measured, "mm", _problem(p), Policy())
+        keep, cfgs, sure = rd.replay(measured, "mm", _problem(p), Policy())
+        assert sure is False  # the sure rule is a bmm's alone
         decisions.append({"op": "mm", "problem": _problem(p), "triton": keep, "configs": cfgs,
                           "cublas_ms": None, "triton_ms": None})
     results = tmp_path / "r.json"
