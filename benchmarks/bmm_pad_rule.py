@@ -9,8 +9,9 @@ config of Inductor's DEFAULT list predicted faster than the aten::bmm its call i
 Inductor's benchmark.
 
 On every bmm problem of the dataset that pad_mm would pad (its bmm rows time aten::bmm, the padded path and
-the Triton configs), the time each rule ends with, under the set-up's own kernel choice (Triton kept where
-the model predicts it faster: the faster of aten::bmm and the model's best config, or that config alone
+the Triton configs), the time each rule ends with, under the set-up's own kernel choice over the problem's timed
+configs of Inductor's DEFAULT list (Triton kept where the model predicts it faster: the faster of aten::bmm and
+the model's best of those configs, or that config alone
 where the model is sure of it (BMM_SURE_GAIN); else aten::bmm alone):
 unpadded, that; padded, the padded path as timed (aten::bmm on the padded shape, the copies included).
 Inductor's rule is scored with an exact benchmark (it pads where the timed padded path beats aten::bmm); in
@@ -56,8 +57,7 @@ def padded_rows(data: Path):
 
 
 def figures(model: Path, data: Path) -> dict:
-    from perfmodel import GemmProblem, Predictor
-    from perfmodel.configs import inductor_default_configs
+    from perfmodel import GemmConfig, GemmProblem, Predictor
     from perfmodel.serve import bmm
     from perfmodel.serve.decisions import BMM_SURE_GAIN, bmm_sure
     from perfmodel.train import bmm_head as bh
@@ -66,7 +66,6 @@ def figures(model: Path, data: Path) -> dict:
     pred = Predictor.load(model, backend="torch")
     pred = pred.with_kernel("inductor") if pred.has_static else pred
     split = bh.split_by_shape(t, int(pred.bundle.metadata.get("bmm_settings", {}).get("split_seed", 0)))
-    cfgs = list(inductor_default_configs())
     listed_best = np.full(len(t.problems), np.nan)   # the measured ms of the model's best listed config
     rows = {}
     for j in np.flatnonzero(t.inductor):
@@ -78,13 +77,12 @@ def figures(model: Path, data: Path) -> dict:
         dtype, tf32 = MODES[t.modes[i]]
         prob = GemmProblem(m=int(r[0]), n=int(r[1]), k=int(r[2]), dtype=dtype, allow_tf32=tf32,
                            transpose_left=bool(r[6]), transpose_right=bool(r[7]), batch=int(r[8]))
-        unpadded[n], best_ms, aten_ms = bmm.leave_unpadded(pred, prob, cfgs)
+        js = rows[i]   # the problem's timed configs of Inductor's list: what a compile of it offers
+        offered = [GemmConfig(*(int(v) for v in t.configs[j])) for j in js]
+        unpadded[n], best_ms, aten_ms = bmm.leave_unpadded(pred, prob, offered)
         sure[n] = bmm_sure(aten_ms, best_ms, BMM_SURE_GAIN)
-        ranked = pred.rank(prob, cfgs, top_k=1)[0][0]
-        js = rows[i]
-        match = [j for j in js if tuple(t.configs[j].astype(int)) == (ranked.block_m, ranked.block_n, ranked.block_k,
-                                                                       ranked.group_m, ranked.num_stages, ranked.num_warps)]
-        listed_best[i] = t.ms[match[0]] if match else t.ms[js].min()
+        ranked = pred.rank(prob, offered, top_k=1)[0][0]
+        listed_best[i] = t.ms[js[offered.index(ranked)]]
     idx = np.array(idx)
     aten, padded, tri = t.aten_ms[idx], pad_ms[idx], listed_best[idx]
     kept = unpadded                                    # the set-up keeps Triton exactly where the rule leaves it unpadded

@@ -143,7 +143,7 @@ def leave_unpadded(predictor: "Predictor", prob: GemmProblem,
     shape as it is and padding only adds the copies; elsewhere (aten::bmm predicted faster) Inductor's own
     benchmark decides. On the 1,771 problems of data/h100's bmm rows that pad_mm would pad, timed padded
     (pad, aten::bmm, slice), unpadded and with every Triton config, this rule under the whole-model
-    set-up's decisions runs a geomean 1.005x the faster of padded and unpadded, Inductor's rule with an exact
+    set-up's decisions runs a geomean 1.004x the faster of padded and unpadded, Inductor's rule with an exact
     benchmark 1.025x (benchmarks/bmm_pad_rule.py)."""
     best = predictor.rank(prob, None if configs is None else list(configs), top_k=1)
     if not best or not np.isfinite(best[0][1]):
