@@ -54,6 +54,8 @@ def compare(a: Path, b: Path, data: Path, draws: int = 5000, seed: int = 0) -> d
     for name, modes in GROUPS.items():
         mask = np.isin(test.modes, modes)
         n = int(mask.sum())
+        if n == 0:
+            continue
         draw = [rng.integers(0, n, n) for _ in range(draws)]
         for key in ("top1", "top5"):
             la, lb = np.log(fa[key][mask]), np.log(fb[key][mask])
