@@ -200,29 +200,41 @@ def prefer_bias_addmm(choices: list, op_name: str) -> list:
     return [c for c, u in zip(choices, uids) if u != "aten::addmm"]
 
 
+def _match_operands(mat1: Any, mat2: Any, rank: int) -> tuple[str, bool, bool] | None:
+    """(dtype, transpose_left, transpose_right) of the operands pad_mm's pass considers, each of `rank` dims and
+    row- or column-major in its last two, or None when the model does not cover them (symbolic shapes, other
+    dtypes, operands neither row- nor column-major)."""
+    import torch
+
+    dtypes = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
+    if mat1.dim() != rank or mat2.dim() != rank or mat1.dtype != mat2.dtype or mat1.dtype not in dtypes:
+        return None
+    dims = (*mat1.shape, *mat2.shape, *mat1.stride(), *mat2.stride())
+    if not all(isinstance(d, int) for d in dims):
+        return None
+    layouts = []
+    for t in (mat1, mat2):
+        if t.stride(-1) == 1 or t.shape[-1] == 1:
+            layouts.append(False)  # row-major
+        elif t.stride(-2) == 1 or t.shape[-2] == 1:
+            layouts.append(True)   # column-major: a transposed view
+        else:
+            return None
+    return dtypes[mat1.dtype], layouts[0], layouts[1]
+
+
 def pad_problem_from_match(match: Any, mat1: Any, mat2: Any) -> PadProblem | None:
     """The PadProblem of an mm that Inductor's pad_mm pass considers, or None when the model does not
     cover it (symbolic shapes, other dtypes, operands neither row- nor column-major)."""
     import torch
     from torch._inductor.fx_passes import pad_mm
 
-    dtypes = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
-    if mat1.dim() != 2 or mat2.dim() != 2 or mat1.dtype != mat2.dtype or mat1.dtype not in dtypes:
+    operands = _match_operands(mat1, mat2, 2)
+    if operands is None:
         return None
-    dims = (*mat1.shape, *mat2.shape, *mat1.stride(), *mat2.stride())
-    if not all(isinstance(d, int) for d in dims):
-        return None
+    dtype, left, right = operands
     (m, k), n = mat1.shape, mat2.shape[1]
-    layouts = []
-    for t in (mat1, mat2):
-        if t.stride(1) == 1 or t.shape[1] == 1:
-            layouts.append(False)  # row-major
-        elif t.stride(0) == 1 or t.shape[0] == 1:
-            layouts.append(True)   # column-major: a transposed view
-        else:
-            return None
-    dtype = dtypes[mat1.dtype]
-    return PadProblem(m=m, k=k, n=n, dtype=dtype, transpose_left=layouts[0], transpose_right=layouts[1],
+    return PadProblem(m=m, k=k, n=n, dtype=dtype, transpose_left=left, transpose_right=right,
                       prepadded_left=bool(pad_mm.should_exclude_padding_time(match, "mat1")),
                       prepadded_right=bool(pad_mm.should_exclude_padding_time(match, "mat2")),
                       allow_tf32=dtype == "float32" and bool(torch.backends.cuda.matmul.allow_tf32))
@@ -234,24 +246,12 @@ def bmm_problem_from_match(mat1: Any, mat2: Any) -> GemmProblem | None:
     row- nor column-major)."""
     import torch
 
-    dtypes = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
-    if mat1.dim() != 3 or mat2.dim() != 3 or mat1.dtype != mat2.dtype or mat1.dtype not in dtypes:
+    operands = _match_operands(mat1, mat2, 3)
+    if operands is None or mat1.shape[0] < 2:
         return None
-    dims = (*mat1.shape, *mat2.shape, *mat1.stride(), *mat2.stride())
-    if not all(isinstance(d, int) for d in dims) or mat1.shape[0] < 2:
-        return None
+    dtype, left, right = operands
     b, m, k = mat1.shape
-    n = mat2.shape[2]
-    layouts = []
-    for t in (mat1, mat2):
-        if t.stride(2) == 1 or t.shape[2] == 1:
-            layouts.append(False)  # row-major
-        elif t.stride(1) == 1 or t.shape[1] == 1:
-            layouts.append(True)   # column-major: a transposed view
-        else:
-            return None
-    dtype = dtypes[mat1.dtype]
-    return GemmProblem(m=m, n=n, k=k, dtype=dtype, transpose_left=layouts[0], transpose_right=layouts[1], batch=b,
+    return GemmProblem(m=m, n=mat2.shape[2], k=k, dtype=dtype, transpose_left=left, transpose_right=right, batch=b,
                        allow_tf32=dtype == "float32" and bool(torch.backends.cuda.matmul.allow_tf32))
 
 
