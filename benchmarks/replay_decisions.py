@@ -46,13 +46,12 @@ def replay(predictor: Any, op: str, problem: dict[str, Any], policy: Any) -> tup
     `predictor` and `policy`."""
     from perfmodel.configs import inductor_default_configs
     from perfmodel.schema import GemmProblem
-    from perfmodel.serve.compile import decide
-    from perfmodel.serve.decisions import bmm_sure
+    from perfmodel.serve.compile import decide, kept_alone
 
     cfgs = list(inductor_default_configs())
     prob = GemmProblem(**problem)
     keep, best, aten = decide(predictor, prob, cfgs, policy)
-    sure = keep and prob.batch > 1 and bmm_sure(aten, best[0][1], policy.bmm_sure_gain)
+    sure = kept_alone(prob, keep, best, aten, policy)
     return keep, [str(cfgs[i]) for i, _ in (best[:1] if sure else best)] if keep else [], sure
 
 

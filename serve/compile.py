@@ -158,6 +158,13 @@ def decide(predictor: Predictor, prob: GemmProblem, configs: Sequence[GemmConfig
     return triton_expected_gain(cublas, best[0][1], policy.triton_gain), best, cublas
 
 
+def kept_alone(prob: GemmProblem, keep: bool, best: list[tuple[int, float]], aten_ms: float | None,
+               policy: Policy) -> bool:
+    """Whether a decision of decide() (keep, best, aten_ms) keeps a bmm's best config alone, without aten
+    (Policy.bmm_sure_gain, decisions.bmm_sure): then nothing is benchmarked."""
+    return keep and prob.batch > 1 and bmm_sure(aten_ms, best[0][1], policy.bmm_sure_gain)
+
+
 def _uid(choice: Any) -> str:
     return str(getattr(getattr(choice, "template", None), "uid", None) or "")
 
@@ -220,7 +227,7 @@ def _handler_class() -> type:
             prob = problem_from_kernel_inputs(kernel_inputs)
             key = (op_name, prob)
             keep, best, cublas = decide(self.perfmodel, prob, cfgs or None, self.policy)
-            sure = keep and prob.batch > 1 and bmm_sure(cublas, best[0][1], self.policy.bmm_sure_gain)
+            sure = kept_alone(prob, keep, best, cublas, self.policy)
             best = best[:1] if sure else best
             listed = cfgs or list(inductor_default_configs())
             d = GemmDecision(op=op_name, problem=asdict(prob), cublas_ms=cublas,
