@@ -20,6 +20,8 @@ after the other, each after torch._dynamo.reset() in a fresh Inductor cache:
   hook-m0          the hook with cublas_margin=0 (Triton kept wherever predicted faster than cuBLAS at all, the
                    set-up's rule) instead of -0.05
   hook-top1        the hook with top_k=1
+  hook-nocd        the hook with Inductor's coordinate_descent_tuning off (max-autotune's tuning of each
+                   Triton kernel's block sizes by benchmarks), everything else the hook's
   hook-nosure      the hook with bmm_sure_gain=None (aten::bmm always beside the kept bmm config, as before the
                    rule)
   perfmodel-nosure the set-up with Policy(bmm_sure_gain=None): aten::bmm always beside the kept bmm config (the
@@ -154,6 +156,8 @@ _QWEN2 = dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=2, nu
               num_key_value_heads=4, vocab_size=152064, max_position_embeddings=8192, use_cache=False)
 _PHI3 = dict(hidden_size=3072, intermediate_size=8192, num_hidden_layers=2, num_attention_heads=32,
              num_key_value_heads=32, vocab_size=32064, max_position_embeddings=4096, use_cache=False)
+_GEMMA = dict(hidden_size=2048, intermediate_size=16384, num_hidden_layers=2, num_attention_heads=8,
+              num_key_value_heads=1, head_dim=256, vocab_size=256000, max_position_embeddings=8192, use_cache=False)
 _BERT_L = dict(hidden_size=1024, num_hidden_layers=4, num_attention_heads=16, intermediate_size=4096)
 
 # One line a workload. tuned=True: the workloads of the issue that the set-up's rules were studied on.
@@ -181,9 +185,16 @@ WORKLOADS = [
     Workload("ConvNeXt-T, fp16, batch 32", _vision("convnext_tiny", "float16", 32), "float16"),
     # window attention: q @ k^T and attn @ v as bmm over batch x windows x heads, head dim 32
     Workload("Swin-T, fp16, batch 32", _vision("swin_t", "float16", 32), "float16"),
+    # added after every rule was set, none tuned on them: widths, vocabularies and batch shapes of their own
+    Workload("RoBERTa-base, fp16, 32x128", _lm(_hf("RobertaModel", "RobertaConfig"), "float16",
+                                              _ids(50265, 32, 128), "last_hidden_state"), "float16"),
+    Workload("Gemma-2B widths (2 layers), bf16, 4x512", _lm(_hf("GemmaForCausalLM", "GemmaConfig", **_GEMMA),
+                                                           "bfloat16", _ids(256000, 4, 512)), "bfloat16"),
+    Workload("ViT-L/16, fp16, batch 16", _vision("vit_l_16", "float16", 16), "float16"),
+    Workload("MobileNetV3-Large, fp16, batch 128", _vision("mobilenet_v3_large", "float16", 128), "float16"),
 ]
 VARIANTS = ("default", "max-autotune", "perfmodel", "perfmodel-top1", "perfmodel-top3", "perfmodel-aten", "perfmodel-zero", "perfmodel-1x1mm", "hook",
-            "hook-m0", "hook-top1", "hook-nosure", "perfmodel-nosure", "perfmodel-bmm3", "perfmodel-v2", "perfmodel-b1", "perfmodel-b2", "perfmodel-b3",
+            "hook-m0", "hook-top1", "hook-nosure", "hook-nocd", "perfmodel-nosure", "perfmodel-bmm3", "perfmodel-v2", "perfmodel-b1", "perfmodel-b2", "perfmodel-b3",
             "perfmodel-b4", "perfmodel-p0", "perfmodel-nosure-p0", "hook-p0", "hook-nosure-p0")
 BASELINES = ("default", "max-autotune")
 TIMED_RUNS = 30
@@ -229,9 +240,12 @@ def _compile(variant: str, module: Any, predictor: Any) -> tuple[Any, Any]:
         from perfmodel.serve import inductor
 
         kw = {"hook": {}, "hook-m0": {"cublas_margin": 0.0}, "hook-top1": {"top_k": 1},
-              "hook-nosure": {"bmm_sure_gain": None}}[variant]
-        return torch.compile(module, mode="max-autotune"), inductor.installed(**{"top_k": 5, **kw},
-                                                                                predictor=predictor, pad=True)
+              "hook-nosure": {"bmm_sure_gain": None}, "hook-nocd": {}}[variant]
+        ctx = inductor.installed(**{"top_k": 5, **kw}, predictor=predictor, pad=True)
+        if variant == "hook-nocd":  # mode="max-autotune"'s options but its coordinate-descent tuning
+            return torch.compile(module, options={**torch._inductor.list_mode_options("max-autotune"),
+                                                  "coordinate_descent_tuning": False}), ctx
+        return torch.compile(module, mode="max-autotune"), ctx
     from perfmodel.serve import compile as pc
 
     return pc.compile(module, predictor=predictor, policy=_policy(variant), pad=True), contextlib.nullcontext()
@@ -791,7 +805,7 @@ def main(argv: list[str] | None = None) -> int:
                                              f"(GEMM {x['gemm_tuning_s']:.1f}, other {x['other_tuning_s']:.1f}), "
                                              f"rel err {x['rel_err']:.2e}" if "step_ms" in x
                                              else x.get("error", "missing")[:300]), flush=True)
-        args.out.write_text(json.dumps(results, indent=1))
+        args.out.write_text(json.dumps(results, separators=(",", ":")) + "\n")  # compact: the file is large
     _write_table(args.out, results)
     return 0
 
