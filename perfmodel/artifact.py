@@ -212,6 +212,45 @@ def spec_from_dict(d: dict[str, Any]) -> DeviceSpec:
         raise ArtifactError(f"metadata.device_spec: {exc}") from None
 
 
+# A weight stored as its diagonal blocks: "<key>.blocks", (G, rows / G, cols / G). An ensemble head
+# (PerfMLP.ensemble, cfg.members = G) has block-diagonal hidden Linears, G times larger than its members' weights.
+BLOCKS = ".blocks"
+
+
+def diagonal_blocks(w: torch.Tensor, g: int) -> torch.Tensor | None:
+    """w's g diagonal blocks, (g, rows / g, cols / g), where w is exactly their block-diagonal matrix (every
+    other entry 0); else None."""
+    if g < 2 or w.dim() != 2 or w.shape[0] % g or w.shape[1] % g:
+        return None
+    r, c = w.shape[0] // g, w.shape[1] // g
+    blocks = torch.stack([w[i * r:(i + 1) * r, i * c:(i + 1) * c] for i in range(g)])
+    return blocks if torch.equal(torch.block_diag(*blocks), w) else None
+
+
+def compact_state(sd: dict[str, torch.Tensor], members: int) -> dict[str, torch.Tensor]:
+    """A head's state dict as the folder stores it: each block-diagonal weight of an ensemble of `members`
+    as its blocks ("<key>.blocks"), every other tensor as it is. expand_state inverts it bit for bit."""
+    out = {}
+    for k, v in sd.items():
+        blocks = diagonal_blocks(v, members) if k.endswith("weight") else None
+        out[k if blocks is None else k + BLOCKS] = v if blocks is None else blocks
+    return out
+
+
+def expand_state(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The state dict of a stored head: each "<key>.blocks" (G, r, c) as the block-diagonal (G r, G c) "<key>"
+    (folders written before blocks were stored have none)."""
+    out = {}
+    for k, v in sd.items():
+        if not k.endswith(BLOCKS):
+            out[k] = v
+        elif v.dim() != 3:
+            raise ArtifactError(f"{k}: stored diagonal blocks must be (blocks, rows, cols), got {tuple(v.shape)}")
+        else:
+            out[k[:-len(BLOCKS)]] = torch.block_diag(*v)
+    return out
+
+
 def save(bundle: ModelBundle, folder: Path, extra_metadata: dict[str, Any] | None = None) -> Path:
     from safetensors.torch import save_file
 
@@ -230,7 +269,7 @@ def save(bundle: ModelBundle, folder: Path, extra_metadata: dict[str, Any] | Non
         features = bundle.encoders[name].names
         if modes and name == "gemm":
             head, features = bundle.config_net, features + [KERNEL_MODE_FEATURE]
-        for k, v in head.state_dict().items():
+        for k, v in compact_state(head.state_dict(), head.cfg.members).items():
             tensors[f"{name}.{k}"] = v.detach().contiguous().cpu()
         heads_meta[name] = {"mlp": head.cfg.as_dict(), "features": features,
                             "encoder_kind": bundle.encoders[name].kind}
@@ -306,7 +345,7 @@ def load(folder: Path) -> ModelBundle:
         head = PerfMLP(cfg)
         sd = {k[len(name) + 1:]: v for k, v in tensors.items() if k.startswith(name + ".")}
         try:
-            head.load_state_dict(sd, strict=True)
+            head.load_state_dict(expand_state(sd), strict=True)
         except RuntimeError as exc:
             raise ArtifactError(f"{weights_path}: head {name!r} does not match its config ({exc})") from None
         heads[name], encoders[name] = head.eval(), enc

@@ -399,6 +399,48 @@ def test_grouped_net_runs_an_ensemble_as_its_members():
         GroupedNet(members[0])
 
 
+def test_an_ensemble_is_stored_as_its_members_blocks_and_loads_bit_for_bit(tmp_path: Path):
+    """The folder stores an ensemble's block-diagonal weights as their diagonal blocks ("<key>.blocks"), a
+    weight with any entry between members as it is; loading gives back every tensor bit for bit (random
+    members: synthetic weights)."""
+    from safetensors.torch import load_file, save_file
+
+    gen = torch.Generator().manual_seed(9)
+    members = _members(gen, 6, (12, 12, 12), 30)
+    ens = PerfMLP.ensemble(members, average="after_floor")
+    sd = ens.state_dict()
+    stored = artifact.compact_state(sd, ens.cfg.members)
+    blocks = sorted(k for k in stored if k.endswith(artifact.BLOCKS))
+    # the hidden Linears and the after-floor output are block-diagonal; the first Linear (stacked) is not
+    assert blocks == ["net.2.weight.blocks", "net.4.weight.blocks", "net.6.weight.blocks"]
+    assert stored["net.2.weight.blocks"].shape == (3, 12, 12) and stored["net.0.weight"].shape == (36, 6)
+    back = artifact.expand_state(stored)
+    assert back.keys() == sd.keys() and all(torch.equal(back[k], sd[k]) for k in sd)
+    with torch.no_grad():
+        ens.net[2].weight[0, -1] = 0.5  # a weight between members: stored dense, and still loads exactly
+    kept = artifact.compact_state(ens.state_dict(), ens.cfg.members)
+    assert "net.2.weight" in kept and "net.2.weight.blocks" not in kept
+    assert torch.equal(artifact.expand_state(kept)["net.2.weight"], ens.net[2].weight)
+    assert artifact.compact_state(members[0].state_dict(), 1).keys() == members[0].state_dict().keys()
+    # a saved folder round-trips; a blocks tensor of the wrong rank is refused naming it
+    bundle, feats = make_bundle(1)
+    n = feats["gemm"].shape[1]
+    gemm = [PerfMLP(MLPConfig(n, (12, 12), "none")) for _ in range(3)]
+    for h in gemm:
+        h.set_normalisation(feats["gemm"].mean(0), feats["gemm"].std(0))
+    bundle.heads["gemm"] = PerfMLP.ensemble([_randomise(h, gen).eval() for h in gemm], average="after_floor")
+    folder = artifact.save(bundle, tmp_path / "m")
+    loaded = artifact.load(folder).heads["gemm"].state_dict()
+    assert all(torch.equal(loaded[k], v) for k, v in bundle.heads["gemm"].state_dict().items())
+    t = load_file(str(folder / artifact.WEIGHTS))
+    assert "gemm.net.2.weight.blocks" in t
+    t["gemm.net.2.weight.blocks"] = t["gemm.net.2.weight.blocks"][0]
+    save_file(t, str(folder / artifact.WEIGHTS))
+    _edit_meta(folder, lambda m: m.pop("weights_sha256"))
+    with pytest.raises(ArtifactError, match="net.2.weight.blocks"):
+        artifact.load(folder)
+
+
 def test_after_floor_ensemble_is_the_mean_of_the_members_log_ms():
     """average="after_floor": each member floored by its own overhead, then the mean; GroupedNet and
     the folded copy serve the same; never below the smallest member overhead."""
