@@ -242,7 +242,7 @@ def _compile(variant: str, module: Any, predictor: Any) -> tuple[Any, Any]:
         kw = {"hook": {}, "hook-m0": {"cublas_margin": 0.0}, "hook-top1": {"top_k": 1},
               "hook-nosure": {"bmm_sure_gain": None}, "hook-nocd": {}}[variant]
         ctx = inductor.installed(**{"top_k": 5, **kw}, predictor=predictor, pad=True)
-        if variant == "hook-nocd":  # mode="max-autotune"'s options but its coordinate-descent tuning
+        if variant == "hook-nocd":  # mode="max-autotune"'s options with coordinate-descent tuning off
             return torch.compile(module, options={**torch._inductor.list_mode_options("max-autotune"),
                                                   "coordinate_descent_tuning": False}), ctx
         return torch.compile(module, mode="max-autotune"), ctx

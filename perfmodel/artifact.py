@@ -17,7 +17,7 @@ import torch
 from ._version import __version__
 from .devices import DeviceSpec
 from .features import ENCODER_VERSION, SUPPORTED_ENCODER_VERSIONS, FeatureEncoder
-from .model import MLPConfig, PerfMLP, floor_features
+from .model import MLPConfig, PerfMLP, diagonal_blocks, floor_features
 from .ranking import refines, screened_rank
 from .schema import SCHEMA_VERSION
 
@@ -215,16 +215,6 @@ def spec_from_dict(d: dict[str, Any]) -> DeviceSpec:
 # A weight stored as its diagonal blocks: "<key>.blocks", (G, rows / G, cols / G). An ensemble head
 # (PerfMLP.ensemble, cfg.members = G) has block-diagonal hidden Linears, G times larger than its members' weights.
 BLOCKS = ".blocks"
-
-
-def diagonal_blocks(w: torch.Tensor, g: int) -> torch.Tensor | None:
-    """w's g diagonal blocks, (g, rows / g, cols / g), where w is exactly their block-diagonal matrix (every
-    other entry 0); else None."""
-    if g < 2 or w.dim() != 2 or w.shape[0] % g or w.shape[1] % g:
-        return None
-    r, c = w.shape[0] // g, w.shape[1] // g
-    blocks = torch.stack([w[i * r:(i + 1) * r, i * c:(i + 1) * c] for i in range(g)])
-    return blocks if torch.equal(torch.block_diag(*blocks), w) else None
 
 
 def compact_state(sd: dict[str, torch.Tensor], members: int) -> dict[str, torch.Tensor]:

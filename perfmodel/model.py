@@ -368,15 +368,21 @@ class GroupedNet(nn.Module):
         return z.transpose(0, 1).reshape(z.shape[1], b - a)
 
 
+def diagonal_blocks(w: torch.Tensor, g: int) -> torch.Tensor | None:
+    """w's g diagonal blocks, (g, rows / g, cols / g), where w is exactly their block-diagonal matrix (every
+    other entry 0: an ensemble's hidden Linear); else None (g < 2 included)."""
+    if g < 2 or w.dim() != 2 or w.shape[0] % g or w.shape[1] % g:
+        return None
+    r, c = w.shape[0] // g, w.shape[1] // g
+    blocks = torch.stack([w[i * r:(i + 1) * r, i * c:(i + 1) * c] for i in range(g)])
+    return blocks if torch.equal(torch.block_diag(*blocks), w) else None
+
+
 def _member_blocks(weight: torch.Tensor, g: int, what: str) -> torch.Tensor:
     """The g diagonal blocks of a block-diagonal Linear weight (g out, g in), as (g, in, out) for
     batched products; ValueError if a weight lies off the diagonal blocks."""
-    blocks = weight.reshape(g, weight.shape[0] // g, g, weight.shape[1] // g)
-    diag = torch.stack([blocks[i, :, i, :] for i in range(g)])                          # (G, out, in)
-    off = blocks.clone()
-    for i in range(g):
-        off[i, :, i, :] = 0
-    if off.any():
+    diag = diagonal_blocks(weight, g)                                                   # (G, out, in)
+    if diag is None:
         raise ValueError(f"head: {what} is not block-diagonal over its members")
     return diag.transpose(1, 2).contiguous()
 
