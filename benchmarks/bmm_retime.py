@@ -7,7 +7,9 @@ re-times are committed under benchmarks/results/bmm_retime_h100/, each stopped a
 - sweep4: the fourth sweep (data/h100's bmm-s0of1-p003: `--modes float16,tf32 --seed 3 --n 600 --exclude-from <a
   folder with the first three bmm parts>`), its first 247 problems, re-timed in the same session's later call;
 - sweep1: the first sweep (bmm-s0of1-p000: `--seed 0 --n 300`, every mode), all 300 problems, a day after it
-  was timed (then on a machine running a second GPU job beside it).
+  was timed (then on a machine running a second GPU job beside it);
+- sweep1b: the same 300 problems timed once more, on another day, alone on the GPU: `--sweep 1q` compares the two
+  re-times, two timings neither of which shared the GPU.
 
 Each is compared with data/h100's timing of the same problems, config by config:
 
@@ -19,6 +21,7 @@ Each is compared with data/h100's timing of the same problems, config by config:
 
     python benchmarks/bmm_retime.py --sweep 4 --out benchmarks/results/bmm_retime_h100_sweep4.json
     python benchmarks/bmm_retime.py --sweep 1 --out benchmarks/results/bmm_retime_h100_sweep1.json
+    python benchmarks/bmm_retime.py --sweep 1q --out benchmarks/results/bmm_retime_h100_sweep1q.json
 """
 from __future__ import annotations
 
@@ -35,8 +38,9 @@ CONFIG = ("block_m", "block_n", "block_k", "group_m", "num_stages", "num_warps")
 PROBLEM = ("m", "n", "k", "dtype", "allow_tf32", "transpose_left", "transpose_right", "batch")
 RETIMES = REPO / "benchmarks/results/bmm_retime_h100"
 # sweep: (data/h100's part file, its committed re-time)
-SWEEPS = {4: (REPO / "data/h100/bmm-s0of1-p003.jsonl.gz", RETIMES / "sweep4/bmm-s0of1-p000.jsonl.gz"),
-          1: (REPO / "data/h100/bmm-s0of1-p000.jsonl.gz", RETIMES / "sweep1/bmm-s0of1-p000.jsonl.gz")}
+SWEEPS = {"4": (REPO / "data/h100/bmm-s0of1-p003.jsonl.gz", RETIMES / "sweep4/bmm-s0of1-p000.jsonl.gz"),
+          "1": (REPO / "data/h100/bmm-s0of1-p000.jsonl.gz", RETIMES / "sweep1/bmm-s0of1-p000.jsonl.gz"),
+          "1q": (RETIMES / "sweep1/bmm-s0of1-p000.jsonl.gz", RETIMES / "sweep1b/bmm-s0of1-p000.jsonl.gz")}
 
 
 def timings(path: Path) -> tuple[dict[tuple, dict[tuple, float]], dict[tuple, float]]:
@@ -89,7 +93,7 @@ def compare(first: tuple[dict, dict], second: tuple[dict, dict]) -> dict[str, An
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--sweep", type=int, choices=sorted(SWEEPS), default=4, help="which committed re-time")
+    ap.add_argument("--sweep", choices=sorted(SWEEPS), default="4", help="which committed re-time")
     ap.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
     args = ap.parse_args(argv)
     res = compare(*(timings(p) for p in SWEEPS[args.sweep]))

@@ -32,7 +32,7 @@ def test_the_ceiling_rule_on_synthetic_timings():
     assert same["top1_first_on_second"] == 1.0 and same["call_same"] == 1.0 and same["picks_differ"] == 0.0
 
 
-@pytest.mark.parametrize("sweep,problems", [(4, 247), (1, 300)])
+@pytest.mark.parametrize("sweep,problems", [("4", 247), ("1", 300), ("1q", 300)])
 def test_the_committed_figures_are_the_rows(sweep, problems):
     from bmm_retime import SWEEPS, compare, timings
 
