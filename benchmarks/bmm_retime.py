@@ -37,7 +37,8 @@ REPO = Path(__file__).resolve().parents[1]
 CONFIG = ("block_m", "block_n", "block_k", "group_m", "num_stages", "num_warps")
 PROBLEM = ("m", "n", "k", "dtype", "allow_tf32", "transpose_left", "transpose_right", "batch")
 RETIMES = REPO / "benchmarks/results/bmm_retime_h100"
-# sweep: (data/h100's part file, its committed re-time)
+# sweep: (the first timing, the second): data/h100's part file and its committed re-time; "1q" the first
+# sweep's two committed re-times
 SWEEPS = {"4": (REPO / "data/h100/bmm-s0of1-p003.jsonl.gz", RETIMES / "sweep4/bmm-s0of1-p000.jsonl.gz"),
           "1": (REPO / "data/h100/bmm-s0of1-p000.jsonl.gz", RETIMES / "sweep1/bmm-s0of1-p000.jsonl.gz"),
           "1q": (RETIMES / "sweep1/bmm-s0of1-p000.jsonl.gz", RETIMES / "sweep1b/bmm-s0of1-p000.jsonl.gz")}

@@ -170,17 +170,16 @@ def filter_template_choices(choices: list, kernel_inputs: Any, op_name: str, pre
     if prob.dtype == "float32" and allow_tf32:
         prob = replace(prob, allow_tf32=True)
     best = rank_positions(predictor, prob, cfgs, top_k)
-    keep = {idx[j] for j, _ in best}
+    keep, ranked = {idx[j] for j, _ in best}, set(idx)
     if (cublas_margin is not None or sure_rule) and has_aten and predictor.has_cublas:
         # a bmm: the aten::bmm time the model's call implies (perfmodel.serve.bmm.aten_call_ms)
         aten = bmm.aten_call_ms(predictor, prob, best[0][1]) if prob.batch > 1 else predictor.predict_cublas(prob)
         if triton_dropped(aten, best[0][1], cublas_margin):
             keep = set()
         elif sure_rule and bmm_sure(aten, best[0][1], bmm_sure_gain):
-            alone, ranked = idx[best[0][0]], set(idx)
+            alone = idx[best[0][0]]
             return [c for i, c in enumerate(choices)
                     if i == alone or not (i in ranked or (_uid(c) or "").startswith("aten::"))]
-    ranked = set(idx)
     return [c for i, c in enumerate(choices) if i not in ranked or i in keep]
 
 

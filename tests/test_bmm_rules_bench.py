@@ -4,23 +4,13 @@ model -- every ratio against the faster of the alternatives is >= 1, the sure sh
 folder against itself differs nowhere."""
 from __future__ import annotations
 
-import importlib.util
-import sys
-
 import numpy as np
 import pytest
 
 from perfmodel.train.bmm_head import BmmHeadSettings
 from perfmodel.train.refit import refit_bmm
+from tests._scripts import benchmark_script
 from tests._synthetic import write_synthetic_bmm, write_synthetic_dataset, write_synthetic_model
-
-
-def _script(repo_root, name):
-    spec = importlib.util.spec_from_file_location(name, repo_root / "benchmarks" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(name, mod)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +23,8 @@ def bmm_folders(tmp_path_factory):
     return model, data
 
 
-def test_the_sure_gain_table(repo_root, bmm_folders):
-    sg = _script(repo_root, "bmm_sure_gain")
+def test_the_sure_gain_table(bmm_folders):
+    sg = benchmark_script("bmm_sure_gain")
     r = sg.figures(*bmm_folders)
     assert set(r["gains"]) == {str(g) for g in sg.GAINS}
     for split in ("train", "val", "test"):
@@ -49,8 +39,8 @@ def test_the_sure_gain_table(repo_root, bmm_folders):
     assert r["chosen_on_val"] is None or r["chosen_on_val"] in sg.GAINS
 
 
-def test_the_pad_rule_table(repo_root, bmm_folders):
-    pr = _script(repo_root, "bmm_pad_rule")
+def test_the_pad_rule_table(bmm_folders):
+    pr = benchmark_script("bmm_pad_rule")
     t, pad_ms = pr.padded_rows(bmm_folders[1])
     assert np.isfinite(pad_ms).sum() == len(t.problems)  # the synthetic data times every problem padded
     r = pr.figures(*bmm_folders)
@@ -62,8 +52,8 @@ def test_the_pad_rule_table(repo_root, bmm_folders):
         assert s["overruled_rightly"] <= s["rule_overrules_inductor"] <= s["inductor_pads"]
 
 
-def test_a_folder_against_itself_differs_nowhere(repo_root, tmp_path):
-    ph = _script(repo_root, "paired_heldout")
+def test_a_folder_against_itself_differs_nowhere(tmp_path):
+    ph = benchmark_script("paired_heldout")
     model = write_synthetic_model(tmp_path / "m", hidden=(16,))
     data = write_synthetic_dataset(tmp_path / "d", n_problems=96)
     r = ph.compare(model, model, data, draws=50)

@@ -18,11 +18,12 @@ from __future__ import annotations
 import json
 import math
 import re
-import sys
 from pathlib import Path
 from typing import Callable
 
 import pytest
+
+from tests._scripts import benchmark_script
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -170,12 +171,7 @@ def _h200() -> list[float]:
 def _whole_models(device: str = "h100") -> list[float]:
     """benchmarks/model_bench.py's headline for perfmodel.serve.compile on the device: step ratio geomean, worst;
     compile ratio geomean, worst (the script's own ratios(): ratios measured side by side in one process)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("model_bench", ROOT / "benchmarks" / "model_bench.py")
-    mb = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("model_bench", mb)  # its dataclasses look their module up there
-    spec.loader.exec_module(mb)
+    mb = benchmark_script("model_bench")
     return list(mb.headline(_json(f"benchmarks/results/model_bench_{device}.json"), "perfmodel"))
 
 

@@ -2,21 +2,13 @@
 from rows (SYNTHETIC timings written in the tests; the GPU runs are not tested here)."""
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests._scripts import benchmark_script
 
 
 def _model_bench():
-    spec = importlib.util.spec_from_file_location("model_bench", ROOT / "benchmarks" / "model_bench.py")
-    mb = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("model_bench", mb)  # its dataclasses look their module up there
-    spec.loader.exec_module(mb)
-    return sys.modules["model_bench"]
+    return benchmark_script("model_bench")
 
 
 def test_workload_prefixes_with_and_without_commas():

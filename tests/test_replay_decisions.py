@@ -3,23 +3,18 @@ model folder. SYNTHETIC models (random weights, tests/_synthetic.py) and decisio
 of them: the tool must find nothing against the folder that made them and the differences against another."""
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 
 import pytest
 
 from perfmodel import GemmProblem
+from tests._scripts import benchmark_script
 from tests._synthetic import write_synthetic_model
 
 
 @pytest.fixture(scope="module")
-def rd(repo_root):
-    spec = importlib.util.spec_from_file_location("replay_decisions", repo_root / "benchmarks" / "replay_decisions.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("replay_decisions", mod)
-    spec.loader.exec_module(mod)
-    return mod
+def rd():
+    return benchmark_script("replay_decisions")
 
 
 def _problem(p: GemmProblem) -> dict:
