@@ -95,6 +95,7 @@ class Workload:
     dtype: str
     train: bool = False
     tuned: bool = False      # a perfmodel rule was tuned on this workload (the issue's five are "tuned")
+    tf32: bool = False       # float32 matmuls on TF32 (torch.backends.cuda.matmul.allow_tf32) for every variant
 
 
 def _hf(cls_name: str, cfg_name: str, **cfg: Any) -> Callable:
@@ -159,6 +160,8 @@ _PHI3 = dict(hidden_size=3072, intermediate_size=8192, num_hidden_layers=2, num_
 _GEMMA = dict(hidden_size=2048, intermediate_size=16384, num_hidden_layers=2, num_attention_heads=8,
               num_key_value_heads=1, head_dim=256, vocab_size=256000, max_position_embeddings=8192, use_cache=False)
 _BERT_L = dict(hidden_size=1024, num_hidden_layers=4, num_attention_heads=16, intermediate_size=4096)
+_OPT = dict(hidden_size=2048, ffn_dim=8192, num_hidden_layers=2, num_attention_heads=32, word_embed_proj_dim=2048,
+            vocab_size=50272, max_position_embeddings=2048, use_cache=False)
 
 # One line a workload. tuned=True: the workloads of the issue that the set-up's rules were studied on.
 WORKLOADS = [
@@ -192,6 +195,13 @@ WORKLOADS = [
                                                            "bfloat16", _ids(256000, 4, 512)), "bfloat16"),
     Workload("ViT-L/16, fp16, batch 16", _vision("vit_l_16", "float16", 16), "float16"),
     Workload("MobileNetV3-Large, fp16, batch 128", _vision("mobilenet_v3_large", "float16", 128), "float16"),
+    # float32 models: IEEE (torch's default) and TF32 (set by the user), and another decoder's widths
+    Workload("GPT-2 124M, fp32, 4x512", _lm(_hf("GPT2LMHeadModel", "GPT2Config", use_cache=False), "float32",
+                                           _ids(50257, 4, 512)), "float32"),
+    Workload("BERT-base, fp32 on TF32, 16x256", _lm(_hf("BertModel", "BertConfig"), "float32",
+                                                   _ids(30522, 16, 256), "last_hidden_state"), "float32", tf32=True),
+    Workload("OPT-1.3B widths (2 layers), fp16, 8x512", _lm(_hf("OPTForCausalLM", "OPTConfig", **_OPT), "float16",
+                                                           _ids(50272, 8, 512)), "float16"),
 ]
 VARIANTS = ("default", "max-autotune", "perfmodel", "perfmodel-top1", "perfmodel-top3", "perfmodel-aten", "perfmodel-zero", "perfmodel-1x1mm", "hook",
             "hook-m0", "hook-top1", "hook-nosure", "hook-nocd", "perfmodel-nosure", "perfmodel-bmm3", "perfmodel-v2", "perfmodel-b1", "perfmodel-b2", "perfmodel-b3",
@@ -448,6 +458,7 @@ def _worker(name: str, variants: list[str], model: str | None, res_file: Path) -
 
     wl = next(w for w in WORKLOADS if w.name == name)
     dev = torch.device("cuda")
+    torch.backends.cuda.matmul.allow_tf32 = wl.tf32  # before any compile: Inductor and the hooks read it
     torch.manual_seed(0)
     module, inputs, fwd = wl.build(dev)
     result: dict[str, Any] = {"workload": name, "variants": {}}
@@ -706,7 +717,7 @@ def _merge(results: dict[str, Any], out: dict[str, Any], err: str | None) -> dic
     prev = results["workloads"].get(wl.name, {})
     entry = {**prev, **{k: v for k, v in out.items() if k not in ("variants", "workload")},
              "variants": {**prev.get("variants", {}), **out.get("variants", {})},
-             "tuned": wl.tuned, "dtype": wl.dtype, "train": wl.train}
+             "tuned": wl.tuned, "dtype": wl.dtype, "train": wl.train, **({"tf32": True} if wl.tf32 else {})}
     if err:
         entry["error"] = err
         print(f"[model_bench]   {err[-600:]}", flush=True)
