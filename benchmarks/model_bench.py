@@ -195,11 +195,12 @@ WORKLOADS = [
                                                            "bfloat16", _ids(256000, 4, 512)), "bfloat16"),
     Workload("ViT-L/16, fp16, batch 16", _vision("vit_l_16", "float16", 16), "float16"),
     Workload("MobileNetV3-Large, fp16, batch 128", _vision("mobilenet_v3_large", "float16", 128), "float16"),
-    # float32 models: IEEE (torch's default) and TF32 (set by the user), and another decoder's widths
-    Workload("GPT-2 124M, fp32, 4x512", _lm(_hf("GPT2LMHeadModel", "GPT2Config", use_cache=False), "float32",
-                                           _ids(50257, 4, 512)), "float32"),
-    Workload("BERT-base, fp32 on TF32, 16x256", _lm(_hf("BertModel", "BertConfig"), "float32",
-                                                   _ids(30522, 16, 256), "last_hidden_state"), "float32", tf32=True),
+    # float32 models, IEEE (torch's default) and TF32 (set by the user; names start "FP32" so that no prefix of an
+    # earlier workload selects them), and another decoder's widths
+    Workload("FP32 GPT-2 124M (IEEE), 4x512", _lm(_hf("GPT2LMHeadModel", "GPT2Config", use_cache=False), "float32",
+                                                 _ids(50257, 4, 512)), "float32"),
+    Workload("FP32 BERT-base (TF32), 16x256", _lm(_hf("BertModel", "BertConfig"), "float32",
+                                                 _ids(30522, 16, 256), "last_hidden_state"), "float32", tf32=True),
     Workload("OPT-1.3B widths (2 layers), fp16, 8x512", _lm(_hf("OPTForCausalLM", "OPTConfig", **_OPT), "float16",
                                                            _ids(50272, 8, 512)), "float16"),
 ]
