@@ -210,7 +210,7 @@ _state = _State()
 def _handler_class() -> type:
     from torch._inductor.choices import InductorChoices
 
-    from .inductor import problem_from_kernel_inputs
+    from .inductor import problem_from_kernel_inputs, template_allow_tf32
 
     class RecommendedChoices(InductorChoices):
         """InductorChoices of perfmodel.serve.compile: see the module docstring."""
@@ -220,11 +220,13 @@ def _handler_class() -> type:
             self.perfmodel = predictor
             self.policy = policy
 
-        def _decide(self, op_name: str, kernel_inputs: Any, cfgs: list[GemmConfig]) -> tuple[GemmDecision, list[int]]:
-            """The decision for this call's Triton configs cfgs (recorded for summary()), and the kept
-            configs' positions in cfgs. A call without Triton choices (addmm's aten call) records the
-            model's view on Inductor's default list unless the op's Triton call was seen already."""
-            prob = problem_from_kernel_inputs(kernel_inputs)
+        def _decide(self, op_name: str, kernel_inputs: Any, cfgs: list[GemmConfig],
+                    tf32: bool | None = None) -> tuple[GemmDecision, list[int]]:
+            """The decision for this call's Triton configs cfgs (recorded for summary()), and the kept configs'
+            positions in cfgs; a float32 problem on TF32 as tf32 says (the configs' ALLOW_TF32; None: the matmul
+            setting). A call without Triton choices (addmm's aten call) records the model's view on Inductor's
+            default list unless the op's Triton call was seen already."""
+            prob = problem_from_kernel_inputs(kernel_inputs, tf32)
             key = (op_name, prob)
             keep, best, cublas = decide(self.perfmodel, prob, cfgs or None, self.policy)
             sure = kept_alone(prob, keep, best, cublas, self.policy)
@@ -262,7 +264,7 @@ def _handler_class() -> type:
                         # outside the model's space: this call is left as default mode would have it
                         return filter_choices(choices, op_name, False, [], self.policy)
                 try:
-                    d, positions = self._decide(op_name, kernel_inputs, cfgs)
+                    d, positions = self._decide(op_name, kernel_inputs, cfgs, template_allow_tf32(tri))
                 except ValueError:  # a problem the model does not cover: default mode's choice
                     return filter_choices(choices, op_name, False, [], self.policy)
                 out = filter_choices(choices, op_name, bool(positions), positions, self.policy, d.sure)

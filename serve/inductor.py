@@ -104,11 +104,37 @@ def check_torch_api() -> str | None:
     return None
 
 
-def problem_from_kernel_inputs(kernel_inputs: Any) -> GemmProblem:
+def fp32_matmul_on_tf32() -> bool:
+    """Whether float32 matmuls run on TF32 here: torch's fp32_precision setting of CUDA matmuls ("tf32" after
+    torch.set_float32_matmul_precision("high") or torch.backends.cuda.matmul.allow_tf32 = True; what Inductor's
+    templates read), else, on a torch without it, the legacy allow_tf32 flag. Read at compile time."""
+    import torch
+
+    mm = torch.backends.cuda.matmul
+    try:
+        return mm.fp32_precision == "tf32"
+    except (AttributeError, RuntimeError):
+        pass
+    try:
+        return bool(mm.allow_tf32)
+    except RuntimeError:  # torch refuses to read the legacy flag once the new API was used
+        return False
+
+
+def template_allow_tf32(choices: Sequence[Any]) -> bool | None:
+    """ALLOW_TF32 of Inductor's template choices (KernelTemplateChoice.extra_kwargs) where one sets it -- Inductor
+    turns TF32 on for a float32 template only above a size threshold even where matmuls run on TF32 -- else None."""
+    flags = [bool(x["ALLOW_TF32"]) for c in choices
+             if isinstance(x := getattr(c, "extra_kwargs", None), dict) and "ALLOW_TF32" in x]
+    return any(flags) if flags else None
+
+
+def problem_from_kernel_inputs(kernel_inputs: Any, allow_tf32: bool | None = None) -> GemmProblem:
     """The GemmProblem of Inductor's MMKernelInputs (mm: nodes (mat1, mat2); addmm: (bias, mat1, mat2); bmm:
     (mat1, mat2) of shapes (b, m, k), (b, k, n): batch b; baddbmm: (bias, mat1, mat2)); each operand's layout
-    from its last two dims. ValueError for what the model does not cover (operands of other ranks or
-    batches, unsupported dtype, unhinted shapes)."""
+    from its last two dims; a float32 problem on TF32 as allow_tf32 says (the templates' flag,
+    template_allow_tf32), or where it is None as the matmul setting says (fp32_matmul_on_tf32). ValueError for
+    what the model does not cover (operands of other ranks or batches, unsupported dtype, unhinted shapes)."""
     n_nodes = len(kernel_inputs.nodes())
     i1 = getattr(kernel_inputs, "_mat1_idx", -2) % n_nodes
     i2 = getattr(kernel_inputs, "_mat2_idx", -1) % n_nodes
@@ -119,9 +145,12 @@ def problem_from_kernel_inputs(kernel_inputs: Any) -> GemmProblem:
     batch = int(shapes[i1][0]) if ranks == (3, 3) else 1
     m, n, k = (int(x) for x in kernel_inputs.mnk_hinted())
     dtype = kernel_inputs.dtypes()[i1]
-    return GemmProblem(m=m, n=n, k=k, dtype=dtype, batch=batch,
+    prob = GemmProblem(m=m, n=n, k=k, dtype=dtype, batch=batch,
                        transpose_left=is_column_major(shapes[i1], strides[i1]),
                        transpose_right=is_column_major(shapes[i2], strides[i2]))
+    if prob.dtype == "float32" and (fp32_matmul_on_tf32() if allow_tf32 is None else allow_tf32):
+        prob = replace(prob, allow_tf32=True)
+    return prob
 
 
 def _uid(ktc: Any) -> str | None:
@@ -146,7 +175,6 @@ def filter_template_choices(choices: list, kernel_inputs: Any, op_name: str, pre
     templates = [t for t in templates if t in _OP_TEMPLATES.get(op_name, templates)]
     idx: list[int] = []
     cfgs: list[GemmConfig] = []
-    allow_tf32 = False
     for i, ktc in enumerate(choices):
         if _uid(ktc) not in templates:
             continue
@@ -156,19 +184,16 @@ def filter_template_choices(choices: list, kernel_inputs: Any, op_name: str, pre
             continue  # outside the model's space: benchmarked as Inductor would
         idx.append(i)
         cfgs.append(cfg)
-        allow_tf32 = allow_tf32 or bool(getattr(ktc, "extra_kwargs", {}).get("ALLOW_TF32", False))
     has_aten = any((_uid(c) or "").startswith("aten::") for c in choices)
     sure_rule = op_name in BMM_OPS and bmm_sure_gain is not None
     if not idx or (len(idx) <= top_k and not ((cublas_margin is not None or sure_rule) and has_aten)):
         return choices
-    try:
-        prob = problem_from_kernel_inputs(kernel_inputs)
+    try:  # float32: TF32 as the ranked configs have it
+        prob = problem_from_kernel_inputs(kernel_inputs, template_allow_tf32([choices[i] for i in idx]))
     except ValueError:
         return choices  # a problem the model does not cover (int8, 4-D, ...): Inductor's default
     if prob.batch > 1 and not predictor.has_bmm:
         return choices  # no bmm heads: Inductor's own autotuning
-    if prob.dtype == "float32" and allow_tf32:
-        prob = replace(prob, allow_tf32=True)
     best = rank_positions(predictor, prob, cfgs, top_k)
     keep, ranked = {idx[j] for j, _ in best}, set(idx)
     if (cublas_margin is not None or sure_rule) and has_aten and predictor.has_cublas:
@@ -236,7 +261,7 @@ def pad_problem_from_match(match: Any, mat1: Any, mat2: Any) -> PadProblem | Non
     return PadProblem(m=m, k=k, n=n, dtype=dtype, transpose_left=left, transpose_right=right,
                       prepadded_left=bool(pad_mm.should_exclude_padding_time(match, "mat1")),
                       prepadded_right=bool(pad_mm.should_exclude_padding_time(match, "mat2")),
-                      allow_tf32=dtype == "float32" and bool(torch.backends.cuda.matmul.allow_tf32))
+                      allow_tf32=dtype == "float32" and fp32_matmul_on_tf32())
 
 
 def bmm_problem_from_match(mat1: Any, mat2: Any) -> GemmProblem | None:
@@ -251,7 +276,7 @@ def bmm_problem_from_match(mat1: Any, mat2: Any) -> GemmProblem | None:
     dtype, left, right = operands
     b, m, k = mat1.shape
     return GemmProblem(m=m, n=mat2.shape[2], k=k, dtype=dtype, transpose_left=left, transpose_right=right, batch=b,
-                       allow_tf32=dtype == "float32" and bool(torch.backends.cuda.matmul.allow_tf32))
+                       allow_tf32=dtype == "float32" and fp32_matmul_on_tf32())
 
 
 def _triton_mm_in_play() -> bool:
