@@ -1,0 +1,99 @@
+"""The bmm Triton head's members and regularisation, measured on the shipped split (CPU).
+
+Fits N members of the bmm Triton head one after the other on the train problems of `models/h100`'s split by
+shape (the recipe's `[bmm]` settings, seeds seed .. seed + N - 1, as the shipped fit seeds them), and after each
+member scores the ensemble of the first 1, 2, ..., N on the val and test problems (top-1 / top-5 per dtype mode:
+train/bmm_head.py bmm_metrics, with the folder's own call head). The first three members are the shipped head's,
+so the 3-member figures reproduce the folder's `bmm_metrics`. `--set key=value` overrides a BmmHeadSettings
+field (weight_decay, epochs, hidden=128,128,128, ...) and `dropout` the members' dropout.
+
+    python benchmarks/bmm_members.py --members 6 --out benchmarks/results/bmm_members6_split_h100.json
+    python benchmarks/bmm_members.py --members 2 --set weight_decay=0.01 --out FILE.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import fields, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from perfmodel import artifact  # noqa: E402
+from perfmodel.model import MLPConfig, PerfMLP  # noqa: E402
+from perfmodel.train import bmm_head as bh  # noqa: E402
+from perfmodel.train.recipe import load_recipe  # noqa: E402
+from perfmodel.train.refit import model_seed  # noqa: E402
+
+
+def settings(recipe: Path, overrides: list[str]) -> tuple[bh.BmmHeadSettings, float]:
+    """The recipe's [bmm] settings with the overrides, and the members' dropout."""
+    s = load_recipe(recipe).bmm
+    over = dict(o.split("=", 1) for o in overrides)
+    dropout = float(over.pop("dropout", 0.0))
+    types = {f.name: getattr(s, f.name) for f in fields(s)}
+    for k, v in over.items():
+        if k not in types:
+            raise SystemExit(f"--set: {k!r} is not a BmmHeadSettings field")
+        over[k] = tuple(int(x) for x in v.split(",")) if isinstance(types[k], tuple) else type(types[k])(v)
+    return replace(s, **over), dropout
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--members", type=int, default=6)
+    ap.add_argument("--model", type=Path, default=REPO / "models/h100")
+    ap.add_argument("--data", type=Path, default=REPO / "data/h100")
+    ap.add_argument("--recipe", type=Path, default=REPO / "recipes/h100.toml")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", type=Path, required=True)
+    a = ap.parse_args(argv)
+    torch.set_num_threads(a.threads)
+    bundle = artifact.load(a.model)
+    s, dropout = settings(a.recipe, a.set)
+    s = replace(s, seed=model_seed(bundle))
+    if dropout:
+        def new_head(n_inputs, hidden, seed, floor):
+            torch.manual_seed(seed)
+            return PerfMLP(MLPConfig(n_inputs, tuple(hidden), "none", floor_features=(floor,), dropout=dropout))
+        bh.new_head = new_head
+    table = bh.load_bmm_checked(a.data, bundle.devices[0])
+    version = bundle.encoders["gemm"].version
+    split = bh.split_by_shape(table, model_seed(bundle))
+    extra = bh.static_table(a.data)
+    x, xa = bh.encode(table, bundle.spec, version)
+    y = torch.from_numpy(np.log(table.ms)).float()
+    tr = split[table.problem_idx] == 0
+    xt = torch.cat([x[torch.from_numpy(tr)], bh.encode(extra, bundle.spec, version)[0]])
+    yt = torch.cat([y[torch.from_numpy(tr)], torch.from_numpy(np.log(extra.ms)).float()])
+    group = np.concatenate([table.problem_idx[tr], extra.problem_idx + len(table.problems)])
+    floor = bh.floor_column("bmm", bundle.spec, version)
+    pred_call = bh.score(bundle.heads[artifact.BMM_CALL], xa)
+    res = {"settings": {k: str(v) for k, v in vars(s).items() if k not in ("model", "data")}, "dropout": dropout,
+           "problems": {"val": int((split == 1).sum()), "test": int((split == 2).sum())}, "ensembles": {}}
+    members = []
+    for i in range(a.members):
+        t0 = time.perf_counter()
+        members.append(bh.fit_ranked(xt, yt, group, s, s.seed + i, floor, len(table.problems)))
+        head = members[0] if i == 0 else PerfMLP.ensemble(members, "before_floor")
+        pred = bh.predict_log_ms(head, x)
+        m = bh.bmm_metrics(table, split, pred, bh.implied_aten_log_ms(table, pred, pred_call), pred_call)
+        res["ensembles"][str(i + 1)] = {k: v for k, v in m.items() if k.split("/")[0] in ("val", "test")
+                                        and k.endswith(("top1_eff", "top5_eff")) and "inductor_list" not in k}
+        e = res["ensembles"][str(i + 1)]
+        print(f"{i + 1} member(s) ({time.perf_counter() - t0:.0f} s): val top-1 {e['val/all/top1_eff']:.4f}, "
+              f"test top-1 {e['test/all/top1_eff']:.4f}", flush=True)
+        a.out.write_text(json.dumps(res, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
