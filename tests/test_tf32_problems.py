@@ -126,3 +126,27 @@ def test_the_whole_model_set_up_decides_the_problem_its_configs_compile(pred, pr
         assert d.configs == [str(c) for c, _ in pred.rank(want, CFGS, top_k=2)]
     finally:
         pc.reset()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("setting", ["tf32", "ieee"])
+def test_the_set_up_decides_a_float32_model_as_its_matmuls_run_on_the_gpu(precision, setting):
+    """A float32 MLP compiled by the whole-model set-up on the GPU: every decided GEMM is a TF32 problem with
+    TF32 on (the 2048x3072x768 sizes are above Inductor's threshold), an IEEE one without; the output matches
+    eager under the same setting."""
+    dev = torch.device("cuda")
+    precision(setting)
+    model = torch.nn.Sequential(torch.nn.Linear(768, 3072), torch.nn.GELU(), torch.nn.Linear(3072, 768)).to(dev).eval()
+    x = torch.randn(2048, 768, device=dev)
+    pc.reset()
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad():
+            ref = model(x)
+            out = pc.compile(model)(x).clone()
+        assert ((out - ref).norm() / ref.norm()).item() < 1e-2
+        probs = [d.problem for d in pc.decisions()]
+        assert probs and all(p["dtype"] == "float32" and p["allow_tf32"] == (setting == "tf32") for p in probs), probs
+    finally:
+        pc.reset()
+        torch._dynamo.reset()
