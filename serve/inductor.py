@@ -250,7 +250,6 @@ def _match_operands(mat1: Any, mat2: Any, rank: int) -> tuple[str, bool, bool] |
 def pad_problem_from_match(match: Any, mat1: Any, mat2: Any) -> PadProblem | None:
     """The PadProblem of an mm that Inductor's pad_mm pass considers, or None when the model does not
     cover it (symbolic shapes, other dtypes, operands neither row- nor column-major)."""
-    import torch
     from torch._inductor.fx_passes import pad_mm
 
     operands = _match_operands(mat1, mat2, 2)
@@ -268,8 +267,6 @@ def bmm_problem_from_match(mat1: Any, mat2: Any) -> GemmProblem | None:
     """The GemmProblem (batch > 1) of a bmm that Inductor's pad_mm pass considers -- mat1 (b, m, k), mat2
     (b, k, n) -- or None when the model does not cover it (symbolic shapes, other dtypes, matrices neither
     row- nor column-major)."""
-    import torch
-
     operands = _match_operands(mat1, mat2, 3)
     if operands is None or mat1.shape[0] < 2:
         return None
