@@ -47,9 +47,8 @@ after the other, each after torch._dynamo.reset() in a fresh Inductor cache:
                    BERT-large and Swin-T rows (the workloads the rules change)
   perfmodel-p0, perfmodel-nosure-p0, hook-p0, hook-nosure-p0
                    perfmodel, perfmodel-nosure, hook and hook-nosure before the pad hook's bmm rule (run r50)
-  perfmodel-ieee, hook-ieee
-                   the set-up and the hook before they ranked a float32 GEMM on TF32 as TF32 (every float32 problem
-                   was decided as IEEE float32): run r70's FP32 BERT-base rows
+  perfmodel-ieee   the set-up before it decided a float32 GEMM on TF32 as TF32 (it decided every float32 problem as
+                   IEEE float32): run r70's FP32 BERT-base row
   perfmodel-1x1mm  the set-up with Inductor's max_autotune_gemm lowering of channels-last 1x1 convolutions as
                    mm (ranked like any mm) instead of default mode's convolution
 
@@ -209,8 +208,7 @@ WORKLOADS = [
 ]
 VARIANTS = ("default", "max-autotune", "perfmodel", "perfmodel-top1", "perfmodel-top3", "perfmodel-aten", "perfmodel-zero", "perfmodel-1x1mm", "hook",
             "hook-m0", "hook-top1", "hook-nosure", "hook-nocd", "perfmodel-nosure", "perfmodel-bmm3", "perfmodel-v2", "perfmodel-b1", "perfmodel-b2", "perfmodel-b3",
-            "perfmodel-b4", "perfmodel-p0", "perfmodel-nosure-p0", "hook-p0", "hook-nosure-p0", "perfmodel-ieee",
-            "hook-ieee")
+            "perfmodel-b4", "perfmodel-p0", "perfmodel-nosure-p0", "hook-p0", "hook-nosure-p0", "perfmodel-ieee")
 BASELINES = ("default", "max-autotune")
 TIMED_RUNS = 30
 REL_TOL = 0.05   # relative Frobenius error against eager allowed for a fp16/bf16 model with random weights
