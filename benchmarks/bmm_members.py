@@ -5,10 +5,13 @@ shape (the recipe's `[bmm]` settings, seeds seed .. seed + N - 1, as the shipped
 member scores the ensemble of the first 1, 2, ..., N on the val and test problems (top-1 / top-5 per dtype mode:
 train/bmm_head.py bmm_metrics, with the folder's own call head). The first three members are the shipped head's,
 so the 3-member figures reproduce the folder's `bmm_metrics`. `--set key=value` overrides a BmmHeadSettings
-field (weight_decay, epochs, hidden=128,128,128, ...) and `dropout` the members' dropout.
+field (weight_decay, epochs, hidden=128,128,128, ...) and `dropout` the members' dropout. `--stacked` gives the
+head one more input: the folder's config network's inductor-mode log ms of one matrix of the batch with the config
+(on the batch-1 static rows that is the network's fit of its own training rows).
 
     python benchmarks/bmm_members.py --members 6 --out benchmarks/results/bmm_members6_split_h100.json
     python benchmarks/bmm_members.py --members 2 --set weight_decay=0.01 --out FILE.json
+    python benchmarks/bmm_members.py --members 2 --stacked --out FILE.json
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from perfmodel import artifact  # noqa: E402
+from perfmodel.features import FeatureEncoder  # noqa: E402
 from perfmodel.model import MLPConfig, PerfMLP  # noqa: E402
 from perfmodel.train import bmm_head as bh  # noqa: E402
 from perfmodel.train.recipe import load_recipe  # noqa: E402
@@ -46,6 +50,14 @@ def settings(recipe: Path, overrides: list[str]) -> tuple[bh.BmmHeadSettings, fl
     return replace(s, **over), dropout
 
 
+def one_matrix_log_ms(bundle: artifact.ModelBundle, table: bh.BmmTable) -> torch.Tensor:
+    """(rows, 1): the config network's inductor-mode log ms of one matrix of each row's batch with its config."""
+    enc = FeatureEncoder(bundle.spec, "gemm", bundle.encoders["gemm"].version)
+    with torch.inference_mode():
+        g = enc.encode(torch.from_numpy(table.problems[table.problem_idx][:, :8]), torch.from_numpy(table.configs))
+        return bundle.heads[artifact.INDUCTOR_GEMM].eval()(g).float().reshape(-1, 1)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--members", type=int, default=6)
@@ -54,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--recipe", type=Path, default=REPO / "recipes/h100.toml")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--stacked", action="store_true", help="the config network's one-matrix log ms as an input")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
@@ -70,14 +83,18 @@ def main(argv: list[str] | None = None) -> int:
     split = bh.split_by_shape(table, model_seed(bundle))
     extra = bh.static_table(a.data)
     x, xa = bh.encode(table, bundle.spec, version)
+    xe = bh.encode(extra, bundle.spec, version)[0]
+    if a.stacked:
+        x, xe = torch.cat([x, one_matrix_log_ms(bundle, table)], 1), torch.cat([xe, one_matrix_log_ms(bundle, extra)], 1)
     y = torch.from_numpy(np.log(table.ms)).float()
     tr = split[table.problem_idx] == 0
-    xt = torch.cat([x[torch.from_numpy(tr)], bh.encode(extra, bundle.spec, version)[0]])
+    xt = torch.cat([x[torch.from_numpy(tr)], xe])
     yt = torch.cat([y[torch.from_numpy(tr)], torch.from_numpy(np.log(extra.ms)).float()])
     group = np.concatenate([table.problem_idx[tr], extra.problem_idx + len(table.problems)])
     floor = bh.floor_column("bmm", bundle.spec, version)
     pred_call = bh.score(bundle.heads[artifact.BMM_CALL], xa)
     res = {"settings": {k: str(v) for k, v in vars(s).items() if k not in ("model", "data")}, "dropout": dropout,
+           "stacked": a.stacked,
            "problems": {"val": int((split == 1).sum()), "test": int((split == 2).sum())}, "ensembles": {}}
     members = []
     for i in range(a.members):
