@@ -5,8 +5,6 @@ attributes Inductor's KernelTemplateChoice and MMKernelInputs have; no GPU, no c
 compiles a small bmm model with the whole-model set-up."""
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import numpy as np
 import pytest
 import torch
@@ -20,6 +18,7 @@ from perfmodel.serve import compile as pc
 from perfmodel.serve import inductor as si
 from perfmodel.train.bmm_head import BmmHeadSettings
 from perfmodel.train.refit import refit_bmm
+from tests._inductor import choice
 from tests._synthetic import write_synthetic_bmm, write_synthetic_model
 
 CFGS = list(inductor_default_configs())[:8]
@@ -137,16 +136,6 @@ def test_a_model_without_bmm_heads_names_the_missing_head(plain_dir):
 
 # ------------------------------------------------------------------ the hooks, on synthetic choices
 
-def _choice(uid: str, cfg=None):
-    """A stand-in KernelTemplateChoice (SYNTHETIC): template.uid, params.to_kwargs() as Inductor's mm
-    heuristics give them for the bmm template too."""
-    kw = {} if cfg is None else {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
-                                 "GROUP_M": cfg.group_m, "num_stages": cfg.num_stages, "num_warps": cfg.num_warps,
-                                 "EVEN_K": True, "ACC_TYPE": "tl.float32"}
-    return SimpleNamespace(template=SimpleNamespace(uid=uid), params=SimpleNamespace(to_kwargs=lambda: dict(kw)),
-                           extra_kwargs={"ALLOW_TF32": False})
-
-
 class _BmmInputs:
     """A stand-in for MMKernelInputs of a bmm (SYNTHETIC): nodes (mat1 [b, m, k], mat2 [b, k, n]), mat2 a
     transposed view (its k stride 1); baddbmm: (bias, mat1, mat2)."""
@@ -174,7 +163,7 @@ class _BmmInputs:
 
 
 def _bmm_call():
-    return [_choice("aten::bmm")] + [_choice("triton::bmm", c) for c in CFGS] + [_choice("triton::mm", CFGS[0])]
+    return [choice("aten::bmm")] + [choice("triton::bmm", c) for c in CFGS] + [choice("triton::mm", CFGS[0])]
 
 
 @pytest.mark.parametrize("op, bias", [("bmm", False), ("baddbmm", True)])

@@ -3,36 +3,28 @@
 predictions. The GPU test compiles a small model with the set-up."""
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 
 from perfmodel import GemmProblem, Predictor
 from perfmodel.configs import inductor_default_configs
 from perfmodel.serve import compile as pc
-
-
-def _choice(uid: str, cfg=None):
-    """A stand-in KernelTemplateChoice: template.uid, and params.to_kwargs() for a Triton config."""
-    kw = {} if cfg is None else {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
-                                 "GROUP_M": cfg.group_m, "num_stages": cfg.num_stages, "num_warps": cfg.num_warps}
-    return SimpleNamespace(template=SimpleNamespace(uid=uid), params=SimpleNamespace(to_kwargs=lambda: dict(kw)))
+from tests._inductor import MMInputs, choice
 
 
 CFGS = list(inductor_default_configs())[:6]
 
 
 def _mm_call(aten=("aten::mm",)):
-    return ([_choice(a) for a in aten] + [_choice("triton::mm", c) for c in CFGS]
-            + [_choice("decompose_k"), _choice("triton::mm_persistent_tma"), _choice("contiguous_mm")])
+    return ([choice(a) for a in aten] + [choice("triton::mm", c) for c in CFGS]
+            + [choice("decompose_k"), choice("triton::mm_persistent_tma"), choice("contiguous_mm")])
 
 
 def _uids(cs):
     return [c.template.uid for c in cs]
 
 
-def test_filter_keeps_the_ranked_configs_and_default_modes_aten_choice():
+def test_filter_keeps_the_ranked_configs_and_default_modes_atenchoice():
     call = _mm_call()
     tri = [c for c in call if c.template.uid == "triton::mm"]
     out = pc.filter_choices(call, "mm", True, [2, 4], pc.Policy(top_k=2))
@@ -52,11 +44,11 @@ def test_filter_picks_cublaslt_bias_epilogue_for_addmm():
 
 
 def test_filter_leaves_other_ops_to_aten_and_never_empties_a_call():
-    bmm = [_choice("aten::bmm")] + [_choice("triton::bmm", c) for c in CFGS]
+    bmm = [choice("aten::bmm")] + [choice("triton::bmm", c) for c in CFGS]
     assert _uids(pc.filter_choices(bmm, "bmm", False, [], pc.Policy())) == ["aten::bmm"]
-    conv = [_choice("aten::convolution"), _choice("triton::convolution2d")]
+    conv = [choice("aten::convolution"), choice("triton::convolution2d")]
     assert _uids(pc.filter_choices(conv, "convolution", False, [], pc.Policy())) == ["aten::convolution"]
-    only_templates = [_choice("triton::mm", c) for c in CFGS]
+    only_templates = [choice("triton::mm", c) for c in CFGS]
     # a call with nothing the set-up keeps stays as Inductor made it (an empty list would fail the compile)
     assert pc.filter_choices(only_templates, "mm", False, [], pc.Policy()) == only_templates
 
@@ -93,28 +85,6 @@ def test_decide_follows_the_models_times(predictor, prob):
     assert pc.decide(predictor, prob, CFGS, pc.Policy(triton_gain=-0.999))[0] is True
 
 
-class _Inputs:
-    """A stand-in for Inductor's MMKernelInputs of an mm (mat1 [m, k], mat2 [k, n], row-major)."""
-
-    def __init__(self, m: int, k: int, n: int, dtype=torch.float16) -> None:
-        self.m, self.k, self.n, self.dtype = m, k, n, dtype
-
-    def nodes(self):
-        return [object(), object()]
-
-    def shapes_hinted(self):
-        return [(self.m, self.k), (self.k, self.n)]
-
-    def strides_hinted(self):
-        return [(self.k, 1), (self.n, 1)]
-
-    def mnk_hinted(self):
-        return self.m, self.n, self.k
-
-    def dtypes(self):
-        return [self.dtype, self.dtype]
-
-
 def test_the_default_policy_keeps_the_models_top_three_beside_aten(predictor):
     """Synthetic choices and a synthetic model (the conftest's): Policy() keeps TOP_K = 3 Triton configs where
     Triton is kept, in the model's order; without keep_aten it keeps the top-1 alone."""
@@ -122,7 +92,7 @@ def test_the_default_policy_keeps_the_models_top_three_beside_aten(predictor):
     assert pc.Policy().top_k == pc.TOP_K == 3 and pc.Policy(keep_aten=False).top_k == 1
     pc.reset()
     handler = pc._handler_class()(predictor, pc.Policy(triton_gain=-0.999))
-    out = handler._finalize_template_configs({"all": iter(_mm_call())}, _Inputs(2048, 768, 3072), [], "mm")
+    out = handler._finalize_template_configs({"all": iter(_mm_call())}, MMInputs(2048, 3072, 768), [], "mm")
     assert _uids(out) == ["aten::mm"] + ["triton::mm"] * 3
     top3 = [str(c) for c, _ in predictor.rank(GemmProblem(m=2048, n=3072, k=768, dtype="float16"), CFGS, top_k=3)]
     (d,) = pc.decisions()
@@ -134,22 +104,22 @@ def test_handler_decides_records_and_summarises(predictor):
     pc.reset()
     handler = pc._handler_class()(predictor, pc.Policy(triton_gain=-0.999, top_k=1))  # Triton wherever it can
     call = _mm_call()
-    out = handler._finalize_template_configs({"all": iter(call)}, _Inputs(2048, 768, 3072), [], "mm")
+    out = handler._finalize_template_configs({"all": iter(call)}, MMInputs(2048, 3072, 768), [], "mm")
     assert _uids(out) == ["aten::mm", "triton::mm"]
     kept_cfg = out[1].params.to_kwargs()
     best = predictor.rank(GemmProblem(m=2048, n=3072, k=768, dtype="float16"), CFGS, top_k=1)[0][0]
     assert (kept_cfg["BLOCK_M"], kept_cfg["BLOCK_N"], kept_cfg["BLOCK_K"]) == (best.block_m, best.block_n,
                                                                                best.block_k)
     # an op the set-up does not rank keeps aten alone (bmm: tests/test_bmm_serve.py)
-    conv = [_choice("aten::convolution"), _choice("triton::convolution2d")]
-    assert _uids(handler._finalize_template_configs({"all": iter(conv)}, _Inputs(64, 64, 64), [],
+    conv = [choice("aten::convolution"), choice("triton::convolution2d")]
+    assert _uids(handler._finalize_template_configs({"all": iter(conv)}, MMInputs(64, 64, 64), [],
                                                     "convolution")) == ["aten::convolution"]
     (d,) = pc.decisions()
     assert d.op == "mm" and d.triton and d.configs == [str(best)] and d.choices_kept == 2
     text = pc.summary()
     assert "mm 2048x768x3072 float16 NN" in text and "Triton" in text and "convolution x1" in text
     never = pc._handler_class()(predictor, pc.Policy(triton_gain=float("inf")))
-    out = never._finalize_template_configs({"all": iter(_mm_call())}, _Inputs(2048, 768, 3072), [], "mm")
+    out = never._finalize_template_configs({"all": iter(_mm_call())}, MMInputs(2048, 3072, 768), [], "mm")
     assert _uids(out) == ["aten::mm"]
     pc.reset()
     assert pc.decisions() == []

@@ -16,6 +16,7 @@ import torch
 
 from perfmodel import GemmConfig, GemmProblem
 from perfmodel.serve import Predictor
+from tests._inductor import MMInputs
 from tests._synthetic import write_synthetic_model
 
 triton = pytest.importorskip("triton")
@@ -214,30 +215,6 @@ class _KTC:
         raise AssertionError("the hook must not build ChoiceCallers")
 
 
-class _Inputs:
-    """The parts of MMKernelInputs the hook reads (mm: nodes (mat1, mat2))."""
-
-    def __init__(self, m: int, n: int, k: int, dtype=torch.float16, b_col_major: bool = False) -> None:
-        self.m, self.n, self.k, self.dtype_ = m, n, k, dtype
-        self.b_col_major = b_col_major
-        self._mat1_idx, self._mat2_idx = 0, 1
-
-    def nodes(self) -> list:
-        return [object(), object()]
-
-    def shapes_hinted(self):
-        return ((self.m, self.k), (self.k, self.n))
-
-    def strides_hinted(self):
-        return ((self.k, 1), (1, self.k) if self.b_col_major else (self.n, 1))
-
-    def mnk_hinted(self):
-        return self.m, self.n, self.k
-
-    def dtypes(self):
-        return (self.dtype_, self.dtype_)
-
-
 def _triton_choices() -> list[_KTC]:
     return [_KTC("triton::mm", BLOCK_M=m, BLOCK_N=n, BLOCK_K=k, GROUP_M=8, num_stages=s, num_warps=w, EVEN_K=True,
                  ACC_TYPE="tl.float32") for m in (32, 64, 128) for n in (64, 128) for k in (32, 64)
@@ -248,7 +225,7 @@ def test_filter_keeps_top_k_triton_mm_and_passes_the_rest(pt: Predictor) -> None
     aten, tma = _KTC("aten::mm"), _KTC("triton::persistent_tma_mm", BLOCK_M=128, BLOCK_N=128, BLOCK_K=64)
     tri = _triton_choices()
     choices = [aten, *tri, tma]
-    ki = _Inputs(2048, 1024, 512, b_col_major=True)
+    ki = MMInputs(2048, 1024, 512, b_col_major=True)
     out = si.filter_template_choices(choices, ki, "mm", pt, top_k=4)
     assert out[0] is aten and out[-1] is tma and len(out) == 6
     prob = GemmProblem(m=2048, n=1024, k=512, dtype="float16", transpose_right=True)
@@ -259,16 +236,16 @@ def test_filter_keeps_top_k_triton_mm_and_passes_the_rest(pt: Predictor) -> None
     assert {id(c) for c in out[1:-1]} == best
     # other ops, unsupported dtypes and batched problems: untouched
     assert si.filter_template_choices(choices, ki, "bmm", pt, top_k=4) is choices
-    assert si.filter_template_choices(choices, _Inputs(64, 64, 64, torch.int8), "mm", pt, top_k=4) is choices
+    assert si.filter_template_choices(choices, MMInputs(64, 64, 64, torch.int8), "mm", pt, top_k=4) is choices
     assert si.filter_template_choices(choices, ki, "mm", pt, top_k=100) is choices
 
 
 def test_filter_cublas_margin_drops_triton(pt: Predictor) -> None:
     aten = _KTC("aten::mm")
     choices = [aten, *_triton_choices()]
-    out = si.filter_template_choices(choices, _Inputs(512, 512, 512), "mm", pt, top_k=2, cublas_margin=-1.0 + 1e-9)
+    out = si.filter_template_choices(choices, MMInputs(512, 512, 512), "mm", pt, top_k=2, cublas_margin=-1.0 + 1e-9)
     assert out == [aten]  # margin ~ -1: cuBLAS always "faster"
-    out = si.filter_template_choices(choices, _Inputs(512, 512, 512), "mm", pt, top_k=2, cublas_margin=1e9)
+    out = si.filter_template_choices(choices, MMInputs(512, 512, 512), "mm", pt, top_k=2, cublas_margin=1e9)
     assert len(out) == 3
     # margin 0 compares the predicted times (decisions.triton_dropped, never the call head): Triton stays
     # exactly when its best config is predicted faster than cuBLAS
@@ -276,7 +253,7 @@ def test_filter_cublas_margin_drops_triton(pt: Predictor) -> None:
     tri = [c for c in choices if c is not aten]
     gemm = [si.kwargs_to_gemm(c.params.to_kwargs()) for c in tri]
     triton_faster = pt.rank(prob, gemm, top_k=1)[0][1] <= pt.predict_cublas(prob)
-    out = si.filter_template_choices(choices, _Inputs(512, 512, 512), "mm", pt, top_k=2, cublas_margin=0.0)
+    out = si.filter_template_choices(choices, MMInputs(512, 512, 512), "mm", pt, top_k=2, cublas_margin=0.0)
     assert (len(out) == 3) == triton_faster and aten in out
 
 
@@ -324,7 +301,7 @@ def test_hook_falls_back_when_structures_change(pt: Predictor, monkeypatch: pyte
     handler = si._handler_class()(pt, 2, si.MM_OPS, si.TRITON_MM_TEMPLATES, None)
     odd = [SimpleNamespace(template=_Template("triton::mm"))] * 3
     with pytest.warns(RuntimeWarning, match="default choices"):
-        out = handler._finalize_template_configs({"triton::mm": iter(odd)}, _Inputs(256, 256, 256), [], "mm")
+        out = handler._finalize_template_configs({"triton::mm": iter(odd)}, MMInputs(256, 256, 256), [], "mm")
     assert out == odd
 
 
@@ -426,12 +403,12 @@ def test_an_addmm_keeps_bias_addmm_in_place_of_aten_addmm(pt: Predictor) -> None
     benchmarked. A lone aten::addmm stays; other ops are untouched (SYNTHETIC choices)."""
     plain, bias = _KTC("aten::addmm"), _KTC("aten::bias_addmm")
     tri = _triton_choices()
-    out = si.filter_template_choices([plain, bias, *tri], _Inputs(512, 512, 512), "addmm", pt, top_k=2,
+    out = si.filter_template_choices([plain, bias, *tri], MMInputs(512, 512, 512), "addmm", pt, top_k=2,
                                      cublas_margin=None)
     assert plain not in out and bias in out and len(out) == 3
-    assert si.filter_template_choices([plain, bias, *tri], _Inputs(512, 512, 512), "addmm", pt, top_k=2,
+    assert si.filter_template_choices([plain, bias, *tri], MMInputs(512, 512, 512), "addmm", pt, top_k=2,
                                       cublas_margin=-1.0 + 1e-9) == [bias]
-    assert si.filter_template_choices([plain, *tri], _Inputs(512, 512, 512), "addmm", pt, top_k=2,
+    assert si.filter_template_choices([plain, *tri], MMInputs(512, 512, 512), "addmm", pt, top_k=2,
                                       cublas_margin=-1.0 + 1e-9) == [plain]
     assert si.prefer_bias_addmm([plain, bias], "mm") == [plain, bias]
     assert si.prefer_bias_addmm([plain, bias], "addmm") == [bias]

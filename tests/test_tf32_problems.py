@@ -13,6 +13,7 @@ from perfmodel import GemmProblem, Predictor
 from perfmodel.configs import inductor_default_configs
 from perfmodel.serve import compile as pc
 from perfmodel.serve import inductor as si
+from tests._inductor import MMInputs, choice
 from tests._synthetic import write_synthetic_model
 
 CFGS = list(inductor_default_configs())[:8]
@@ -36,39 +37,13 @@ def precision():
     mm.fp32_precision = old
 
 
-def _choice(uid: str, cfg=None, tf32: bool = False):
-    kw = {} if cfg is None else {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
-                                 "GROUP_M": cfg.group_m, "num_stages": cfg.num_stages, "num_warps": cfg.num_warps,
-                                 "EVEN_K": True, "ACC_TYPE": "tl.float32"}
-    return SimpleNamespace(template=SimpleNamespace(uid=uid), params=SimpleNamespace(to_kwargs=lambda: dict(kw)),
-                           extra_kwargs={"ALLOW_TF32": tf32})
-
-
 def _mm_call(tf32: bool) -> list:
-    return [_choice("aten::mm")] + [_choice("triton::mm", c, tf32) for c in CFGS]
+    return [choice("aten::mm")] + [choice("triton::mm", c, tf32) for c in CFGS]
 
 
-class _Inputs:
-    """MMKernelInputs of a float32 x @ W.T (SYNTHETIC): mat1 (m, k) row-major, mat2 (k, n) column-major."""
-
-    def __init__(self, m: int, n: int, k: int) -> None:
-        self.m, self.n, self.k = m, n, k
-        self._mat1_idx, self._mat2_idx = 0, 1
-
-    def nodes(self):
-        return [object(), object()]
-
-    def shapes_hinted(self):
-        return ((self.m, self.k), (self.k, self.n))
-
-    def strides_hinted(self):
-        return ((self.k, 1), (1, self.k))
-
-    def mnk_hinted(self):
-        return self.m, self.n, self.k
-
-    def dtypes(self):
-        return (torch.float32, torch.float32)
+def _inputs(dtype=torch.float32) -> MMInputs:
+    """x @ W.T of a 4096x768 activation and a 768x768 weight."""
+    return MMInputs(4096, 768, 768, dtype, b_col_major=True)
 
 
 IEEE = GemmProblem(m=4096, n=768, k=768, dtype="float32", transpose_right=True)
@@ -76,7 +51,7 @@ TF32 = GemmProblem(m=4096, n=768, k=768, dtype="float32", allow_tf32=True, trans
 
 
 def test_the_matmul_setting_and_the_configs_flag_decide_tf32(precision):
-    ki = _Inputs(4096, 768, 768)
+    ki = _inputs()
     precision("tf32")
     assert si.fp32_matmul_on_tf32()
     assert si.problem_from_kernel_inputs(ki) == TF32
@@ -87,11 +62,10 @@ def test_the_matmul_setting_and_the_configs_flag_decide_tf32(precision):
     assert si.problem_from_kernel_inputs(ki, True) == TF32
     assert si.template_allow_tf32(_mm_call(True)) is True
     assert si.template_allow_tf32(_mm_call(False)) is False
-    assert si.template_allow_tf32([_choice("aten::mm")] + [SimpleNamespace(template=None)]) is False
+    assert si.template_allow_tf32([choice("aten::mm")] + [SimpleNamespace(template=None)]) is False
     assert si.template_allow_tf32([SimpleNamespace(template=None)]) is None
     # half precision never carries the flag
-    half = SimpleNamespace(**{k: getattr(ki, k) for k in ("nodes", "shapes_hinted", "strides_hinted", "mnk_hinted")},
-                           dtypes=lambda: (torch.float16, torch.float16), _mat1_idx=0, _mat2_idx=1)
+    half = _inputs(torch.float16)
     precision("tf32")
     assert not si.problem_from_kernel_inputs(half).allow_tf32
 
@@ -104,7 +78,7 @@ def test_the_max_autotune_hook_ranks_the_problem_its_configs_compile(pred, preci
     seen = []
     rank = si.rank_positions
     monkeypatch.setattr(si, "rank_positions", lambda p, prob, *a, **k: (seen.append(prob), rank(p, prob, *a, **k))[1])
-    out = si.filter_template_choices(_mm_call(tf32), _Inputs(4096, 768, 768), "mm", pred, top_k=3)
+    out = si.filter_template_choices(_mm_call(tf32), _inputs(), "mm", pred, top_k=3)
     assert seen == [want]
     kept = [c for c in out if c.template.uid == "triton::mm"]
     assert len(kept) == 3 and {str(si.kwargs_to_gemm(c.params.to_kwargs())) for c in kept} == \
@@ -120,7 +94,7 @@ def test_the_whole_model_set_up_decides_the_problem_its_configs_compile(pred, pr
     pc.reset()
     try:
         handler = pc._handler_class()(pred, pc.Policy(triton_gain=-0.999, top_k=2))
-        handler._finalize_template_configs({"all": iter(_mm_call(tf32))}, _Inputs(4096, 768, 768), [], "mm")
+        handler._finalize_template_configs({"all": iter(_mm_call(tf32))}, _inputs(), [], "mm")
         (d,) = pc.decisions()
         assert d.problem == {**d.problem, "allow_tf32": want.allow_tf32, "dtype": "float32"}
         assert d.configs == [str(c) for c, _ in pred.rank(want, CFGS, top_k=2)]
