@@ -13,11 +13,12 @@ from perfmodel import GemmConfig
 from perfmodel.configs import exhaustive_space, pruned_space
 from perfmodel.devices import get_spec
 from perfmodel.serve import Predictor
+from tests._inductor import MMInputs
 from tests._synthetic import write_synthetic_model
 
 pytest.importorskip("triton")
 from perfmodel.serve import inductor as si  # noqa: E402
-from test_serve_hooks import _KTC, _Inputs  # noqa: E402
+from test_serve_hooks import _KTC  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -42,11 +43,11 @@ def test_hook_ranks_the_whole_exhaustive_space(pt: Predictor, m: int, n: int, k:
     aten = _KTC("aten::mm")
     tri = [_choice(c) for c in pruned_space("float16", get_spec("h100-sxm"))]
     assert any(t.params.kw["num_warps"] == 1 for t in tri)
-    out = si.filter_template_choices([aten, *tri], _Inputs(m, n, k, torch.float16), "mm", pt, top_k=5)
+    out = si.filter_template_choices([aten, *tri], MMInputs(m, n, k, torch.float16), "mm", pt, top_k=5)
     kept = [c for c in out if c is not aten]
     assert out[0] is aten and len(kept) == 5  # top_k of ~1,200 Triton configs: none passed through unranked
     # the configs Predictor.rank puts first (the one ranking rule: screen, then the gemm head)
-    best5 = pt.rank(si.problem_from_kernel_inputs(_Inputs(m, n, k, torch.float16)),
+    best5 = pt.rank(si.problem_from_kernel_inputs(MMInputs(m, n, k, torch.float16)),
                     [si.kwargs_to_gemm(t.params.to_kwargs()) for t in tri], top_k=5)
     assert [si.kwargs_to_gemm(t.params.to_kwargs()) for t in kept] == sorted(
         (c for c, _ in best5), key=[si.kwargs_to_gemm(t.params.to_kwargs()) for t in tri].index)
@@ -117,8 +118,8 @@ def test_hook_keeps_ranks_choice_with_the_shipped_model():
     tri = [_choice(c) for c in pruned_space("float16", get_spec("h100-sxm"))]
     gemm = [si.kwargs_to_gemm(t.params.to_kwargs()) for t in tri]
     for m, n, k in [(32, 4096, 4096), (1000, 1000, 1000), (2048, 11008, 4096)]:
-        prob = si.problem_from_kernel_inputs(_Inputs(m, n, k, torch.float16))
-        out = si.filter_template_choices([aten, *tri], _Inputs(m, n, k, torch.float16), "mm", shipped, top_k=5)
+        prob = si.problem_from_kernel_inputs(MMInputs(m, n, k, torch.float16))
+        out = si.filter_template_choices([aten, *tri], MMInputs(m, n, k, torch.float16), "mm", shipped, top_k=5)
         assert {si.kwargs_to_gemm(t.params.to_kwargs()) for t in out[1:]} == {c for c, _ in shipped.rank(prob, gemm, 5)}
 
 
