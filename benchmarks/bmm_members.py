@@ -58,6 +58,28 @@ def one_matrix_log_ms(bundle: artifact.ModelBundle, table: bh.BmmTable) -> torch
         return bundle.heads[artifact.INDUCTOR_GEMM].eval()(g).float().reshape(-1, 1)
 
 
+def occupancy(spec, table: bh.BmmTable) -> torch.Tensor:
+    """(rows, 4): resident programs an SM holds (log), the grid's waves over all SMs' resident slots (log), the
+    last wave's fill, and whether the accumulator alone passes the register limit. The bmm features count waves
+    as one program an SM; a small tile runs several at once, a large one with many stages one."""
+    p = table.problems[table.problem_idx].astype(np.float64)
+    c = table.configs.astype(np.float64)
+    m, n, db, batch = p[:, 0], p[:, 1], p[:, 3], p[:, 8]
+    bm, bn, bk, stages, warps = c[:, 0], c[:, 1], c[:, 2], c[:, 4], c[:, 5]
+    threads = 32 * warps
+    smem = np.maximum(stages, 1) * (bm + bn) * bk * db + 1024
+    acc = bm * bn / threads                                         # fp32 accumulator registers a thread
+    regs = np.minimum(np.ceil((acc + 32) / 8) * 8, spec.registers_per_thread_max)
+    per_sm = np.minimum.reduce([np.floor((spec.shared_memory_per_block_optin + 1024) / smem),
+                                np.floor(2048 / threads), np.floor(65536 / (regs * threads)), np.full_like(m, 32)])
+    per_sm = np.maximum(per_sm, 1)
+    programs = np.ceil(m / bm) * np.ceil(n / bn) * batch
+    slots = spec.sm_count * per_sm
+    waves = np.ceil(programs / slots)
+    cols = [np.log(per_sm), np.log(programs / slots), programs / (waves * slots), (acc + 32 > spec.registers_per_thread_max).astype(float)]
+    return torch.from_numpy(np.stack(cols, 1)).float()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--members", type=int, default=6)
@@ -67,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--stacked", action="store_true", help="the config network's one-matrix log ms as an input")
+    ap.add_argument("--occupancy", action="store_true", help="resident programs an SM and the waves they make as inputs")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
@@ -86,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     xe = bh.encode(extra, bundle.spec, version)[0]
     if a.stacked:
         x, xe = torch.cat([x, one_matrix_log_ms(bundle, table)], 1), torch.cat([xe, one_matrix_log_ms(bundle, extra)], 1)
+    if a.occupancy:
+        x, xe = torch.cat([x, occupancy(bundle.spec, table)], 1), torch.cat([xe, occupancy(bundle.spec, extra)], 1)
     y = torch.from_numpy(np.log(table.ms)).float()
     tr = split[table.problem_idx] == 0
     xt = torch.cat([x[torch.from_numpy(tr)], xe])
@@ -94,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     floor = bh.floor_column("bmm", bundle.spec, version)
     pred_call = bh.score(bundle.heads[artifact.BMM_CALL], xa)
     res = {"settings": {k: str(v) for k, v in vars(s).items() if k not in ("model", "data")}, "dropout": dropout,
-           "stacked": a.stacked,
+           "stacked": a.stacked, "occupancy": a.occupancy,
            "problems": {"val": int((split == 1).sum()), "test": int((split == 2).sum())}, "ensembles": {}}
     members = []
     for i in range(a.members):

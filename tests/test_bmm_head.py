@@ -202,3 +202,41 @@ def test_refit_adds_the_heads_and_records_the_step(bmm_data, tmp_path):
     assert meta["bmm_metrics"]["test/all/top1_eff"] == m["test/all/top1_eff"]
     assert meta["bmm_settings"]["data"]["files"] and len(meta["bmm_settings"]["data"]["sha256"]) == 64
     assert "zero_shot" in m and "test/all/top1_eff" in m["zero_shot"]
+
+
+def test_folds_by_problem_split_a_shapes_batches_and_a_bad_cv_by_is_refused(bmm_data):
+    """cv_by="problem": each problem in one fold, a shape's batches dealt out apart (16 re-batched pairs: some
+    split); "shape" (the default) keeps them in one fold. Every fold holds problems of each mode."""
+    t = load_bmm(bmm_data)
+    by_shape, by_problem = shape_folds(t, 4, 0), shape_folds(t, 4, 0, "problem")
+    for s in set(t.shape.tolist()):
+        assert len(set(by_shape[t.shape == s].tolist())) == 1
+    assert any(len(set(by_problem[t.shape == s].tolist())) > 1 for s in set(t.shape.tolist()))
+    assert sorted(np.bincount(by_problem).tolist()) == [16, 16, 16, 16]
+    with pytest.raises(ValueError, match="cv_by"):
+        fit_bmm_heads(t, split_by_shape(t, 0), SPEC, 3, BmmHeadSettings(**SMALL, cv_by="batch"), log=quiet)
+
+
+def test_a_model_of_two_devices_fits_both_devices_bmm_rows(bmm_data, tmp_path):
+    """bmm_step with one folder per device: the heads fit both devices' train problems (each encoded for its
+    device); the second device's shapes keep the set the first device's split puts them in (its synthetic
+    problems are the first's, timed with the H200's bandwidth); its figures under metrics["devices"]; the
+    settings record both folders' shards."""
+    h200 = write_synthetic_bmm(tmp_path / "h200", n_problems=64, device="h200", header=synthetic_header("h200"))
+    bundle = make_synthetic_bundle(hidden=(16,), devices=("h100-sxm", "h200"))
+    said: list[str] = []
+    m = bmm_step(bundle, [bmm_data, h200], BmmHeadSettings(**SMALL), said.append)
+    assert {artifact.BMM, artifact.BMM_CALL} <= set(bundle.heads)
+    assert any(line.startswith("bmm-head: h200: 64 problems") for line in said)
+    assert 0.0 < m["devices"]["h200"]["test/all/top1_eff"] <= 1.0 and 0.0 < m["test/all/top1_eff"] <= 1.0
+    t1, t2 = load_bmm(bmm_data), load_bmm(h200)
+    s1 = split_by_shape(t1, 0)
+    s2 = bmm_head.other_device_split(t1, s1, t2, 0)
+    where = {tuple(p[:-1]): s for p, s in zip(t1.problems.tolist(), s1.tolist())}
+    assert all(where[tuple(p[:-1])] == s for p, s in zip(t2.problems.tolist(), s2.tolist()))
+    assert m["devices"]["h200"]["test/problems"] == int((s2 == 2).sum())
+    data = bundle.metadata["bmm_settings"]["data"]
+    assert [d["path"] for d in data] == [bmm_data.as_posix(), h200.as_posix()]
+    # more folders than devices: refused naming data
+    with pytest.raises(ValueError, match="data"):
+        bmm_step(make_synthetic_bundle(hidden=(16,)), [bmm_data, h200], BmmHeadSettings(**SMALL), quiet)

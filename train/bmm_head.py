@@ -33,7 +33,7 @@ import math
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -49,6 +49,7 @@ from .loop import fit_ensemble, fit_plain, one_cycle
 
 BMM, BMM_ATEN, BMM_CALL = artifact.BMM, artifact.BMM_ATEN, artifact.BMM_CALL
 MODES = ("float16", "bfloat16", "tf32", "float32")
+CV_BY = ("shape", "problem")  # what a cross-validation fold holds out
 
 
 @dataclass
@@ -93,6 +94,9 @@ class BmmHeadSettings:
     # ("cv/" in the metrics)
     cv_folds: int = 0
     cv_members: int = 1
+    # what a fold holds out: "shape" (every batch of a shape in one fold) or "problem" (each problem in one fold;
+    # a shape's other batches may be in the training folds)
+    cv_by: str = "shape"
     seed: int = 0
     threads: int = 0               # torch CPU threads (0: torch's default)
 
@@ -304,43 +308,75 @@ def static_table(folder: Path) -> BmmTable | None:
 
 
 def fit_bmm_heads(table: BmmTable, split: np.ndarray, spec: Any, version: int, s: BmmHeadSettings,
-                  log: Any = print, extra: BmmTable | None = None) -> tuple[dict[str, PerfMLP], dict[str, Any]]:
+                  log: Any = print, extra: BmmTable | None = None,
+                  others: Sequence[tuple[BmmTable, np.ndarray, Any]] = ()) -> tuple[dict[str, PerfMLP], dict[str, Any]]:
     """The bmm and bmm_aten heads fitted on the train problems (split: per problem of table) for device spec
     (encoder version), the Triton head also on every row of extra (static_table's batch-1 rows) where
-    s.static_rows; and their figures per split of table. Writes nothing."""
+    s.static_rows; and their figures per split of table. others: more devices' (table, split, spec), whose
+    train problems join the fit encoded for their device (a model of several devices), their figures under
+    metrics["devices"][spec.name]. Writes nothing."""
     check_settings(s)
     t0 = time.perf_counter()
-    x, xa = encode(table, spec, version)
-    y, ya = torch.from_numpy(np.log(table.ms)).float(), torch.from_numpy(np.log(table.aten_ms)).float()
-    tr = split[table.problem_idx] == 0
-    tra = torch.from_numpy((split == 0) & np.isfinite(table.aten_ms))
-    xt, yt, group = x[torch.from_numpy(tr)], y[torch.from_numpy(tr)], table.problem_idx[tr]
+    parts = [(table, split, spec)] + list(others)
+    enc = [encode(t, sp, version) for t, _, sp in parts]
+    x, xa = enc[0]
+    xt, yt, group, xc, yc_t, xat, yat = [], [], [], [], [], [], []
+    offset = 0
+    for (t, sp, _), (xd, xad) in zip(parts, enc):
+        tr = sp[t.problem_idx] == 0
+        xt.append(xd[torch.from_numpy(tr)])
+        yt.append(torch.from_numpy(np.log(t.ms[tr])).float())
+        group.append(t.problem_idx[tr] + offset)
+        offset += len(t.problems)
+        ok, yc = call_targets(t)
+        trc = torch.from_numpy(ok & (sp == 0))
+        xc.append(xad[trc])
+        yc_t.append(torch.from_numpy(yc).float()[trc])
+        tra = torch.from_numpy((sp == 0) & np.isfinite(t.aten_ms))
+        xat.append(xad[tra])
+        yat.append(torch.from_numpy(np.log(t.aten_ms)).float()[tra])
     extra_rows = 0
     if extra is not None and s.static_rows:
         extra_rows = len(extra.ms)
-        xt = torch.cat([xt, encode(extra, spec, version)[0]])
-        yt = torch.cat([yt, torch.from_numpy(np.log(extra.ms)).float()])
-        group = np.concatenate([group, extra.problem_idx + len(table.problems)])
-    static_from = len(table.problems) if extra_rows else None
-    log(f"bmm-head: {len(table.problems)} problems ({int((split == 0).sum())} train), {len(table.ms)} Triton rows "
-        f"({int(tr.sum())} train, + {extra_rows} batch-1 static rows), "
-        f"{int(np.isfinite(table.aten_ms).sum())} aten::bmm times")
+        xt.append(encode(extra, spec, version)[0])
+        yt.append(torch.from_numpy(np.log(extra.ms)).float())
+        group.append(extra.problem_idx + offset)
+    static_from = offset if extra_rows else None
+    xt, yt, group = torch.cat(xt), torch.cat(yt), np.concatenate(group)
+    xc, yc_t, xat, yat = torch.cat(xc), torch.cat(yc_t), torch.cat(xat), torch.cat(yat)
+    for t, sp, dev in parts:
+        log(f"bmm-head: {dev.name}: {len(t.problems)} problems ({int((sp == 0).sum())} train), {len(t.ms)} Triton "
+            f"rows ({int((sp[t.problem_idx] == 0).sum())} train), {int(np.isfinite(t.aten_ms).sum())} aten::bmm times")
+    log(f"bmm-head: + {extra_rows} batch-1 static rows")
     f, fa = floor_column("bmm", spec, version), floor_column("bmm_aten", spec, version)
     head = fit_ensemble(lambda i: fit_ranked(xt, yt, group, s, s.seed + i, f, static_from), s.members, "before_floor")
-    aten = fit_ensemble(lambda i: fit_aten(xa[tra], ya[tra], s, s.seed + i, fa), s.aten_members, "before_floor") \
+    aten = fit_ensemble(lambda i: fit_aten(xat, yat, s, s.seed + i, fa), s.aten_members, "before_floor") \
         if s.aten_head else None
-    ok, yc = call_targets(table)
-    trc = torch.from_numpy(ok & (split == 0))
-    call = fit_ensemble(lambda i: fit_call(xa[trc], torch.from_numpy(yc).float()[trc], s, s.seed + i),
-                        s.call_members, "before_floor", single_as_is=False)
-    pred, pred_call = predict_log_ms(head, x), score(call, xa)
-    pred_aten = predict_log_ms(aten, xa) if aten is not None else implied_aten_log_ms(table, pred, pred_call)
-    metrics = bmm_metrics(table, split, pred, pred_aten, pred_call)
+    call = fit_ensemble(lambda i: fit_call(xc, yc_t, s, s.seed + i), s.call_members, "before_floor", single_as_is=False)
+    figures = []
+    for (t, sp, _), (xd, xad) in zip(parts, enc):
+        pred, pred_call = predict_log_ms(head, xd), score(call, xad)
+        pred_aten = predict_log_ms(aten, xad) if aten is not None else implied_aten_log_ms(t, pred, pred_call)
+        figures.append(bmm_metrics(t, sp, pred, pred_aten, pred_call))
+    metrics = figures[0]
+    if others:
+        metrics["devices"] = {dev.name: m for (_, _, dev), m in zip(parts[1:], figures[1:])}
     metrics["static_rows"] = extra_rows
     metrics["aten_head"] = aten is not None
     metrics["seconds"] = time.perf_counter() - t0
     _log_figures(metrics, log)
+    for (_, _, dev), m in zip(parts[1:], figures[1:]):
+        _log_figures(m, lambda t, d=dev.name: log(t.replace("bmm-head: ", f"bmm-head: {d}: ", 1)))
     return {BMM: head, BMM_CALL: call, **({BMM_ATEN: aten} if aten is not None else {})}, metrics
+
+
+def other_device_split(base: BmmTable, base_split: np.ndarray, other: BmmTable, seed: int) -> np.ndarray:
+    """Another device's problems' split: each shape (the problem's columns but the batch) in the set the base
+    device's split puts it in, so that no held-out shape is fitted on either device; shapes the base device
+    has none of, split_by_shape of other's."""
+    where = {tuple(p[:-1]): sp for p, sp in zip(base.problems.tolist(), base_split.tolist())}
+    own = split_by_shape(other, seed)
+    return np.array([where.get(tuple(p[:-1]), o) for p, o in zip(other.problems.tolist(), own.tolist())])
 
 
 def implied_aten_log_ms(table: BmmTable, pred: np.ndarray, pred_call: np.ndarray) -> np.ndarray:
@@ -366,6 +402,8 @@ def check_settings(s: BmmHeadSettings) -> None:
             raise ValueError(f"{name}: must be an int >= 1, got {v!r}")
     if isinstance(s.cv_folds, bool) or not isinstance(s.cv_folds, int) or s.cv_folds < 0 or s.cv_folds == 1:
         raise ValueError(f"cv_folds: must be 0 (none) or an int >= 2, got {s.cv_folds!r}")
+    if s.cv_by not in CV_BY:
+        raise ValueError(f"cv_by: must be one of {CV_BY}, got {s.cv_by!r}")
     if isinstance(s.rank_weight, bool) or not s.rank_weight >= 0:
         raise ValueError(f"rank_weight: must be >= 0, got {s.rank_weight!r}")
     if isinstance(s.static_share, bool) or not 0.0 < s.static_share <= 1.0:
@@ -459,24 +497,28 @@ def _log_figures(m: dict[str, Any], log: Any) -> None:
                if call is not None else ""))
 
 
-def shape_folds(table: BmmTable, folds: int, seed: int) -> np.ndarray:
+def shape_folds(table: BmmTable, folds: int, seed: int, by: str = "shape") -> np.ndarray:
     """Per problem, its fold (0 .. folds - 1): the shapes dealt out round-robin in a seeded order within each
-    dtype mode, each problem in its shape's fold."""
-    first = np.unique(table.shape, return_index=True)[1]
+    dtype mode, each problem in its shape's fold; by="problem": the problems themselves dealt out so."""
+    if by == "problem":
+        unit, first = np.arange(len(table.problems)), np.arange(len(table.problems))
+    else:
+        unit, first = table.shape, np.unique(table.shape, return_index=True)[1]
     modes = table.modes[first]
     rng = np.random.default_rng(seed)
     fold = np.zeros(len(first), dtype=np.int64)
     for mode in np.unique(modes):
         idx = rng.permutation(np.flatnonzero(modes == mode))
         fold[idx] = np.arange(len(idx)) % folds
-    return fold[table.shape]
+    return fold[unit]
 
 
 def cross_validate(table: BmmTable, spec: Any, version: int, s: BmmHeadSettings, seed: int,
                    extra: BmmTable | None = None, log: Any = print) -> dict[str, Any]:
-    """bmm_metrics with every problem held out once: s.cv_folds folds by shape (shape_folds with seed), each
-    fold's heads (s.cv_members members) fitted on the other folds' problems (and extra); "cv/" figures."""
-    fold = shape_folds(table, s.cv_folds, seed)
+    """bmm_metrics with every problem held out once: s.cv_folds folds by shape (by problem where s.cv_by says so;
+    shape_folds with seed), each fold's heads (s.cv_members members) fitted on the other folds' problems (and
+    extra); "cv/" figures."""
+    fold = shape_folds(table, s.cv_folds, seed, s.cv_by)
     pred, pred_aten, pred_call = np.zeros(len(table.ms)), np.zeros(len(table.problems)), np.zeros(len(table.problems))
     one = replace(s, members=s.cv_members)  # the Triton head's members: the costly fits
     x, xa = encode(table, spec, version)
@@ -493,7 +535,7 @@ def cross_validate(table: BmmTable, spec: Any, version: int, s: BmmHeadSettings,
         pred_aten = implied_aten_log_ms(table, pred, pred_call)
     m = bmm_metrics(table, np.full(len(table.problems), 2), pred, pred_aten, pred_call)
     out = {"cv/" + k.removeprefix("test/"): v for k, v in m.items()}
-    out.update({"cv/folds": s.cv_folds, "cv/members": s.cv_members})
+    out.update({"cv/folds": s.cv_folds, "cv/members": s.cv_members, "cv/by": s.cv_by})
     _log_figures({k.replace("cv/", "test/", 1): v for k, v in out.items()}, lambda t: log(t.replace("test", "cv", 1)))
     return out
 

@@ -117,10 +117,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
     bmm = _head_parser(sub, "bmm-head", "fit the bmm heads (Inductor's bmm template configs and aten::bmm, for "
                  "GemmProblem(batch > 1)) on a dataset's bmm rows and add them to a model folder", BmmHeadSettings(),
-                 "the model's default device's dataset, with bmm shards (default: the model's own)",
+                 "the model's default device's dataset, with bmm shards; a model of several devices: repeat, one "
+                 "folder per device in the model's device order, each one's bmm rows fitted on",
                  "each member's hidden widths (the Triton head)",
                  head_settings + ("rank_weight", "rank_tau", "problems_per_batch", "aten_members", "aten_epochs",
-                                  "call_members", "call_epochs", "cv_folds", "cv_members", "static_share"))
+                                  "call_members", "call_epochs", "cv_folds", "cv_members", "static_share"),
+                 several_devices=True)
     bmm.add_argument("--aten-hidden", type=_widths, default=BmmHeadSettings().aten_hidden,
                      help="each member's hidden widths (the aten::bmm head)")
     bmm.add_argument("--call-hidden", type=_widths, default=BmmHeadSettings().call_hidden,
@@ -128,6 +130,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     bmm.add_argument("--aten-head", dest="aten_head", action="store_true",
                      help="also fit the bmm_aten head (aten::bmm's own time); without it the folder serves aten::bmm's "
                           "time as the call head implies it")
+    bmm.add_argument("--cv-by", dest="cv_by", choices=("shape", "problem"), default=BmmHeadSettings().cv_by,
+                     help="what a cross-validation fold holds out: every batch of a shape (default), or each problem "
+                          "alone (a shape's other batches may be fitted on)")
     bmm.add_argument("--no-static-rows", dest="static_rows", action="store_false",
                      help="leave the folder's gemm_static rows (batch-1 rows) out of the Triton head's training set")
 

@@ -291,8 +291,10 @@ def _bmm_line(meta: dict[str, Any]) -> str:
     if not m or "test/all/top1_eff" not in m:
         return ""
     data = (meta.get("bmm_settings") or {}).get("data") or {}
+    data = data if isinstance(data, list) else [data]  # one record per device's folder fitted on
+    where = " and ".join(f"`{d.get('path', '-')}`'s bmm rows (sha256 `{d.get('sha256', '-')}`)" for d in data)
     return (f"- bmm heads (`perfmodel bmm-head`; `GemmProblem(batch > 1)`): Inductor's bmm template configs and "
-            f"aten::bmm, fitted on `{data.get('path', '-')}`'s bmm rows (sha256 `{data.get('sha256', '-')}`), split by "
+            f"aten::bmm, fitted on {where}, split by "
             f"shape (seed {(meta.get('bmm_settings') or {}).get('split_seed', '-')}): train {m.get('train/problems', '-')}, "
             f"val {m.get('val/problems', '-')}, test {m.get('test/problems', '-')} problems; table below.\n")
 
@@ -309,6 +311,10 @@ def _bmm_md(meta: dict[str, Any]) -> str:
             z = zero.get(f"test/{g}/top1_eff")
             rows.append(f"| {g} | {m[f'test/{g}/problems']} | {m[f'test/{g}/top1_eff']:.4f} | {m[f'test/{g}/top5_eff']:.4f} "
                         f"| {'-' if z is None else f'{z:.4f}'} |")
+    for dev, dm in (m.get("devices") or {}).items():  # a model of several devices: its other devices' test problems
+        if "test/all/top1_eff" in dm:
+            rows.append(f"| all, {dev} | {dm['test/problems']} | {dm['test/all/top1_eff']:.4f} | "
+                        f"{dm['test/all/top5_eff']:.4f} | - |")
     call = m.get("test/call/accuracy")
     times = ("no bmm_aten head: aten::bmm's time is the one the call implies" if m.get("aten_head") is False else
              f"aten::bmm's predicted time against the best ranked config's: "
@@ -320,7 +326,7 @@ def _bmm_md(meta: dict[str, Any]) -> str:
     if cv is not None:
         per = ", ".join(f"{g} {m[f'cv/{g}/top1_eff']:.4f} / {m[f'cv/{g}/top5_eff']:.4f}"
                         for g in ("float16", "bfloat16", "tf32", "float32") if f"cv/{g}/top1_eff" in m)
-        call_md += (f"\nCross-validated ({m['cv/folds']} folds by shape, every one of the {m['cv/problems']} problems "
+        call_md += (f"\nCross-validated ({m['cv/folds']} folds by {m.get('cv/by', 'shape')}, every one of the {m['cv/problems']} problems "
                     f"held out once; the Triton head {m['cv/members']} member per fold): top-1 / top-5 {cv:.4f} / "
                     f"{m['cv/all/top5_eff']:.4f} ({per}); the call right on {m.get('cv/call/accuracy', float('nan')):.3f}.\n")
     return "## Batched GEMMs (held-out problems)\n\n" + "\n".join(rows) + "\n" + call_md + "\n"

@@ -15,8 +15,9 @@ The steps, in the order the heads depend on each other:
 5. call     -- the cuBLAS call heads: call against the cuBLAS head's baseline, call_static against the
                static head; or problem -- the problem network (train/problem_head.py) in place of the
                cuBLAS head and the call heads, its call_static output against the static head;
-   bmm      -- the bmm heads (Inductor's bmm template and aten::bmm), on the first data folder's bmm rows;
-               skipped, with a message, where it has none;
+   bmm      -- the bmm heads (Inductor's bmm template and aten::bmm), on every data folder's bmm rows (each
+               encoded for its device; the first folder's split by shape holds a shape out on every device);
+               skipped, with a message, where the first folder has none;
 6. evaluate -- the held-out evaluation with every head in place (the cuBLAS figures use the call head);
 7. write    -- weights, metadata with the build record, the ONNX export, the model card; atomically: a
                failed build leaves the previous folder in place.
@@ -193,14 +194,14 @@ def run_build(path: Path, out: Path | None = None, log: Any = print) -> dict[str
 
 def _prepare_data(recipe: Recipe, tmp: Path) -> tuple[tuple[Path, ...], list[dict[str, Any]], float]:
     """The folders the build reads (the recipe's, or slices of them in tmp) and the data record: each
-    recipe folder's hash over every shard file the build reads (data_sha256: the bmm shards only of the first
-    folder and only with a [bmm] step, which alone reads them), and the slice taken."""
+    recipe folder's hash over every shard file the build reads (data_sha256: the bmm shards only with a [bmm]
+    step, which alone reads them), and the slice taken."""
     t0 = time.perf_counter()
     record, folders = [], []
     for i, folder in enumerate(recipe.data):
         if not folder.is_dir():
             raise FileNotFoundError(f"data: no dataset folder {folder} (recipe [build].data)")
-        read = SHARD_KINDS if (recipe.bmm is not None and i == 0) else tuple(k for k in SHARD_KINDS if k != "bmm")
+        read = SHARD_KINDS if recipe.bmm is not None else tuple(k for k in SHARD_KINDS if k != "bmm")
         rec = data_sha256(folder, read)
         if recipe.slice_problems:
             # the slice keeps the folder's name (the device it stands for: train/data.py folder_name_device)
@@ -247,8 +248,8 @@ def _build(recipe: Recipe, train: TrainSettings, record: dict[str, Any], logger:
     if recipe.problem is not None:
         splits = [d.split[d.problem_device == ds.device] for ds in d.datasets]
         timed("problem-head", recipe.problem, lambda: problem_step(bundle, d.datasets, recipe.problem, log, splits))
-    if recipe.bmm is not None:  # the default device's folder (slices hold no bmm rows: the step is skipped)
-        timed("bmm-head", recipe.bmm, lambda: bmm_step(bundle, d.datasets[0].folder, recipe.bmm, log))
+    if recipe.bmm is not None:  # every device's folder (slices hold no bmm rows: the step is skipped)
+        timed("bmm-head", recipe.bmm, lambda: bmm_step(bundle, [ds.folder for ds in d.datasets], recipe.bmm, log))
     evaluation = timed("evaluate", None, lambda: evaluate_devices(bundle, d, train.seed, baselines))
     return _write(recipe, train, d, bundle, evaluation, record, run_id, time.perf_counter() - t_start)
 

@@ -6,9 +6,10 @@ same steps in order. The fitters themselves (train/static_head.py, call_head.py,
 distill.py, bmm_head.py) return (head, metrics) and write nothing."""
 from __future__ import annotations
 
+import itertools
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -17,8 +18,8 @@ from perfmodel import artifact
 from perfmodel.locations import default_data_dir
 
 from . import evaluate as ev
-from .bmm_head import (BmmHeadSettings, bmm_data_record, cross_validate, fit_bmm_heads, has_bmm_rows, load_bmm_checked, split_by_shape,
-                       static_table, zero_shot_figures)
+from .bmm_head import (BmmHeadSettings, bmm_data_record, cross_validate, fit_bmm_heads, has_bmm_rows, load_bmm_checked,
+                       other_device_split, split_by_shape, static_table, zero_shot_figures)
 from .call_head import CallHeadSettings, fit_call_heads
 from .cublas_head import CublasHeadSettings, check_settings, encode_rows, fit_cublas_head, model_rows
 from .data import (GemmTable, concat_gemm, joint_split, load_device_datasets, load_gemm, parse_device_fractions,
@@ -156,20 +157,35 @@ def problem_step(bundle: artifact.ModelBundle, datasets: list, s: ProblemHeadSet
             got[dev]["cublas/choice_accuracy"] = m[f"{artifact.CALL}/test/choice_accuracy"]
     merge_cublas_metrics(meta, devices, got)
     bundle.metadata = meta
-def bmm_step(bundle: artifact.ModelBundle, folder: Path, s: BmmHeadSettings, log: Any = print) -> dict[str, Any] | None:
-    """Fit the bmm heads (bmm, bmm_aten) on the bmm rows of folder (the model's default device's dataset) with
+def bmm_step(bundle: artifact.ModelBundle, folder: Path | Sequence[Path], s: BmmHeadSettings,
+             log: Any = print) -> dict[str, Any] | None:
+    """Fit the bmm heads (bmm, bmm_aten) on the bmm rows of folder (the model's default device's dataset; a list:
+    one folder per device of the model, in its order, each with bmm rows fitted on, encoded for its device) with
     the model's seed and add them to bundle (bmm_metrics, bmm_settings); returns their metrics. None, after a
-    message saying why, where the folder has no bmm rows (the step is skipped, the bundle unchanged)."""
+    message saying why, where the first folder has no bmm rows (the step is skipped, the bundle unchanged)."""
+    from perfmodel.devices import get_spec
     from perfmodel.features import FeatureEncoder
 
-    if not has_bmm_rows(folder):
-        log(f"bmm-head: skipped: {folder} has no bmm rows (perfmodel gen bmm), so the model gets no bmm head")
+    folders = [Path(folder)] if isinstance(folder, (str, Path)) else [Path(f) for f in folder]
+    if len(folders) > len(bundle.devices):
+        raise ValueError(f"data: {len(folders)} folders for a model of {len(bundle.devices)} device(s) "
+                         f"({', '.join(bundle.devices)}): one per device, in that order")
+    if not has_bmm_rows(folders[0]):
+        log(f"bmm-head: skipped: {folders[0]} has no bmm rows (perfmodel gen bmm), so the model gets no bmm head")
         return None
-    table = load_bmm_checked(folder, bundle.devices[0])
+    table = load_bmm_checked(folders[0], bundle.devices[0])
     version = bundle.encoders["gemm"].version
     split = split_by_shape(table, model_seed(bundle))
-    extra = static_table(folder)  # the folder's gemm_static rows as batch-1 rows (s.static_rows)
-    heads, metrics = fit_bmm_heads(table, split, bundle.spec, version, s, log, extra)
+    others, used = [], [folders[0]]
+    for f, dev in zip(folders[1:], bundle.devices[1:]):
+        if not has_bmm_rows(f):
+            log(f"bmm-head: {f} ({dev}) has no bmm rows: the heads serve {dev} from the other devices' rows")
+            continue
+        t = load_bmm_checked(f, dev)
+        others.append((t, other_device_split(table, split, t, model_seed(bundle)), get_spec(dev)))
+        used.append(f)
+    extra = static_table(folders[0])  # the folder's gemm_static rows as batch-1 rows (s.static_rows)
+    heads, metrics = fit_bmm_heads(table, split, bundle.spec, version, s, log, extra, others)
     metrics["zero_shot"] = zero_shot_figures(bundle, table, split)
     if s.cv_folds:
         metrics.update(cross_validate(table, bundle.spec, version, s, model_seed(bundle), extra, log))
@@ -180,7 +196,8 @@ def bmm_step(bundle: artifact.ModelBundle, folder: Path, s: BmmHeadSettings, log
     for name, head in heads.items():
         bundle.heads[name] = head
         bundle.encoders[name] = FeatureEncoder(bundle.spec, kinds[name], version)
-    settings = {**settings_record(s, exclude=("data",)), "data": bmm_data_record(folder), "split_seed": model_seed(bundle)}
+    data = bmm_data_record(folders[0]) if len(used) == 1 else [bmm_data_record(f) for f in used]
+    settings = {**settings_record(s, exclude=("data",)), "data": data, "split_seed": model_seed(bundle)}
     bundle.metadata = {**bundle.metadata, "bmm_metrics": metrics, "bmm_settings": settings}
     return metrics
 
@@ -340,16 +357,17 @@ def _no_problem_head(bundle: artifact.ModelBundle, model: Path, command: str) ->
         raise ValueError(f"model: {model} has a problem network in place of the cublas and call heads; refit it "
                          f"with `perfmodel problem-head`, not `perfmodel {command}`")
 def refit_bmm(s: BmmHeadSettings, log: Any = print, command: str = "") -> dict[str, Any]:
-    """`perfmodel bmm-head`: the bmm heads of the folder s.model, fitted on the bmm rows of s.data (default: the
-    model's dataset) and added in place; nothing is written (a message says why) where s.data has none."""
+    """`perfmodel bmm-head`: the bmm heads of the folder s.model, fitted on the bmm rows of s.data (one folder per
+    device of the model, in its order; default: the model's datasets as its metadata names them) and added in
+    place; nothing is written (a message says why) where the first folder has none."""
     t0 = time.perf_counter()
     bundle = load_model(s.model, s.threads)
     if s.data is not None:
-        folder = Path(s.data)
-    else:  # the model's default device's folder as its metadata names it, else the default dataset
+        folder = [Path(s.data)] if isinstance(s.data, (str, Path)) else [Path(p) for p in s.data]
+    else:  # the model's folders as its metadata names them (those that exist, in device order), else the default
         meta = bundle.metadata
         known = [Path(d["path"]) for d in (meta.get("datasets") or [meta.get("dataset") or {}]) if d.get("path")]
-        folder = known[0] if known and known[0].is_dir() else default_data_dir()
+        folder = list(itertools.takewhile(Path.is_dir, known)) or [default_data_dir()]
     metrics = bmm_step(bundle, folder, s, log)
     if metrics is None:
         return {}
