@@ -143,6 +143,17 @@ def _hf_vision(cls_name: str, cfg_name: str, dtype: str, batch: int, **cfg: Any)
     return build
 
 
+def _whisper_encoder(dtype: str, batch: int, **cfg: Any) -> Callable:
+    """transformers' Whisper encoder (random weights) on `batch` 30 s log-mel inputs (80 x 3000): 1,500 tokens."""
+    def build(dev: Any):
+        import torch
+
+        m = _hf("WhisperModel", "WhisperConfig", **cfg)(getattr(torch, dtype)).get_encoder().to(dev).eval()
+        x = torch.randn(batch, 80, 3000, device=dev, dtype=getattr(torch, dtype))
+        return m, (x,), lambda mod, x: mod(input_features=x).last_hidden_state
+    return build
+
+
 def _t5(dtype: str, batch: int, src: int, tgt: int) -> Callable:
     def build(dev: Any):
         import torch
@@ -220,6 +231,11 @@ WORKLOADS = [
     # heads, 197 tokens (a length no bmm rule was tuned on, misaligned), head dim 64
     Workload("HF ViT-B/16 (eager attention), fp16, batch 32", _hf_vision("ViTModel", "ViTConfig", "float16", 32,
                                                                          attn_implementation="eager"), "float16"),
+    # Whisper-base's encoder, eager attention: bmm over 8 x 8 heads of 1,500 tokens, head dim 64
+    Workload("Whisper-base encoder (eager attention), fp16, batch 8",
+             _whisper_encoder("float16", 8, d_model=512, encoder_layers=6, encoder_attention_heads=8,
+                              encoder_ffn_dim=2048, decoder_layers=1, decoder_attention_heads=8,
+                              attn_implementation="eager"), "float16"),
 ]
 VARIANTS = ("default", "max-autotune", "perfmodel", "perfmodel-top1", "perfmodel-top3", "perfmodel-aten", "perfmodel-zero", "perfmodel-1x1mm", "hook",
             "hook-m0", "hook-top1", "hook-nosure", "hook-nocd", "perfmodel-nosure", "perfmodel-bmm3", "perfmodel-v2", "perfmodel-b1", "perfmodel-b2", "perfmodel-b3",
