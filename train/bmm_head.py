@@ -319,7 +319,6 @@ def fit_bmm_heads(table: BmmTable, split: np.ndarray, spec: Any, version: int, s
     t0 = time.perf_counter()
     parts = [(table, split, spec)] + list(others)
     enc = [encode(t, sp, version) for t, _, sp in parts]
-    x, xa = enc[0]
     xt, yt, group, xc, yc_t, xat, yat = [], [], [], [], [], [], []
     offset = 0
     for (t, sp, _), (xd, xad) in zip(parts, enc):

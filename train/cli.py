@@ -113,7 +113,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                  "the model's dataset; its gemm_static parts give the call_static output; a model of several "
                  "devices: repeat, one folder per device in the model's device order", "each member's hidden widths",
                  head_settings, several_devices=True)
-    from .bmm_head import BmmHeadSettings
+    from .bmm_head import CV_BY, BmmHeadSettings
 
     bmm = _head_parser(sub, "bmm-head", "fit the bmm heads (Inductor's bmm template configs and aten::bmm, for "
                  "GemmProblem(batch > 1)) on a dataset's bmm rows and add them to a model folder", BmmHeadSettings(),
@@ -130,7 +130,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     bmm.add_argument("--aten-head", dest="aten_head", action="store_true",
                      help="also fit the bmm_aten head (aten::bmm's own time); without it the folder serves aten::bmm's "
                           "time as the call head implies it")
-    bmm.add_argument("--cv-by", dest="cv_by", choices=("shape", "problem"), default=BmmHeadSettings().cv_by,
+    bmm.add_argument("--cv-by", dest="cv_by", choices=CV_BY, default=BmmHeadSettings().cv_by,
                      help="what a cross-validation fold holds out: every batch of a shape (default), or each problem "
                           "alone (a shape's other batches may be fitted on)")
     bmm.add_argument("--no-static-rows", dest="static_rows", action="store_false",
