@@ -24,7 +24,7 @@ def _uids(cs):
     return [c.template.uid for c in cs]
 
 
-def test_filter_keeps_the_ranked_configs_and_default_modes_atenchoice():
+def test_filter_keeps_the_ranked_configs_and_default_modes_aten_choice():
     call = _mm_call()
     tri = [c for c in call if c.template.uid == "triton::mm"]
     out = pc.filter_choices(call, "mm", True, [2, 4], pc.Policy(top_k=2))
