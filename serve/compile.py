@@ -144,15 +144,16 @@ class GemmDecision:
 def decide(predictor: Predictor, prob: GemmProblem, configs: Sequence[GemmConfig] | None,
            policy: Policy) -> tuple[bool, list[tuple[int, float]], float | None]:
     """(keep Triton, the top_k (position in configs, predicted ms), cuBLAS predicted ms) for one GEMM.
-    configs: the Triton configs Inductor offers (None: Inductor's default list). For a bmm (batch > 1) the
-    aten time is aten::bmm's as the model's call implies it (serve.bmm.aten_call_ms)."""
+    configs: the Triton configs Inductor offers (None: Inductor's default list). The cuBLAS time is
+    Predictor.predict_cublas, the one the API and the CLI show (with a call head, the time its call implies
+    against the whole space's best config); for a bmm (batch > 1) aten::bmm's (serve.bmm.aten_call_ms)."""
     cfgs = list(configs) if configs is not None else list(inductor_default_configs())
     top_k = policy.bmm_top_k if prob.batch > 1 and policy.bmm_top_k is not None else policy.top_k
     best = rank_positions(predictor, prob, cfgs, top_k) if cfgs else []
     if not best:
         return False, [], None
-    if prob.batch > 1:  # a bmm: the aten::bmm time the model's call implies (perfmodel.serve.bmm.aten_call_ms)
-        cublas = bmm.aten_call_ms(predictor, prob, best[0][1]) if math.isfinite(best[0][1]) else None
+    if prob.batch > 1:  # a bmm: aten::bmm's predicted time (perfmodel.serve.bmm.aten_call_ms)
+        cublas = bmm.aten_call_ms(predictor, prob) if math.isfinite(best[0][1]) and bmm.has_aten(predictor) else None
         return triton_expected_gain(cublas, best[0][1], policy.triton_gain) and cublas is not None, best, cublas
     cublas = predictor.predict_cublas(prob) if predictor.has_cublas else None
     return triton_expected_gain(cublas, best[0][1], policy.triton_gain), best, cublas

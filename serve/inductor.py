@@ -197,8 +197,8 @@ def filter_template_choices(choices: list, kernel_inputs: Any, op_name: str, pre
     best = rank_positions(predictor, prob, cfgs, top_k)
     keep, ranked = {idx[j] for j, _ in best}, set(idx)
     if (cublas_margin is not None or sure_rule) and has_aten and predictor.has_cublas:
-        # a bmm: the aten::bmm time the model's call implies (perfmodel.serve.bmm.aten_call_ms)
-        aten = bmm.aten_call_ms(predictor, prob, best[0][1]) if prob.batch > 1 else predictor.predict_cublas(prob)
+        # the one cuBLAS (aten::bmm) time of the model: Predictor.predict_cublas (perfmodel.serve.bmm.aten_call_ms)
+        aten = bmm.aten_call_ms(predictor, prob) if prob.batch > 1 else predictor.predict_cublas(prob)
         if triton_dropped(aten, best[0][1], cublas_margin):
             keep = set()
         elif sure_rule and bmm_sure(aten, best[0][1], bmm_sure_gain):
@@ -403,10 +403,9 @@ def install(top_k: int = 5, predictor: Predictor | None = None, *, model: Any = 
     kernel: the kernel mode to rank for (Predictor.with_kernel); None: "inductor" -- the mm template as
     Inductor compiles it, for static shapes -- when the model has a config network or a static head, else the
     predictor's own.
-    cublas_margin: drop the Triton mm choices when cuBLAS's predicted time (the cuBLAS head's) x
-    (1 + cublas_margin) is below the best ranked config's among those Inductor offers
-    (perfmodel.serve.decisions.triton_dropped): predicted times only, never the call head behind
-    Candidates.prefer_cublas -- 0 drops Triton wherever cuBLAS is predicted faster, a positive margin
+    cublas_margin: drop the Triton mm choices when cuBLAS's predicted time (Predictor.predict_cublas, the one
+    Candidates and the CLI show) x (1 + cublas_margin) is below the best ranked config's among those Inductor
+    offers (perfmodel.serve.decisions.triton_dropped) -- 0 drops Triton wherever cuBLAS is predicted faster, a positive margin
     keeps Triton unless cuBLAS is predicted that much faster, a negative one (> -1) drops it unless Triton
     is predicted that much faster. None always keeps the top_k Triton configs. Default CUBLAS_MARGIN
     (-0.05); docs/benchmarks.md measures the trade.
