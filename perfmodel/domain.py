@@ -1,7 +1,8 @@
 """The shapes a model was trained on (its domain), and the physical floor in float64 (docs/design.md, "Domain").
 
-A model folder's metadata "domain" holds, per kind of head, the least and greatest of each dimension and the
-greatest FLOPs over the rows the heads of that kind were fitted on (written by the build from its data
+A model folder's metadata "domain" holds, per kind of head, the least and greatest of each dimension, the
+greatest FLOPs and the operand layouts (NN, NT, TN, TT: A, B transposed or not) of the rows the heads of that
+kind were fitted on (written by the build from its data
 folders: perfmodel.train.data.data_domain):
 
 - "gemm": the Triton config heads (gemm, student, the config network's two modes, static) and the cuBLAS call
@@ -11,7 +12,8 @@ folders: perfmodel.train.data.data_domain):
 - "pad": the pad head -- the pad rows;
 - "bmm": the bmm heads -- the bmm rows (batch too).
 
-Outside it (a dimension below its least or above its greatest, or more FLOPs than the greatest) the Predictor
+Outside it (a dimension below its least or above its greatest, more FLOPs than the greatest, or a layout none
+of the rows had: data/h100's GEMM problems are NN or NT, never a transposed A) the Predictor
 warns once per kind (OutsideDomainWarning) and `perfmodel rank` / `pad` print a note. A dimension m, n or k
 below its least trained value is predicted at that value (RAISED): a tile kernel runs one tile and one
 K-iteration for any size up to the smallest block (16), so the least trained sizes (m 1, n 32, k 16 in
@@ -55,17 +57,25 @@ def roofline_ms(spec: Any, m: Any, n: Any, k: Any, dtype: str | Sequence[str], a
     return 1e3 * np.maximum(compute, memory)
 
 
-def record(rows: dict[str, np.ndarray]) -> dict[str, dict[str, list[float]]]:
-    """The metadata record of rows {kind: (N, len(DIMS[kind])) array of the dimensions, in DIMS order}: per
-    kind, [least, greatest] of each dimension and of the FLOPs (2 m n k, times the batch)."""
-    out: dict[str, dict[str, list[float]]] = {}
+def layout(transpose_left: Any, transpose_right: Any) -> str:
+    """"NN", "NT", "TN" or "TT": A, then B, stored transposed (T) or not (N)."""
+    return ("T" if transpose_left else "N") + ("T" if transpose_right else "N")
+
+
+def record(rows: dict[str, np.ndarray]) -> dict[str, dict[str, Any]]:
+    """The metadata record of rows {kind: (N, len(DIMS[kind]) + 2) array of the dimensions in DIMS order, then
+    transpose_left and transpose_right}: per kind, [least, greatest] of each dimension and of the FLOPs
+    (2 m n k, times the batch), and the layouts seen."""
+    out: dict[str, dict[str, Any]] = {}
     for kind, arr in rows.items():
-        arr = np.asarray(arr, dtype=np.float64).reshape(-1, len(DIMS[kind]))
+        nd = len(DIMS[kind])
+        arr = np.asarray(arr, dtype=np.float64).reshape(-1, nd + 2)
         if not len(arr):
             continue
-        rec = {d: [int(arr[:, i].min()), int(arr[:, i].max())] for i, d in enumerate(DIMS[kind])}
-        flops = 2.0 * np.prod(arr, axis=1)
+        rec: dict[str, Any] = {d: [int(arr[:, i].min()), int(arr[:, i].max())] for i, d in enumerate(DIMS[kind])}
+        flops = 2.0 * np.prod(arr[:, :nd], axis=1)
         rec["flops"] = [float(flops.min()), float(flops.max())]
+        rec["layouts"] = sorted({layout(a, b) for a, b in arr[:, nd:].astype(bool).tolist()})
         out[kind] = rec
     return out
 
@@ -98,6 +108,9 @@ class Domain:
         top = rec.get("flops", (None, None))[1]
         if top is not None and flops > top:
             why.append(f"{flops:.3g} FLOP > {top:.3g}")
+        lay = layout(problem.transpose_left, problem.transpose_right)
+        if "layouts" in rec and lay not in rec["layouts"]:
+            why.append(f"layout {lay} (A, B transposed: T) not among {'/'.join(rec['layouts'])}")
         return why
 
     def raised(self, kind: str, problem: Any) -> Any:
@@ -119,6 +132,8 @@ class Domain:
         parts = [f"{d} {rec[d][0]}-{rec[d][1]}" for d in DIMS[kind] if d in rec]
         if "flops" in rec:
             parts.append(f"up to {rec['flops'][1]:.3g} FLOP")
+        if "layouts" in rec:
+            parts.append("layouts " + "/".join(rec["layouts"]))
         return ", ".join(parts)
 
     def message(self, source: str, kind: str, problem: Any, why: Iterable[str]) -> str:

@@ -5,17 +5,21 @@ The Predictor (Candidates.prefer_cublas, prefers_cublas_many, predict_cublas, pa
 (perfmodel.serve.compile) and the Triton autotuner hook (perfmodel.serve.triton_hook: which ranked configs it
 keeps) call these functions; none of them decides on its own.
 
-One cuBLAS time and one call (docs/design.md, "One answer per question"). cuBLAS's (aten::bmm's) predicted
-time is `implied_cublas_ms`: with the model's call head for the kernel mode (fitted to log(cuBLAS ms / best
-Triton ms)), the best predicted Triton time over the whole config space x exp(the call), floored at the
-problem's roofline; without one, the cuBLAS head's time. Every rule below weighs that time against the
-predicted Triton times, so what the CLI prints, the API answers and the hooks decide agree:
+One cuBLAS time and one call (docs/design.md, "One answer per question"). cuBLAS's predicted time is
+`cublas_time` (Predictor.predict_cublas): with the model's call head for the kernel mode (fitted to log(cuBLAS
+ms / best Triton ms)) and a problem of the shapes it was fitted on, the cuBLAS head's time where it agrees with
+the call -- below the best predicted Triton time of the whole config space exactly where the call is below 0
+-- and the time the call implies where it does not (`implied_cublas_ms`: that best time x exp(the call),
+floored at the roofline); otherwise the cuBLAS head's time. aten::bmm's is the time its call implies
+(perfmodel.serve.bmm). Every rule below weighs that time against the predicted Triton times, so what the CLI
+prints, the API answers and the hooks decide agree:
 
 - the call (`cublas_preferred`): is cuBLAS faster than the best Triton config? Its time below the best
   config's (Candidates.prefer_cublas, Predictor.prefers_cublas_many, the `perfmodel rank` verdict). Over the
   whole space that is the call head's call (below 0: cuBLAS), right on more held-out problems than the
-  cuBLAS head's time against the best config's (0.948 against 0.925 on models/h100's test problems,
-  benchmarks/cublas_call_rules.py); against a list of configs it is also wherever cuBLAS beats the list's best.
+  cuBLAS head's time against the best config's (0.948 against 0.925 on models/h100's test problems), with
+  the cuBLAS head's more accurate times wherever the two agree (benchmarks/cublas_call_rules.py); against a
+  list of configs it is also wherever cuBLAS beats the list's best.
 - the hook's trade (`triton_dropped`, install(cublas_margin=...)): is Triton worth compiling and
   benchmarking? cuBLAS's time x (1 + margin) against the best ranked config among those Inductor offers,
   with a margin tuned for compile time against kernel time (benchmarks/cublas_margin.py).
@@ -42,7 +46,7 @@ if TYPE_CHECKING:  # the Predictor calls this module: no import cycle at run tim
     from .predictor import Predictor
 
 __all__ = ["BMM_SURE_GAIN", "CUBLAS_MARGIN", "PAD_TRITON_MARGIN", "bmm_sure", "check_bmm_sure_gain",
-           "cublas_preferred", "hook_pad_decision", "implied_cublas_ms", "kept_positions", "pad_copy_floor_ms",
+           "cublas_preferred", "cublas_time", "hook_pad_decision", "implied_cublas_ms", "kept_positions", "pad_copy_floor_ms",
            "pad_decision", "padded_path_ms", "triton_dropped", "triton_expected_gain", "unpadded_triton_instead"]
 
 # install()'s default cublas_margin: keep the Triton mm choices only where the model's best config is
@@ -81,9 +85,20 @@ def implied_cublas_ms(best_space_ms: Any, call_score: Any, roofline_ms: Any) -> 
                       roofline_ms)
 
 
+def cublas_time(head_ms: Any, best_space_ms: Any, call_score: Any, roofline_ms: Any) -> Any:
+    """The one cuBLAS time of a problem the call head covers: the cuBLAS head's time (head_ms) where it agrees
+    with the call -- below the whole space's best predicted Triton time (best_space_ms) exactly where the call
+    is below 0 -- else the call's implied time (implied_cublas_ms). So cuBLAS is below best_space_ms exactly
+    where the call says it wins (but at the floor), and its time is the head's wherever the head says so too.
+    Floats or arrays (float64)."""
+    head = np.asarray(head_ms, dtype=np.float64)
+    agree = (head < best_space_ms) == (np.asarray(call_score) < 0.0)
+    return np.where(agree, head, implied_cublas_ms(best_space_ms, call_score, roofline_ms))
+
+
 def cublas_preferred(cublas_ms: Any, best_ms: Any) -> Any:
     """The call: whether cuBLAS is predicted faster than the best Triton config -- its predicted time
-    (Predictor.predict_cublas: implied_cublas_ms with a call head) below best_ms, the best Triton config's
+    (Predictor.predict_cublas: cublas_time with a call head) below best_ms, the best Triton config's
     predicted time (of the whole space, or of the configs given). bool, or a bool array for arrays."""
     return cublas_ms < best_ms
 

@@ -10,9 +10,10 @@ config network's mode, or with a static head its output added) on every config g
 exactly the times predict returns and the argmin of predict over the whole space is rank's top-1. The screen
 (the student scoring every config, the gemm head only its best) is a fast path a caller asks for by name,
 rank(..., screened=True), and the only one whose answer can differ. cuBLAS's time (predict_cublas,
-Candidates.cublas_ms) is the one the call head implies against the best config of the whole space
-(perfmodel.serve.decisions.implied_cublas_ms), and cuBLAS is preferred exactly where it is below the best
-Triton time shown. Every time is floored in float64 at its problem's roofline, and a problem outside the
+Candidates.cublas_ms) is one per problem, perfmodel.serve.decisions.cublas_time: with the call head, below the
+whole space's best config exactly where the call says cuBLAS wins (the cuBLAS head's time where it agrees, the
+call's implied time where not); and cuBLAS is preferred exactly where its time is below the best Triton time
+shown. Every time is floored in float64 at its problem's roofline, and a problem outside the
 shapes the model was trained on is warned about once per kind (perfmodel.domain).
 
 Two backends run the same folded network: "torch" (BatchNorm and standardisation folded into plain
@@ -57,6 +58,8 @@ _CONFIG_CACHE_SIZE = 32
 # Problems whose best predicted time over the whole config space is kept (what cuBLAS's time is implied from:
 # a whole-model compile asks about one shape for each of its layers).
 _SPACE_CACHE_SIZE = 4096
+# Problems scored over the whole space in one batch (64 x 1,206 configs: ~15 MB of features)
+_SPACE_CHUNK = 64
 
 
 @dataclass(frozen=True)
@@ -64,9 +67,9 @@ class Candidates:
     """What to benchmark for one problem: the model's best configs, widened while they are too close
     to call, and the predicted cuBLAS (torch.mm) time.
 
-    configs / predicted_ms: fastest first (predict's times). cublas_ms: Predictor.predict_cublas -- with the
-    model's call head for the kernel mode, the time the call implies against the best config of the whole
-    space; without one, the cuBLAS head's -- or None when the model has neither.
+    configs / predicted_ms: fastest first (predict's times). cublas_ms: Predictor.predict_cublas (with the
+    model's call head for the kernel mode, below the whole space's best config exactly where the call says
+    cuBLAS wins: perfmodel.serve.decisions.cublas_time), or None when the model has no cuBLAS head.
     prefer_cublas: cublas_ms below predicted_ms[0], the best config shown (perfmodel.serve.decisions.
     cublas_preferred: the one rule of the CLI, the API and the hooks), so a caller may skip compiling Triton
     altogether. With the call head this is its call against the whole space (below 0: cuBLAS), and against
@@ -532,17 +535,19 @@ class Predictor:
                 else:
                     self._space_cache.move_to_end(p)
                     out[i] = hit
-        for dtype, idx in todo.items():
-            probs = [problems[i] for i in idx]
-            if probs[0].batch > 1:
-                best = np.exp(np.min(bmm.scores(self, probs, None)[2], axis=1))
-            else:
-                _, ct, part, fits = self._configs(None, dtype)
-                ok = self._runnable(fits, probs)
-                best = np.array([r[0][1] for r in self.rank_many(probs, None, 1)]) if ok is not None \
-                    else np.array([r[0] for r in self._best(probs, ct, part, 1)[1]])
-            out[idx] = best
-            self._remember(probs, best)
+        for dtype, where in todo.items():
+            for s in range(0, len(where), _SPACE_CHUNK):  # a bounded batch: (chunk x ~1,200 configs) rows
+                idx = where[s:s + _SPACE_CHUNK]
+                probs = [problems[i] for i in idx]
+                if probs[0].batch > 1:
+                    best = np.exp(np.min(bmm.scores(self, probs, None)[2], axis=1))
+                else:
+                    _, ct, part, fits = self._configs(None, dtype)
+                    ok = self._runnable(fits, probs)
+                    best = np.array([r[0][1] for r in self.rank_many(probs, None, 1)]) if ok is not None \
+                        else np.array([r[0] for r in self._best(probs, ct, part, 1)[1]])
+                out[idx] = best
+                self._remember(probs, best)
         return out
 
     def _remember(self, problems: Sequence[GemmProblem], best_ms: Sequence[float]) -> None:
@@ -555,10 +560,12 @@ class Predictor:
 
     def predict_cublas(self, prob: GemmProblem) -> float:
         """Predicted ms of torch.mm (cuBLAS) on prob -- of aten::bmm for a batched one (batch > 1). With the
-        model's call head for the kernel mode: the time its call implies against the best config of the whole
-        space (rank(prob, top_k=1)'s time x exp(the call), floored at the roofline; decisions.implied_cublas_ms),
-        so that it is below that time exactly where the call says cuBLAS wins; without one, the cuBLAS head's
-        time. The one cuBLAS time of the CLI, Candidates and the hooks. RuntimeError if the model has neither."""
+        model's call head for the kernel mode and a problem of the shapes and layouts it was fitted on
+        (perfmodel.domain): the cuBLAS head's time where it agrees with the call, else the time the call
+        implies against the best config of the whole space (rank(prob, top_k=1)'s time x exp(the call),
+        floored at the roofline) -- so it is below that best time exactly where the call says cuBLAS wins
+        (decisions.cublas_time); otherwise the cuBLAS head's time. The one cuBLAS time of the CLI, Candidates,
+        the hooks and the whole-model set-up. RuntimeError if the model has no cuBLAS head."""
         return float(self.predict_cublas_many([_check_problem(prob)])[0])
 
     def predict_cublas_many(self, problems: Sequence[GemmProblem]) -> np.ndarray:
@@ -571,14 +578,21 @@ class Predictor:
         return self._cublas_shown(problems)
 
     def _cublas_shown(self, problems: Sequence[GemmProblem], best_ms: np.ndarray | None = None) -> np.ndarray:
-        """predict_cublas_many of plain GEMMs; best_ms: their best times over the whole space, when known."""
+        """predict_cublas_many of plain GEMMs (decisions.cublas_time); best_ms: their best times over the whole
+        space, when known."""
+        head = self._floored(problems, self._cublas_ms(self._cublas_x(self._seen(problems, "cublas"))))
         call = self._call_head
-        if call is None:  # the cuBLAS head's time
-            return self._floored(problems, self._cublas_ms(self._cublas_x(self._seen(problems, "cublas"))))
-        best = self._space_best_ms(problems) if best_ms is None else best_ms
-        # the call head was fitted on the GEMM problems: their domain (the Triton heads')
-        score = self._call_scores(call, self._cublas_x(self._seen(problems, "gemm")))
-        return decisions.implied_cublas_ms(best, score, self.roofline_ms(problems))
+        # the call head was fitted on the GEMM problems: where a problem is outside their shapes and layouts
+        # (perfmodel.domain's "gemm"), the cuBLAS head's time alone
+        covered = np.array([self.domain is None or not self.domain.outside("gemm", p) for p in problems])
+        if call is None or not covered.any():
+            return head
+        out = head.copy()
+        sel = [p for p, c in zip(problems, covered) if c]
+        best = self._space_best_ms(sel) if best_ms is None else np.asarray(best_ms, dtype=np.float64)[covered]
+        score = self._call_scores(call, self._cublas_x(sel))
+        out[covered] = decisions.cublas_time(head[covered], best, score, self.roofline_ms(sel))
+        return out
 
     def _cublas_ms(self, x: torch.Tensor) -> np.ndarray:
         """Predicted torch.mm ms on the problems' cuBLAS features x: the cuBLAS head's, or the problem

@@ -121,6 +121,12 @@ def test_cublas_preferred_on_synthetic_inputs() -> None:
     assert decisions.cublas_preferred(implied, best).tolist() == (call < 0).tolist()  # the call, as times
     # at the floor (best == roofline) a call below 0 is lifted to the floor: no faster than the best config
     assert not decisions.cublas_preferred(decisions.implied_cublas_ms(1.0, -0.5, 1.0), 1.0)
+    # the one cuBLAS time: the head's where it agrees with the call, the call's implied time where not
+    head = np.array([0.5, 0.5, 3.0, 3.0])
+    best, call = np.ones(4), np.log(np.array([0.8, 1.25, 0.8, 1.25]))
+    got = decisions.cublas_time(head, best, call, np.zeros(4))
+    np.testing.assert_allclose(got, [0.5, 1.25, 0.8, 3.0])
+    assert decisions.cublas_preferred(got, best).tolist() == (call < 0).tolist()
 
 
 def test_triton_dropped_and_kept_positions_on_synthetic_inputs() -> None:
@@ -182,8 +188,8 @@ def test_hook_pad_decision_on_synthetic_inputs() -> None:
 
 def test_predictor_calls_the_decisions(engines, monkeypatch: pytest.MonkeyPatch) -> None:
     """Candidates.prefer_cublas and prefers_cublas_many are decisions.cublas_preferred on the times shown, and
-    the cuBLAS time shown is decisions.implied_cublas_ms of the whole space's best and the call head's output
-    (the call head's call, as times); Predictor.pad is decisions.pad_decision."""
+    the cuBLAS time shown is decisions.cublas_time of the cuBLAS head's time, the whole space's best and the
+    call head's output (the call head's call, as times); Predictor.pad is decisions.pad_decision."""
     seen = []
     real = decisions.cublas_preferred
     monkeypatch.setattr(decisions, "cublas_preferred", lambda *a: seen.append(a) or real(*a))
@@ -191,8 +197,11 @@ def test_predictor_calls_the_decisions(engines, monkeypatch: pytest.MonkeyPatch)
     c = p.candidates(PROBLEMS[1])
     (cub, best), = seen
     assert cub == c.cublas_ms == p.predict_cublas(PROBLEMS[1]) and best == c.best_ms
-    call = p._call_scores(p._call_head, p._cublas_x([PROBLEMS[1]]))[0]
-    assert c.cublas_ms == decisions.implied_cublas_ms(c.best_ms, call, p.roofline_ms([PROBLEMS[1]])[0])
+    assert not p.domain.outside("gemm", PROBLEMS[1])   # a problem of the shapes the call head was fitted on
+    x = p._cublas_x([PROBLEMS[1]])
+    call = p._call_scores(p._call_head, x)[0]
+    head = p._cublas_ms(x)[0]
+    assert c.cublas_ms == decisions.cublas_time(head, c.best_ms, call, p.roofline_ms([PROBLEMS[1]])[0])
     assert c.prefer_cublas == (call < 0) == (c.cublas_ms < c.best_ms)
     assert p.prefers_cublas_many(PROBLEMS[:2]).tolist()[1] == c.prefer_cublas
     monkeypatch.setattr(decisions, "pad_decision", lambda *a: ("decided", a))

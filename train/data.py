@@ -366,27 +366,31 @@ def slice_dataset(src: Path, dst: Path, problems: int, seed: int, kinds: tuple[s
 
 def data_domain(folders) -> dict:
     """The metadata "domain" record (perfmodel.domain.record) of the rows in the dataset folders, every
-    device's: per kind of head, the least and greatest m, n, k (and batch) and the greatest FLOPs over the rows
-    it is fitted on -- gemm: the GEMM problems with Triton times; cublas: the GEMM problems with a torch.mm time,
-    the cuBLAS-only problems and the pad rows; pad: the pad rows; bmm: the bmm rows. Rows that failed are left
-    out; kinds a folder lacks are skipped."""
+    device's: per kind of head, the least and greatest m, n, k (and batch), the greatest FLOPs and the layouts
+    of the rows it is fitted on -- gemm: the GEMM problems with Triton times; cublas: the GEMM problems with a
+    torch.mm time, the cuBLAS-only problems and the pad rows; pad: the pad rows; bmm: the bmm rows. Rows that
+    failed are left out; kinds a folder lacks are skipped."""
     from perfmodel.data_gen.shards import ONLY_KIND, read_dataset
     from perfmodel.domain import record
 
-    dims = {"gemm": [], "cublas": [], "pad": [], "bmm": []}
+    def dims(rows: list, names: tuple) -> np.ndarray:
+        return np.array([[r[n] for n in names] for r in rows], dtype=np.float64).reshape(-1, len(names))
+
+    mnk, lay = ("m", "n", "k"), ("transpose_left", "transpose_right")
+    parts: dict[str, list] = {"gemm": [], "cublas": [], "pad": [], "bmm": []}
     for folder in folders:
-        gemm = load_gemm(Path(folder))
+        gemm = load_gemm(Path(folder))                                            # columns m, n, k, ..., tl, tr
         has_rows = np.bincount(gemm.problem_idx, minlength=len(gemm.problems)) > 0
-        dims["gemm"].append(gemm.problems[has_rows][:, :3])
-        dims["cublas"].append(gemm.problems[np.isfinite(gemm.cublas_ms)][:, :3])
+        parts["gemm"].append(gemm.problems[has_rows][:, [0, 1, 2, 6, 7]])
+        parts["cublas"].append(gemm.problems[np.isfinite(gemm.cublas_ms)][:, [0, 1, 2, 6, 7]])
         only = [r for r in read_dataset(Path(folder), ONLY_KIND)[0] if r.get("status") == "ok"]
-        dims["cublas"].append(np.array([[r["m"], r["n"], r["k"]] for r in only], dtype=np.float64).reshape(-1, 3))
-        pads = load_pad(Path(folder))
-        dims["pad"].append(pads.pads[:, :3])                                      # (m, k, n)
-        dims["cublas"].append(pads.pads[:, [0, 2, 1]])                            # the unpadded mm (m, n, k)
+        parts["cublas"].append(dims(only, mnk + lay))
+        pads = load_pad(Path(folder))                                             # columns m, k, n, ..., tl, tr
+        parts["pad"].append(pads.pads[:, [0, 1, 2, 6, 7]])
+        parts["cublas"].append(pads.pads[:, [0, 2, 1, 6, 7]])                     # the unpadded mm (m, n, k)
         bmm = [r for r in read_dataset(Path(folder), "bmm")[0] if r.get("status") == "ok"]
-        dims["bmm"].append(np.array([[r["m"], r["n"], r["k"], r["batch"]] for r in bmm], dtype=np.float64).reshape(-1, 4))
-    return record({kind: np.concatenate(parts) for kind, parts in dims.items() if parts})
+        parts["bmm"].append(dims(bmm, mnk + ("batch",) + lay))
+    return record({kind: np.concatenate(p) for kind, p in parts.items() if p})
 
 
 def write_domain(model, folders) -> dict:
