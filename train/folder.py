@@ -191,12 +191,13 @@ def _screen_md(meta: dict[str, Any]) -> str:
 
 
 def _student_line(meta: dict[str, Any]) -> str:
-    """The model card's line on the student head (what predict serves), if the folder has one."""
+    """The model card's line on the student head (the screen of rank's fast path), if the folder has one.
+    predict and rank serve the gemm head on every config (docs/design.md, "One answer per question")."""
     m = meta.get("student_metrics")
     if not m:
-        return "- No student head: `predict` runs the gemm head.\n"
-    role = ("what `predict` serves and what screens `rank`" if meta.get("screen_head") == "student" else
-            "what `predict` serves; `rank` keeps the gemm head")
+        return "- No student head: `predict` and `rank` run the gemm head.\n"
+    role = ("what screens `rank(..., screened=True)`, the fast path; `predict` and `rank` run the gemm head"
+            if meta.get("screen_head") == "student" else "not served: `predict` and `rank` run the gemm head")
     return (f"- Student head ({role}): one MLP distilled from the gemm "
             f"head by `perfmodel distill`. On the test problems' whole config spaces its log ms are a median "
             f"{m['student/median_abs_log_diff']:.4f} from the gemm head's (90th percentile "
