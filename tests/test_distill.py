@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from perfmodel import GemmConfig, GemmProblem, artifact
+from perfmodel import GemmConfig, GemmProblem, artifact, onnx_export
 from perfmodel.configs import pruned_space
 from perfmodel.serve import Predictor
 from tests._synthetic import write_synthetic_model
@@ -134,7 +134,7 @@ def test_onnx_written_before_the_predict_graph_still_serves(distilled, tmp_path:
     folder = tmp_path / "m"
     shutil.copytree(after, folder)
     model = onnx.load(str(folder / "model.onnx"))
-    outputs = [o.name for o in model.graph.output if o.name not in artifact.PREDICT_OUTPUTS]
+    outputs = [o.name for o in model.graph.output if o.name not in onnx_export.PREDICT_OUTPUTS]
     old = Extractor(model).extract_model([i.name for i in model.graph.input], outputs)
     onnx.save(old, str(folder / "model.onnx"))
     p = Predictor.load(folder, backend="onnx")

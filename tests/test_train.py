@@ -278,7 +278,7 @@ def test_synthetic_dataset_loads(trained):
 
 @pytest.mark.slow
 def test_training_writes_a_loadable_model_folder(trained):
-    from perfmodel import artifact
+    from perfmodel import artifact, onnx_export
 
     out = trained["tmp"] / "model"
     assert Path(trained["res"]["out"]) == out
@@ -344,7 +344,7 @@ def _snapshot(folder: Path) -> dict[str, str]:
 def test_failed_run_leaves_the_previous_model(trained, tmp_path, monkeypatch):
     from mlflow import MlflowClient
 
-    from perfmodel import artifact
+    from perfmodel import artifact, onnx_export
 
     out = tmp_path / "models" / "h100"
     out.mkdir(parents=True)
@@ -356,7 +356,7 @@ def test_failed_run_leaves_the_previous_model(trained, tmp_path, monkeypatch):
     def broken_export(*args, **kwargs):
         raise RuntimeError("synthetic failure while exporting ONNX")
 
-    monkeypatch.setattr(artifact, "export_onnx", broken_export)
+    monkeypatch.setattr(onnx_export, "export_onnx", broken_export)
     monkeypatch.chdir(trained["tmp"])
     from perfmodel.train.pipeline import run
 

@@ -20,7 +20,8 @@ from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from perfmodel.artifact import METADATA, ModelBundle, append_step, export_onnx_all, load, save, step_record
+from perfmodel import onnx_export
+from perfmodel.artifact import METADATA, ModelBundle, append_step, load, save, step_record
 from perfmodel.locations import checkout_root
 
 # The columns of the evaluation table (model card, `perfmodel eval`).
@@ -369,7 +370,7 @@ def write_model_folder(bundle: ModelBundle, meta: dict[str, Any], out: Path, rec
     try:
         bundle.metadata = meta
         save(bundle, tmp)
-        export_onnx_all(bundle, tmp)  # model.onnx, and model.<device>.onnx for each other device
+        onnx_export.export_onnx_all(bundle, tmp)  # model.onnx, and model.<device>.onnx for each other device
         if record_step is not None:  # the write's own time, into the metadata just written
             bundle.metadata = append_step(bundle.metadata, step_record(record_step, {"onnx": True},
                                                                        time.perf_counter() - t0))
