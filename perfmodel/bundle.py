@@ -15,8 +15,8 @@ import torch
 
 from .devices import DeviceSpec
 from .features import FeatureEncoder
-from .heads.gemm import INDUCTOR_GEMM, KERNEL_MODE_FEATURE, KERNEL_MODE_INPUT, KERNEL_MODE_VALUES
-from .heads.problem import OUTPUTS as PROBLEM_OUTPUTS
+from .heads.gemm import INDUCTOR_GEMM, KERNEL_MODE_FEATURE, KERNEL_MODE_INPUT, KERNEL_MODE_VALUES  # noqa: F401
+from .heads.problem import OUTPUTS as PROBLEM_OUTPUTS  # noqa: F401  (the folder format's names)
 from .model import MLPConfig, PerfMLP
 
 # The head that predict / predict_many serve when a folder has it: one MLP distilled from the gemm head

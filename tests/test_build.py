@@ -113,31 +113,52 @@ def test_the_build_record(built):
 
 
 @pytest.mark.slow
-def test_a_refit_appends_its_step(built, tmp_path, capsys):
+def test_build_only_fits_one_head_into_the_folder(built, tmp_path, capsys, monkeypatch):
+    """`build --only problem` refits the problem network of a built folder with the recipe's [problem] section,
+    appends its step to the record and rewrites the folder; a head of the train step is refused, and a failed fit
+    leaves the folder as it was."""
     import shutil
 
     from perfmodel.cli import main
+    from perfmodel.train import refit
 
     folder = tmp_path / "m"
     shutil.copytree(built, folder)
     before = json.loads((folder / "metadata.json").read_text())["build"]["steps"]
-    mp = pytest.MonkeyPatch()
-    mp.chdir(REPO)
-    try:
-        # a static head is refused on a config network (its inductor mode serves kernel="inductor"), the folder as it was
-        assert main(["static-head", "--model", str(folder), "--data", "data/h100", "--epochs", "1"]) != 0
-        assert "config network" in capsys.readouterr().err
-        assert json.loads((folder / "metadata.json").read_text())["build"]["steps"] == before
-        assert main(["problem-head", "--model", str(folder), "--data", "data/h100", "--hidden", "8", "--epochs", "2",
-                     "--threads", "2"]) == 0
-    finally:
-        mp.undo()
+    recipe = tmp_path / "r.toml"
+    recipe.write_text((REPO / "recipes" / "ci-small.toml").read_text().replace(
+        "[problem]                    # the problem network: torch.mm's time and the cuBLAS-or-Triton calls, one MLP\n"
+        "hidden = [16]", "[problem]\nhidden = [8]"))
+    monkeypatch.chdir(REPO)
+    files = {p.name: p.read_bytes() for p in folder.iterdir()}
+    assert main(["build", "--recipe", str(recipe), "--out", str(folder), "--only", "gemm"]) == 2
+    assert "rebuild the folder" in capsys.readouterr().err
+
+    def fail(*a, **k):
+        raise RuntimeError("the problem fit failed")
+
+    with monkeypatch.context() as m:
+        m.setattr(refit, "problem_step", fail)
+        assert main(["build", "--recipe", str(recipe), "--out", str(folder), "--only", "problem"]) == 2
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == files
+    assert main(["build", "--recipe", str(recipe), "--out", str(folder), "--only", "problem"]) == 0
     meta = json.loads((folder / "metadata.json").read_text())
     steps = meta["build"]["steps"]
     assert steps[:-1] == before and steps[-1]["step"] == "problem-head" and steps[-1]["refit"] is True
+    assert "--only problem" in steps[-1]["command"]
     assert steps[-1]["settings"]["hidden"] == [8] and meta["problem_settings"]["hidden"] == [8]
     card = (folder / "MODEL_CARD.md").read_text()
     assert "perfmodel build --recipe recipes/ci-small.toml" in card and "Refitted after the build" in card
+
+
+def test_the_removed_head_commands_say_what_replaces_them(capsys):
+    from perfmodel.cli import main
+
+    for name, instead in (("distill", "--only student"), ("problem-head", "--only problem"), ("bmm-head", "--only bmm"),
+                          ("train", "perfmodel build --recipe"), ("static-head", "config_net")):
+        assert main([name, "--model", "x", "--epochs", "1"]) == 2
+        err = capsys.readouterr().err
+        assert f"perfmodel {name}: removed; use" in err and instead in err
 
 
 def test_recipe_errors_name_the_key(tmp_path):

@@ -192,6 +192,50 @@ def run_build(path: Path, out: Path | None = None, log: Any = print) -> dict[str
             return res
 
 
+# The build steps that `--only` runs on an existing folder (perfmodel/heads/: HeadSpec.step), each with the
+# recipe's section for it: the step's fit on the folder's split, the folder rewritten atomically (train/refit.py).
+# The train step is not among them: the heads fitted from the gemm head (the student, the problem network's calls)
+# would no longer match it -- a new gemm or pad head is a new build.
+ONLY_STEPS = ("student", "problem", "bmm")
+
+
+def run_only(path: Path, heads: tuple[str, ...], out: Path | None = None, command: str = "",
+             log: Any = print) -> dict[str, Any]:
+    """`perfmodel build --recipe R --only HEAD ...`: fit the named registered heads into the existing folder (out,
+    default the recipe's), each by its build step with the recipe's section, on the recipe's data (sliced as the
+    build slices it) and the folder's split; each step appended to the folder's build record and the folder
+    rewritten atomically (a failed fit leaves it in place). Returns each step's held-out figures."""
+    from perfmodel.artifact import METADATA
+    from perfmodel.heads import head_spec
+
+    from . import refit
+
+    recipe = load_recipe(path)
+    folder = Path(out) if out is not None else recipe.out
+    steps = list(dict.fromkeys(head_spec(h).step for h in heads))  # ValueError naming an unknown head
+    for step in steps:
+        if step not in ONLY_STEPS:
+            raise ValueError(f"only: {', '.join(h for h in heads if head_spec(h).step == step)} is fitted by the "
+                             f"{step} step, with the heads fitted from it; rebuild the folder (perfmodel build "
+                             f"--recipe {recipe.path.as_posix()})")
+        if getattr(recipe, step) is None:
+            raise ValueError(f"only: the recipe {recipe.path.as_posix()} has no [{step}] section")
+    if not (folder / METADATA).is_file():
+        raise FileNotFoundError(f"out: no model folder at {folder} to fit {', '.join(heads)} into "
+                                "(build it first: perfmodel build --recipe)")
+    if recipe.threads > 0:
+        torch.set_num_threads(recipe.threads)
+    fits = {"student": refit.refit_student, "problem": refit.refit_problem, "bmm": refit.refit_bmm}
+    command = command or f"{build_command(recipe)} --only {' --only '.join(heads)}"
+    res = {}
+    with tempfile.TemporaryDirectory(prefix="perfmodel-build-") as tmp:
+        folders, _, _ = _prepare_data(recipe, Path(tmp))
+        for step in steps:
+            s = replace(getattr(recipe, step), model=folder, data=folders[0] if len(folders) == 1 else folders)
+            res[step] = fits[step](s, log=log, command=command)
+    return {"out": str(folder), "steps": res}
+
+
 def _prepare_data(recipe: Recipe, tmp: Path) -> tuple[tuple[Path, ...], list[dict[str, Any]], float]:
     """The folders the build reads (the recipe's, or slices of them in tmp) and the data record: each
     recipe folder's hash over every shard file the build reads (data_sha256: the bmm shards only with a [bmm]
