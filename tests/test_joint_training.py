@@ -134,19 +134,6 @@ def test_parse_device_fractions_refuses(text):
         parse_device_fractions(text)
 
 
-def test_train_cli_takes_several_data_folders():
-    import argparse
-    from pathlib import Path
-
-    from perfmodel.train.cli import add_settings_arguments, settings_from_args
-
-    parser = argparse.ArgumentParser()
-    add_settings_arguments(parser)
-    s = settings_from_args(parser.parse_args(["--data", "data/h100", "--data", "data/h200", "--device-fraction",
-                                              "h200=0.1"]))
-    assert s.data == (Path("data/h100"), Path("data/h200")) and s.device_fraction == "h200=0.1"
-
-
 # ---- a model of two devices, end to end (tiny epochs)
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,8 @@ The steps, in the order the heads depend on each other:
 1. data     -- the dataset folders (a slice of them, for a small model), the sha256 of every shard file the
                build reads (bmm shards only where a [bmm] step reads them);
 2. train    -- the gemm head (with [train].config_net, the config network: both kernel modes, in place of
-               the gemm head and the static head), the screen, the cuBLAS head and the pad head, the PR 156851
+               the gemm head and the static head), the screen, the cuBLAS head (not with a [problem] step, whose
+               network fits torch.mm's time) and the pad head, the PR 156851
                baseline (train/pipeline.py fit_heads; screen_keep and lead_keep are set here: the static
                figures depend on them);
 3. distill  -- the student head, from the gemm head ([student].screens: it screens the ranking too, in place
@@ -273,7 +274,8 @@ def _build(recipe: Recipe, train: TrainSettings, record: dict[str, Any], logger:
 
     torch.manual_seed(train.seed)
     d = timed("load", None, lambda: load_data(train))
-    bundle = timed("train", train, lambda: fit_heads(train, d, logger))
+    # no cuBLAS head where the problem step fits torch.mm's time (the problem network replaces it)
+    bundle = timed("train", train, lambda: fit_heads(train, d, logger, cublas=recipe.problem is None))
     baselines = timed("baselines", None, lambda: fit_baselines(train, d, logger))
     if recipe.student is not None:
         s = recipe.student

@@ -36,8 +36,9 @@ def cublas_card(meta: dict[str, Any]) -> str:
     by = m.get("by_device") or {}
     n = sum(sum(d.get("rows", {}).values()) for d in by.values()) if by else sum(m.get("rows", {}).values())
     per = " ".join(f"{dev}: {errors(d)}." for dev, d in by.items()) if by else errors(m) + "."
-    return (f"- problem network's cuBLAS output (`perfmodel build --only problem`): fitted on {n} torch.mm "
-            f"times{f' of {len(by)} devices' if by else ''} "
+    head = ("problem network's cuBLAS output (`perfmodel build --only problem`)" if PROBLEM_OUTPUTS_KEY in meta
+            else "cuBLAS head (older layout: `perfmodel migrate`)")
+    return (f"- {head}: fitted on {n} torch.mm times{f' of {len(by)} devices' if by else ''} "
             f"(GEMM problems, problems of every alignment class and layout timed for cuBLAS alone, pad rows' unpadded "
             f"times); mean |log error| on each kind's test rows{' (the head before it -> this one)' if _has_before(m) else ''}: "
             f"{per}\n")
@@ -60,8 +61,9 @@ def call_card(meta: dict[str, Any]) -> str:
 
     by = m.get("by_device") or {}
     where = "; ".join(f"{dev}: {right(d)}" for dev, d in by.items()) if by else right(m)
-    return (f"- problem network's call outputs (`perfmodel build --only problem`; `prefer_cublas`): the call whether "
-            f"cuBLAS beats the best Triton config is right on {where}.\n")
+    head = ("problem network's call outputs (`perfmodel build --only problem`" if PROBLEM_OUTPUTS_KEY in meta
+            else "cuBLAS call heads (older layout: `perfmodel migrate`")
+    return (f"- {head}; `prefer_cublas`): the call whether cuBLAS beats the best Triton config is right on {where}.\n")
 
 
 PROBLEM = HeadSpec(
