@@ -194,6 +194,17 @@ def autotune(p: GroupedProblem, a, b, offs, patches: dict[str, Any]) -> Capture:
 
 # ------------------------------------------------------------------------------------------ a problem
 
+def set_tma_allocator() -> None:
+    """The template builds TMA descriptors in the kernel (tl.make_tensor_descriptor), which needs Triton's
+    scratch allocator: Inductor's launcher sets one on each run (runtime/triton_heuristics.py); set the same
+    here too, in case a launch path skips it."""
+    import torch
+    import triton
+
+    if hasattr(triton, "set_allocator"):
+        triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+
+
 def _base(p: GroupedProblem) -> dict[str, Any]:
     return {**p.as_dict(), "natural_layout": p.natural}
 
@@ -212,13 +223,34 @@ def finish(row: dict[str, Any], p: GroupedProblem, counts: list[int], ms: float,
             "frac_peak": round(frac, 5), "sm_clock_mhz": clock, "host_stalls": stalls}
 
 
-def _tensor_meta_matches(meta: Any, t) -> bool:
+def operand_as(meta: Any, t, copies: dict[tuple, Any]):
+    """t itself where it has the layout the kernel was compiled for (the input's TensorMeta), else a copy of it
+    in that layout (same sizes and dtype, the meta's strides), made once per layout."""
+    import torch
+
     metas = meta if isinstance(meta, (list, tuple)) else [meta]
     m = metas[0]
-    try:
-        return tuple(m.sizes) == tuple(t.shape) and tuple(m.strides) == tuple(t.stride()) and m.dtype == t.dtype
-    except AttributeError:
-        return True  # an older TensorMeta without these fields: nothing to compare
+    sizes, strides = tuple(m.sizes), tuple(m.strides)
+    if sizes != tuple(t.shape) or m.dtype != t.dtype:
+        raise RuntimeError(f"input meta {sizes} {m.dtype} differs from the operand {tuple(t.shape)} {t.dtype}")
+    if strides == tuple(t.stride()):
+        return t
+    key = (id(t), strides)
+    if key not in copies:
+        copies[key] = torch.empty_strided(sizes, strides, dtype=t.dtype, device=t.device).copy_(t)
+    return copies[key]
+
+
+def make_run_fn(bmreq: Any, args: list, out):
+    """bmreq.make_run_fn(*inputs, out=out): the output's keyword is `out` in torch 2.13, `output_tensor` in
+    older torch; TypeError where neither."""
+    import inspect
+
+    params = inspect.signature(bmreq.make_run_fn).parameters
+    for kw in ("out", "output_tensor"):
+        if kw in params:
+            return bmreq.make_run_fn(*args, **{kw: out})
+    raise TypeError(f"make_run_fn{inspect.signature(bmreq.make_run_fn)}: no out / output_tensor keyword")
 
 
 def run_problem(p: GroupedProblem, spec, bench, bench_aten, clock, settings: GroupedSweepSettings,
@@ -303,8 +335,10 @@ def run_problem(p: GroupedProblem, spec, bench, bench_aten, clock, settings: Gro
 
         t_time = time.perf_counter()
         retime_err = "" if settings.retime else "retime off"
+        set_tma_allocator()
         for routing, counts in routings:
             offs = offsets(counts, device)
+            copies: dict[tuple, Any] = {}  # operands re-laid out to a choice's compiled layout, this routing
             ref = reference(a, b, counts)
             ref_norm = torch.linalg.vector_norm(ref)
             # the template choices, each on this routing
@@ -314,24 +348,24 @@ def run_problem(p: GroupedProblem, spec, bench, bench_aten, clock, settings: Gro
                 for c in live:
                     ch = triton[c][0]
                     row = cfg_row(c, routing, counts, "perfmodel")
-                    try:
+                    try:  # the benchmark request's API (torch 2.11 and 2.13 differ in details)
                         bm = ch.bmreq
                         if out is None:
                             om = bm.output_tensor_meta
                             om = om[0] if isinstance(om, (list, tuple)) else om
                             out = torch.empty_strided(tuple(om.sizes), tuple(om.strides), dtype=om.dtype, device=device)
-                        for meta, t in zip(bm.input_tensor_meta, (a, b, offs)):
-                            if not _tensor_meta_matches(meta, t):
-                                raise RuntimeError(f"input meta {meta} differs from the operand {tuple(t.shape)} "
-                                                   f"{tuple(t.stride())} {t.dtype}")
-                        fn = bm.make_run_fn(a, b, offs, out=out)
-                        fn()  # loads the module and the kernel: no timed run includes that
-                        out.fill_(float("nan"))  # poison: every element must be written
-                        first = bench.timed_run(fn)
-                    except AttributeError as exc:  # the API this torch lacks: Inductor's timings stand
+                        args = [operand_as(meta, t, copies) for meta, t in zip(bm.input_tensor_meta, (a, b, offs))]
+                        fn = make_run_fn(bm, args, out)
+                    except (AttributeError, TypeError) as exc:  # an API this torch lacks: Inductor's timings stand
                         retime_err = f"{type(exc).__name__}:{exc}"
                         log(f"  re-timing unavailable ({retime_err}): rows keep Inductor's times")
                         break
+                    if any(x is not y for x, y in zip(args, (a, b, offs))):
+                        row["operand_copied"] = True  # Inductor compiled for another layout than the operands'
+                    try:
+                        fn()  # loads the module and the kernel: no timed run includes that
+                        out.fill_(float("nan"))  # poison: every element must be written
+                        first = bench.timed_run(fn)
                     except Exception as exc:  # noqa: BLE001 -- a launch failure is a failure row
                         rows.append({**row, "status": f"fail:launch:{type(exc).__name__}:{str(exc)[:100]}", "ms": None})
                         continue

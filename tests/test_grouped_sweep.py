@@ -314,3 +314,149 @@ def test_bad_flags_exit_2_naming_the_flag(argv, match, capsys):
     assert main(["gen", "grouped", "--dry-run", *argv]) == 2
     err = capsys.readouterr().err
     assert match in err and "Traceback" not in err
+
+
+def test_make_run_fn_takes_either_output_keyword_and_operands_follow_the_compiled_layout():
+    import torch
+
+    class New:
+        def make_run_fn(self, *inputs, out):
+            return ("out", inputs, out)
+
+    class Old:
+        def make_run_fn(self, *inputs, output_tensor):
+            return ("output_tensor", inputs, output_tensor)
+
+    class Neither:
+        def make_run_fn(self, *inputs):
+            return None
+
+    assert gs.make_run_fn(New(), [1, 2], "o") == ("out", (1, 2), "o")
+    assert gs.make_run_fn(Old(), [1, 2], "o") == ("output_tensor", (1, 2), "o")
+    with pytest.raises(TypeError, match="no out / output_tensor"):
+        gs.make_run_fn(Neither(), [1], "o")
+
+    class Meta:
+        def __init__(self, t):
+            self.sizes, self.strides, self.dtype = tuple(t.shape), tuple(t.stride()), t.dtype
+
+    b = torch.randn(4, 16, 8).transpose(-2, -1)  # (G, K, N) = (4, 8, 16), stride 1 along K
+    copies: dict = {}
+    assert gs.operand_as(Meta(b), b, copies) is b and not copies
+    contiguous = Meta(b.contiguous())
+    c = gs.operand_as(contiguous, b, copies)
+    assert c.stride() == b.contiguous().stride() and torch.equal(c, b) and gs.operand_as(contiguous, b, copies) is c
+    with pytest.raises(RuntimeError, match="input meta"):
+        gs.operand_as(Meta(b.float()[:2]), b, copies)
+
+
+class _Meta:
+    def __init__(self, t):
+        self.sizes, self.strides, self.dtype = tuple(t.shape), tuple(t.stride()), t.dtype
+
+
+class _FakeBench:
+    """Bench's interface on the CPU: runs each callable (so outputs are real) and returns placeholder times."""
+
+    def __init__(self):
+        import torch
+
+        self.device = torch.device("cpu")
+        self.last_stalls: list[int] = []
+
+    def timed_run(self, fn):
+        fn()
+        return (None, None, False)
+
+    def time_many(self, fns, on_busy=None, first_runs=None, peers=None):
+        if on_busy:
+            on_busy()
+        self.last_stalls = [0] * len(fns)
+        return [(0.5 + 0.01 * i, 3) for i in range(len(fns))]
+
+
+def test_run_problem_end_to_end_with_stand_in_choices(monkeypatch):
+    """run_problem's path on the CPU: Inductor's compile replaced by a capture of stand-in choices (a template
+    choice per expected config whose run function computes the product with aten, one that writes a wrong
+    result, one missing, aten's extern choice); the times are placeholders. Checks the rows, not any timing."""
+    import torch
+    from torch._inductor.kernel import mm_grouped
+
+    from perfmodel.devices import get_spec
+
+    monkeypatch.setattr(mm_grouped, "get_gpu_shared_memory", lambda: 232448)
+    p = gr.GroupedProblem("mixtral", "down", 8, 2, 16, 256, 128, "bfloat16", "kmajor")  # 32 rows, 4 per expert
+    expected = gr.expected_configs(p, 232448)
+
+    class Bm:
+        num_stages = 3
+
+        def __init__(self, wrong):
+            self.wrong = wrong
+
+        def make_run_fn(self, a, b, offs, out):
+
+            def run():
+                out.copy_(torch._grouped_mm(a, b, offs=offs) * (2 if self.wrong else 1))
+            return run
+
+    TritonTemplateCaller = type("TritonTemplateCaller", (), {})
+    ExternKernelCaller = type("ExternKernelCaller", (), {})
+
+    def fake_autotune(p_, a, b, offs, patches):
+        cap = gs.Capture()
+        out = torch.empty(p_.total_m, p_.n, dtype=a.dtype)
+        timings = {}
+        for i, c in enumerate(expected[:-1]):  # the last config: "Inductor did not benchmark it"
+            ch = TritonTemplateCaller()
+            ch.bmreq = Bm(wrong=i == 1)
+            ch.bmreq.input_tensor_meta = [_Meta(a), _Meta(b), _Meta(offs)]
+            ch.bmreq.output_tensor_meta = _Meta(out)
+            kw = {"BLOCK_M": c[0], "BLOCK_N": c[1], "BLOCK_K": c[2], "NUM_SMS": 132, "A_IS_2D": True}
+            ch.description = _description(kw, c[3], c[4])
+            ch.info_dict = lambda c=c: {"tile_shape": str((c[0], c[2], c[1])), "num_stages": c[3], "num_warps": c[4]}
+            timings[ch] = 0.1 + 0.01 * i
+        timings[ExternKernelCaller()] = 0.2
+        cap({**timings}, "grouped_mm", [], list(timings), lambda: {})
+        return cap
+
+    monkeypatch.setattr(gs, "autotune", fake_autotune)
+    monkeypatch.setattr(gs, "_fresh_cache", lambda: __import__("contextlib").nullcontext())
+
+    class Clock:
+        def sm_clock_mhz(self):
+            return 1980.0
+
+    stats = {"compile_s": 0.0, "timing_s": 0.0, "choices": 0}
+    rows = gs.run_problem(p, get_spec("h100-sxm"), _FakeBench(), _FakeBench(), Clock(), gr.GroupedSweepSettings(),
+                          {}, {}, stats)
+    pid = gr.problem_id(p)
+    for r in rows:
+        gr.validate_row({**r, "unit": pid})
+    routings = [r for r, _ in gr.problem_routings(p)]
+    tri = [r for r in rows if r["kind"] == "triton"]
+    assert stats["choices"] == len(expected) - 1
+    # every benchmarked config on every routing; the missing one once, as a failure
+    assert len([r for r in tri if r["timer"] == "perfmodel"]) == (len(expected) - 1) * len(routings)
+    missing = [r for r in tri if r["status"] == "fail:not_benchmarked"]
+    assert len(missing) == 1 and missing[0]["block_m"] == expected[-1][0] and missing[0]["block_k"] == expected[-1][2]
+    wrong = [r for r in tri if r["status"] == "fail:wrong_result"]
+    assert len(wrong) == len(routings) and all((r["block_m"], r["block_n"], r["block_k"]) == expected[1][:3] for r in wrong)
+    ok = [r for r in tri if r["status"] == "ok"]
+    assert ok and all(r["rel_err"] < 0.03 and r["inductor_ms"] is not None and r["sm_clock_mhz"] == 1980.0 for r in ok)
+    aten = [r for r in rows if r["kind"] == "aten"]
+    assert [r["routing"] for r in aten] == routings and all(r["status"] == "ok" and r["inductor_ms"] == 0.2 for r in aten)
+    assert all(sum(r["counts"]) == p.total_m for r in aten)
+    # an fp16 problem whose compile fails (torch's meta function takes bf16 only): failure rows, aten still timed
+    def failing(*a, **k):
+        raise RuntimeError("Failed running call_function: Expected inputs of BF16 type but got float16")
+
+    monkeypatch.setattr(gs, "autotune", failing)
+    q = gr.GroupedProblem("mixtral", "down", 8, 2, 16, 256, 128, "float16", "kmajor")
+    known_bad: dict = {}
+    rows = gs.run_problem(q, get_spec("h100-sxm"), _FakeBench(), _FakeBench(), Clock(), gr.GroupedSweepSettings(),
+                          {}, known_bad, stats)
+    assert "float16" in known_bad
+    assert all(r["status"].startswith("fail:compile:RuntimeError") for r in rows if r["kind"] == "triton")
+    assert len([r for r in rows if r["kind"] == "triton"]) == len(gr.expected_configs(q, 232448))
+    assert {r["routing"] for r in rows if r["kind"] == "aten"} == set(r for r, _ in gr.problem_routings(q))
