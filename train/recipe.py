@@ -258,6 +258,55 @@ def _prepare_data(recipe: Recipe, tmp: Path) -> tuple[tuple[Path, ...], list[dic
     return tuple(folders), record, time.perf_counter() - t0
 
 
+def _student(recipe: Recipe, train: TrainSettings, bundle: Any, d: TrainData, s: Any, log: Any) -> None:
+    add_student(bundle, d.gemm, s, log, d.split, d.problem_device)
+    if s.screens:  # the student screens: the lead (set by the train step, which had no screen) now fits
+        bundle.metadata["lead_keep"] = effective_lead_keep(train, bundle.heads, bundle.screen_name)
+
+
+def _inductor_figures(recipe: Recipe, train: TrainSettings, bundle: Any, d: TrainData, s: Any, log: Any) -> None:
+    inductor_figures_step(bundle, d.datasets[0], d.split, log)  # through the screen and lead now set
+
+
+def _static(recipe: Recipe, train: TrainSettings, bundle: Any, d: TrainData, s: Any, log: Any) -> None:
+    if len(d.datasets) > 1:
+        raise ValueError("recipe [static]: the static head is fitted to one device's timings (one data folder)")
+    static_step(bundle, d.datasets[0], s, log, d.split)
+
+
+def _splits(d: TrainData) -> list:
+    """Each dataset's part of the run's split (by problem or by family)."""
+    return [d.split[d.problem_device == ds.device] for ds in d.datasets]
+
+
+def _call(recipe: Recipe, train: TrainSettings, bundle: Any, d: TrainData, s: Any, log: Any) -> None:
+    call_step(bundle, d.datasets, s, log, _splits(d))
+
+
+def _problem(recipe: Recipe, train: TrainSettings, bundle: Any, d: TrainData, s: Any, log: Any) -> None:
+    problem_step(bundle, d.datasets, s, log, _splits(d))
+
+
+def _bmm(recipe: Recipe, train: TrainSettings, bundle: Any, d: TrainData, s: Any, log: Any) -> None:
+    bmm_step(bundle, [ds.folder for ds in d.datasets], s, log)  # every device's folder (a slice may hold no bmm rows)
+
+
+def _wants_section(name: str) -> Any:
+    """A step the recipe wants where it has the section `name`: its settings (None: no such step)."""
+    return lambda recipe, bundle: getattr(recipe, name)
+
+
+# The steps after the train step, in the order the heads depend on each other: (its name in the build record,
+# wants(recipe, bundle) -> the step's settings, () for a step without any, None to skip it; the function that adds
+# its heads to the bundle). A registered head's build step (perfmodel/heads/: HeadSpec.step) is one row here, one
+# entry in SECTIONS, and, for `--only`, one in ONLY_STEPS. The config network's inductor-mode figures: a step of
+# every build whose gemm head is one.
+HEAD_STEPS = (("distill", _wants_section("student"), _student),
+              ("inductor-figures", lambda recipe, bundle: () if bundle.config_net is not None else None, _inductor_figures),
+              ("static-head", _wants_section("static"), _static), ("call-head", _wants_section("call"), _call),
+              ("problem-head", _wants_section("problem"), _problem), ("bmm-head", _wants_section("bmm"), _bmm))
+
+
 def _build(recipe: Recipe, train: TrainSettings, record: dict[str, Any], logger: Any, run_id: str | None,
            log: Any) -> dict[str, Any]:
     """The steps after the data, in order, then the folder written with the record."""
@@ -277,25 +326,10 @@ def _build(recipe: Recipe, train: TrainSettings, record: dict[str, Any], logger:
     # no cuBLAS head where the problem step fits torch.mm's time (the problem network replaces it)
     bundle = timed("train", train, lambda: fit_heads(train, d, logger, cublas=recipe.problem is None))
     baselines = timed("baselines", None, lambda: fit_baselines(train, d, logger))
-    if recipe.student is not None:
-        s = recipe.student
-        timed("distill", s, lambda: add_student(bundle, d.gemm, s, log, d.split, d.problem_device))
-        if s.screens:  # the student screens: the lead (set by the train step, which had no screen) now fits
-            bundle.metadata["lead_keep"] = effective_lead_keep(train, bundle.heads, bundle.screen_name)
-    if bundle.config_net is not None:  # its inductor mode's figures, through the screen and lead now set
-        timed("inductor-figures", None, lambda: inductor_figures_step(bundle, d.datasets[0], d.split, log))
-    if recipe.static is not None:
-        if len(d.datasets) > 1:
-            raise ValueError("recipe [static]: the static head is fitted to one device's timings (one data folder)")
-        timed("static-head", recipe.static, lambda: static_step(bundle, d.datasets[0], recipe.static, log, d.split))
-    if recipe.call is not None:
-        splits = [d.split[d.problem_device == ds.device] for ds in d.datasets]  # the run's (problem or family)
-        timed("call-head", recipe.call, lambda: call_step(bundle, d.datasets, recipe.call, log, splits))
-    if recipe.problem is not None:
-        splits = [d.split[d.problem_device == ds.device] for ds in d.datasets]
-        timed("problem-head", recipe.problem, lambda: problem_step(bundle, d.datasets, recipe.problem, log, splits))
-    if recipe.bmm is not None:  # every device's folder (slices hold no bmm rows: the step is skipped)
-        timed("bmm-head", recipe.bmm, lambda: bmm_step(bundle, [ds.folder for ds in d.datasets], recipe.bmm, log))
+    for name, wants, fn in HEAD_STEPS:  # each step the recipe and the bundle want, with its settings
+        s = wants(recipe, bundle)
+        if s is not None:
+            timed(name, s or None, lambda: fn(recipe, train, bundle, d, s, log))
     evaluation = timed("evaluate", None, lambda: evaluate_devices(bundle, d, train.seed, baselines))
     return _write(recipe, train, d, bundle, evaluation, record, run_id, time.perf_counter() - t_start)
 
