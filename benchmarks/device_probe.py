@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks import RESULTS
 
-from perfmodel.devices import DeviceSpec, get_spec, live_device_info, match_spec  # noqa: E402
+from perfmodel.devices import DeviceSpec, get_spec, live_device_info, match_spec
 
 DTYPES = ("bfloat16", "float16")
 
@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     result["comparison"] = compare(spec, result["live"], result["bandwidth"], result["gemms"])
     text = markdown(result)
     print(text)
-    out = args.out or Path(__file__).resolve().parent / "results" / f"device_probe_{spec.name}.json"
+    out = args.out or RESULTS / f"device_probe_{spec.name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1, default=str))
     out.with_suffix(".md").write_text(text)

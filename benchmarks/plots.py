@@ -23,9 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # a plain checkout: perfmodel.* resolves from the repo root
-    sys.path.insert(0, str(ROOT))
+from benchmarks import REPO as ROOT
 
 
 def _short_dtype(dtype: str) -> str:

@@ -24,8 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from benchmarks import REPO
 
 
 def recorded(results: dict[str, Any], variant: str = "perfmodel") -> dict[tuple, dict[str, Any]]:

@@ -34,14 +34,12 @@ import numpy as np
 import torch
 from torch import nn
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from benchmarks import REPO
 
-from perfmodel.configs import pruned_space, stratified_sample  # noqa: E402
-from perfmodel.devices import DEFAULT_DEVICE, get_spec  # noqa: E402
-from perfmodel.locations import default_model_dir  # noqa: E402
-from perfmodel.schema import GemmConfig, GemmProblem  # noqa: E402
+from perfmodel.configs import pruned_space, stratified_sample
+from perfmodel.devices import DEFAULT_DEVICE, get_spec
+from perfmodel.locations import default_model_dir
+from perfmodel.schema import GemmConfig, GemmProblem
 
 N_CONFIGS = 368
 N_PROBLEMS = 100
