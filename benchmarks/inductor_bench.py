@@ -17,7 +17,7 @@ Triton template config, read from the generated code), and how many mm choices t
 process-wide warm-up compile runs first so that the first shape does not pay for starting Inductor's
 compile workers. Each shape runs in try/except and records its error.
 
-    python benchmarks/inductor_bench.py [--model PATH | --synthetic] [--top-k 5] [--cublas-margin M]
+    python -m benchmarks.inductor_bench [--model PATH | --synthetic] [--top-k 5] [--cublas-margin M]
                                         [--out benchmarks/results/inductor_bench.json]
 """
 from __future__ import annotations

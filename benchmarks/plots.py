@@ -1,6 +1,6 @@
 """The plots of README.md and docs/, made from committed results only (CPU; needs the `bench` extra).
 
-    python benchmarks/plots.py [--out docs/img] [--model models/h100] [--data data/h100]
+    python -m benchmarks.plots [--out docs/img] [--model models/h100] [--data data/h100]
                                [--inductor benchmarks/results/inductor_bench_h100_unseen_v8.json]
                                [--triton benchmarks/results/triton_hook_bench_h100_v9.json]
 

@@ -16,7 +16,7 @@ and torch.mm's timed side by side (perfmodel.data_gen.measure.Bench: L2 flushed,
 so that the autotuner's Python dispatch is not timed, median of >= 10 runs). Each shape runs in
 try/except and records its error.
 
-    python benchmarks/triton_hook_bench.py [--model PATH | --synthetic] [--configs 40] [--top-k 5]
+    python -m benchmarks.triton_hook_bench [--model PATH | --synthetic] [--configs 40] [--top-k 5]
                                            [--out benchmarks/results/triton_hook_bench.json]
 
 Run time on the H100 (one specialisation compiles at ~1 kernel/s in one process, and the 5 shapes

@@ -1,7 +1,7 @@
 """The bmm call head's settings (CPU): 5-fold cross-validation by shape and the val split's accuracy of the
 aten-or-Triton call for a few settings of the call head alone, on a model folder's bmm split.
 
-    python benchmarks/bmm_call_settings.py [SETTING ...]      # default: every setting below
+    python -m benchmarks.studies.bmm_call_settings [SETTING ...]      # default: every setting below
 
 Each trial fits the call head (train/bmm_head.py fit_call, the folder's [bmm] settings but for the one changed)
 on the other folds' problems for each fold, and on the train split for the val and test figures (settings are

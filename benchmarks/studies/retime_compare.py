@@ -1,6 +1,6 @@
 """Side-by-side check of the sweep's timings against re-timed copies (CPU; reads dataset folders).
 
-    python benchmarks/retime_compare.py --sweep SWEEP_DIR [--cublas DIR ...] [--triton DIR] [--pad OLD_PAD_DIR]
+    python -m benchmarks.studies.retime_compare --sweep SWEEP_DIR [--cublas DIR ...] [--triton DIR] [--pad OLD_PAD_DIR]
 
 --sweep is the GEMM sweep's folder; each --cublas folder holds `perfmodel gen cublas` parts (label =
 folder name); --triton holds a `gen gemm` re-run of some problems (same configs where they overlap; the
@@ -11,14 +11,11 @@ Prints time ratios.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from perfmodel.data_gen.shards import iter_rows  # noqa: E402
+from perfmodel.data_gen.shards import iter_rows
 
 
 def ratios(name: str, x: np.ndarray, y: np.ndarray) -> None:

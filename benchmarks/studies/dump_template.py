@@ -1,8 +1,8 @@
 """GPU: the Triton source Inductor generates for its mm template on a few shapes (max-autotune, Triton
 only, static shapes, pad_mm off), to read next to the dataset kernel (data_gen/kernel.py) where
-benchmarks/archive/kernel_fidelity.py finds their config orders differ.
+benchmarks/studies/kernel_fidelity.py finds their config orders differ.
 
-    python benchmarks/archive/dump_template.py --out DIR
+    python -m benchmarks.studies.dump_template --out DIR
 """
 from __future__ import annotations
 
@@ -10,10 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from kernel_fidelity import SHAPES, operands  # noqa: E402
+from benchmarks.studies.kernel_fidelity import SHAPES, operands
 
 NAMES = ("fp16 odd 4095x4097x1000 TN", "tf32 2048^3", "fp32 2048x2048x512 TN", "fp16 bert ffn up")
 

@@ -8,7 +8,7 @@ problems explains. Used to judge a retrain against the folder it replaces, e.g. 
 against the folder shipped before it (encoder version 2, in git history):
 
     mkdir -p /tmp/v2 && git archive 16eb8ea models/h100 | tar -x -C /tmp/v2
-    python benchmarks/paired_heldout.py --a /tmp/v2/models/h100 --a-name "models/h100 at 16eb8ea" --b models/h100 \
+    python -m benchmarks.studies.paired_heldout --a /tmp/v2/models/h100 --a-name "models/h100 at 16eb8ea" --b models/h100 \
         [--data data/h100] [--out FILE.json]
 """
 from __future__ import annotations
@@ -21,8 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from benchmarks import REPO
 
 GROUPS = {"fp16": ("float16",), "bf16": ("bfloat16",), "fp32 (tf32 + IEEE)": ("tf32", "float32")}
 

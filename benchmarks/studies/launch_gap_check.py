@@ -3,7 +3,7 @@
 Times tiny GEMMs (and one large control) with the sweep's Bench as the v1 dataset did (no pre-sleep)
 and with a GPU spin before each timed run (pre_sleep_us), on an idle CPU and with the CPU saturated
 by busy processes (as during the sweep's parallel compilation).
-    python benchmarks/archive/launch_gap_check.py [--out results.json]
+    python -m benchmarks.studies.launch_gap_check [--out results.json]
 """
 from __future__ import annotations
 
@@ -11,17 +11,14 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from perfmodel.data_gen import kernel  # noqa: E402
-from perfmodel.data_gen.measure import Bench, TimingSettings  # noqa: E402
-from perfmodel import GemmConfig  # noqa: E402
+from perfmodel.data_gen import kernel
+from perfmodel.data_gen.measure import Bench, TimingSettings
+from perfmodel import GemmConfig
 
 CASES = [((2, 256, 16), torch.bfloat16), ((1, 128, 128), torch.bfloat16), ((64, 64, 64), torch.float16),
          ((256, 192, 71), torch.float16), ((4096, 4096, 4096), torch.float16)]  # (M, N, K)

@@ -19,9 +19,9 @@ Each is compared with data/h100's timing of the same problems, config by config:
   ceiling of the call's accuracy;
 - the ratio of the two times of each config.
 
-    python benchmarks/bmm_retime.py --sweep 4 --out benchmarks/results/bmm_retime_h100_sweep4.json
-    python benchmarks/bmm_retime.py --sweep 1 --out benchmarks/results/bmm_retime_h100_sweep1.json
-    python benchmarks/bmm_retime.py --sweep 1q --out benchmarks/results/bmm_retime_h100_sweep1q.json
+    python -m benchmarks.studies.bmm_retime --sweep 4 --out benchmarks/results/bmm_retime_h100_sweep4.json
+    python -m benchmarks.studies.bmm_retime --sweep 1 --out benchmarks/results/bmm_retime_h100_sweep1.json
+    python -m benchmarks.studies.bmm_retime --sweep 1q --out benchmarks/results/bmm_retime_h100_sweep1q.json
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+from benchmarks import REPO
 CONFIG = ("block_m", "block_n", "block_k", "group_m", "num_stages", "num_warps")
 PROBLEM = ("m", "n", "k", "dtype", "allow_tf32", "transpose_left", "transpose_right", "batch")
 RETIMES = REPO / "benchmarks/results/bmm_retime_h100"

@@ -16,7 +16,7 @@ Reported per shape: configs compared, median of v4/Inductor and v3/Inductor per 
 rank correlation of v4 (v3) times with Inductor's, and the time of v4's best config over Inductor's best.
 Target: median v4/Inductor within 1.00 +- 0.03, per-shape Spearman >= 0.9.
 
-    python benchmarks/archive/kernel_fidelity.py [--out benchmarks/results/kernel_fidelity_h100.json] [--only NAME]
+    python -m benchmarks.studies.kernel_fidelity [--out benchmarks/results/kernel_fidelity_h100.json] [--only NAME]
 """
 from __future__ import annotations
 
@@ -35,9 +35,7 @@ from typing import Any
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from benchmarks import REPO
 
 # (name, M, K, N, mode, transpose_left, transpose_right): C[M, N] = A[M, K] @ B[K, N]; mode float16,
 # bfloat16, tf32 (fp32 inputs, tf32 on) or float32 (tf32 off). Both layouts, aligned and unaligned dims,

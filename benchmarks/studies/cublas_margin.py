@@ -8,7 +8,7 @@ cuBLAS and of the dataset's sampled configs (a stand-in for the configs Inductor
 margin the fraction of problems that keep Triton and the geomean of the chosen kernel's time over the
 best measured (cuBLAS or any sampled config).
 
-    python benchmarks/cublas_margin.py [--model models/h100] [--data data/h100] [--top-k 5] [--kernel inductor]
+    python -m benchmarks.studies.cublas_margin [--model models/h100] [--data data/h100] [--top-k 5] [--kernel inductor]
 
 --kernel inductor judges the hook as it runs under torch.compile: the Triton configs ranked with the
 static head against their static times (the gemm_static rows, cuBLAS timed in the same run).
@@ -23,7 +23,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 MARGINS = (-0.1, -0.05, 0.0, 0.05, 0.1, 0.2, 0.5, None)  # None: never drop Triton
 

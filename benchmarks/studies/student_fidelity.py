@@ -1,7 +1,7 @@
 """How far the student (what `predict` serves, and the screen where it screens) is from the measured times,
 beside the gemm head, on the held-out problems of a model's split (CPU).
 
-    python benchmarks/student_fidelity.py --model models/h100 [--model <another folder>] [--data data/h100]
+    python -m benchmarks.studies.student_fidelity --model models/h100 [--model <another folder>] [--data data/h100]
 
 Prints, per folder and head, the MAPE and the median within-problem Spearman against the measured times of
 the held-out (test) problems of the model's own split (by problem, or by family where it was trained so):

@@ -5,7 +5,7 @@ transposed operand), reads its rows from the dataset and runs perfmodel.data_gen
 on the same configs, `--passes` times, in this process (L2 flush, GPU spin, median, correctness
 check as in the sweep). Prints the dataset's ms next to each pass's, and a JSON file with --out.
 
-    python benchmarks/archive/retime_problem.py 58496,16,18,tf32,0,1 [--data data/h100] [--passes 2] [--out r.json]
+    python -m benchmarks.studies.retime_problem 58496,16,18,tf32,0,1 [--data data/h100] [--passes 2] [--out r.json]
 
 --stress N runs N niced busy-loop processes meanwhile (a stand-in for the sweep's compile workers), and
 --no-stall-check keeps the runs the GPU reached before the host had enqueued them, as the sweeps
@@ -17,21 +17,17 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import sys
 from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
-
-from perfmodel.data_gen.gemm_sweep import measure_problem  # noqa: E402
-from perfmodel.data_gen.measure import Bench, TimingSettings  # noqa: E402
-from perfmodel.data_gen.runtime import resolve_spec  # noqa: E402
-from perfmodel.data_gen.shards import iter_rows  # noqa: E402
-from perfmodel.devices import ClockReader  # noqa: E402
-from perfmodel.locations import default_data_dir  # noqa: E402
-from perfmodel.schema import GemmConfig, GemmProblem  # noqa: E402
+from perfmodel.data_gen.gemm_sweep import measure_problem
+from perfmodel.data_gen.measure import Bench, TimingSettings
+from perfmodel.data_gen.runtime import resolve_spec
+from perfmodel.data_gen.shards import iter_rows
+from perfmodel.devices import ClockReader
+from perfmodel.locations import default_data_dir
+from perfmodel.schema import GemmConfig, GemmProblem
 
 CONFIG_FIELDS = ("block_m", "block_n", "block_k", "group_m", "num_stages", "num_warps")
 

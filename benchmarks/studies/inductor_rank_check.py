@@ -1,10 +1,10 @@
 """The model's ranking judged on Inductor's own timings: the configs Inductor compiled and benchmarked
-under max-autotune for the 26 shapes of benchmarks/archive/kernel_fidelity.py (captured on the H100 through its
+under max-autotune for the 26 shapes of benchmarks/studies/kernel_fidelity.py (captured on the H100 through its
 feedback saver), ranked by the shipped model for each kernel mode side by side -- kernel="autotune" (the
 dataset kernel's times) and kernel="inductor" (with the static head). CPU only; reads the committed
 capture.
 
-    python benchmarks/inductor_rank_check.py [--fidelity benchmarks/results/fidelity/kernel_fidelity_h100.json]
+    python -m benchmarks.studies.inductor_rank_check [--fidelity benchmarks/results/fidelity/kernel_fidelity_h100.json]
         [--model models/h100] [--out benchmarks/results/inductor_rank_check_h100.json]
 
 Per shape: top-1 efficiency (Inductor's fastest time / Inductor's time of the model's pick), the best of
@@ -21,9 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from benchmarks import REPO
 
 FIELDS = ("block_m", "block_n", "block_k", "group_m", "num_stages", "num_warps")
 

@@ -5,7 +5,7 @@ the lead member's best 12 rows (lead_keep). This times such chains alone -- G me
 layers, the gemm encoder's 48 inputs, random weights (only the latency is measured) -- for the member counts and
 widths the config network was tried with, alternated in blocks of 50 calls, medians over 30 blocks:
 
-    python benchmarks/ensemble_latency.py --out benchmarks/results/ensemble_latency_cpu2.json
+    python -m benchmarks.studies.ensemble_latency --out benchmarks/results/ensemble_latency_cpu2.json
 """
 from __future__ import annotations
 

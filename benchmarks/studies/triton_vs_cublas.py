@@ -1,21 +1,18 @@
 """Best measured Triton config vs cuBLAS (torch.mm), in TFLOP/s, for problems of the shipped dataset.
 
 Both from the same GPU and dataset: Triton from the sweep, cuBLAS from its quiet re-time (`gen cublas`).
-    python benchmarks/archive/triton_vs_cublas.py [--data data/h100] [--all]
+    python -m benchmarks.studies.triton_vs_cublas [--data data/h100] [--all]
 """
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from perfmodel.data_gen.problems import SEED_SHAPES  # noqa: E402
-from perfmodel.locations import default_data_dir  # noqa: E402
-from perfmodel.train.data import load_gemm  # noqa: E402
+from perfmodel.data_gen.problems import SEED_SHAPES
+from perfmodel.locations import default_data_dir
+from perfmodel.train.data import load_gemm
 
 
 def main() -> None:

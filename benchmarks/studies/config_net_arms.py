@@ -7,8 +7,8 @@ width, members, epochs and Lightning settings. Each prints and writes its held-o
 both kernel modes (the gemm head, or the network, scoring every measured config of each test problem: no screen,
 no lead), the same on the val problems (`val_metrics`), and its wall time.
 
-    nice -n 10 python benchmarks/config_net_arms.py --arm a --epochs 60 --members 3 --threads 2 --out a.json
-    nice -n 10 python benchmarks/config_net_arms.py --arm b --epochs 60 --members 3 --threads 2 --out b.json
+    nice -n 10 python -m benchmarks.studies.config_net_arms --arm a --epochs 60 --members 3 --threads 2 --out a.json
+    nice -n 10 python -m benchmarks.studies.config_net_arms --arm b --epochs 60 --members 3 --threads 2 --out b.json
 
 docs/model.md ("The config network") has the figures.
 """
@@ -132,7 +132,7 @@ def new_gemm_head(names: list[str], settings: Any) -> PerfMLP:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = argparse.ArgumentParser(prog="python benchmarks/config_net_arms.py", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.studies.config_net_arms", description=__doc__.split("\n")[0])
     p.add_argument("--arm", required=True, choices=("a", "b"))
     p.add_argument("--data", type=Path, default=Path("data/h100"))
     p.add_argument("--epochs", type=int, default=60)

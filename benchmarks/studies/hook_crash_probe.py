@@ -1,17 +1,14 @@
 """GPU diagnostic: compile one fp16 mm under max-autotune with the Inductor hook installed, on one
 backend, printing the choices the hook keeps (faulthandler on: a native crash prints its stack).
 
-    python -X faulthandler benchmarks/archive/hook_crash_probe.py --backend onnx|torch [--space DEFAULT|EXHAUSTIVE]
+    python -X faulthandler benchmarks/studies/hook_crash_probe.py --backend onnx|torch [--space DEFAULT|EXHAUSTIVE]
 """
 from __future__ import annotations
 
 import argparse
 import faulthandler
 import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
 
 
 def main() -> int:

@@ -10,7 +10,7 @@ Inductor's DEFAULT list, as the hooks rank it) against the better of that config
 The gain is chosen on the val problems: the smallest candidate at which that ratio is a geomean 1.002 or
 less and 1.15 at worst.
 
-    python benchmarks/bmm_sure_gain.py [--model models/h100] [--data data/h100] [--out FILE.json]
+    python -m benchmarks.studies.bmm_sure_gain [--model models/h100] [--data data/h100] [--out FILE.json]
 """
 from __future__ import annotations
 
@@ -22,8 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from benchmarks import REPO
 
 GAINS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5)
 GEOMEAN_MAX, WORST_MAX = 1.002, 1.15

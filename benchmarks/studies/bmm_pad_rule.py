@@ -19,7 +19,7 @@ a compile its benchmark is noisier. Each rule against the faster of padded and u
 the folder's val and test problems of its split by shape and on all of them (the heads were fitted on the
 train problems' Triton times; no padded time was fitted).
 
-    python benchmarks/bmm_pad_rule.py [--model models/h100] [--data data/h100] [--out FILE.json]
+    python -m benchmarks.studies.bmm_pad_rule [--model models/h100] [--data data/h100] [--out FILE.json]
 """
 from __future__ import annotations
 
@@ -31,8 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from benchmarks import REPO
 
 MODES = {"float16": ("float16", False), "bfloat16": ("bfloat16", False), "tf32": ("float32", True),
          "float32": ("float32", False)}

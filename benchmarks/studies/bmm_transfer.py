@@ -12,9 +12,9 @@ The cross-validations fit one member per fold with the shipped settings (`bmm_se
 metadata), without the batch-1 static rows (data/h200 has none, so neither side gets them): what the H200's
 own 600 problems give, against what the same 600 give on the H100.
 
-    python benchmarks/bmm_transfer.py [--model models/h100] [--h100 data/h100] [--h200 data/h200]
+    python -m benchmarks.studies.bmm_transfer [--model models/h100] [--h100 data/h100] [--h200 data/h200]
         [--out benchmarks/results/bmm_transfer_h200.json] [--no-cv]
-    python benchmarks/bmm_transfer.py --judge-h100 --out benchmarks/results/bmm_transfer_h100_joint.json
+    python -m benchmarks.studies.bmm_transfer --judge-h100 --out benchmarks/results/bmm_transfer_h100_joint.json
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ from perfmodel import artifact
 from perfmodel.devices import get_spec
 from perfmodel.train import bmm_head as bh
 
-REPO = Path(__file__).resolve().parent.parent
+from benchmarks import REPO
 
 SHARDS = ("bmm-s0of1-p000.jsonl.gz", "bmm-s0of1-p001.jsonl.gz")  # the problems both devices timed
 KEYS = ["all", *bh.MODES]

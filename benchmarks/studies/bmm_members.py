@@ -9,9 +9,9 @@ field (weight_decay, epochs, hidden=128,128,128, ...) and `dropout` the members'
 head one more input: the folder's config network's inductor-mode log ms of one matrix of the batch with the config
 (on the batch-1 static rows that is the network's fit of its own training rows).
 
-    python benchmarks/bmm_members.py --members 6 --out benchmarks/results/bmm_members6_split_h100.json
-    python benchmarks/bmm_members.py --members 2 --set weight_decay=0.01 --out FILE.json
-    python benchmarks/bmm_members.py --members 2 --stacked --out FILE.json
+    python -m benchmarks.studies.bmm_members --members 6 --out benchmarks/results/bmm_members6_split_h100.json
+    python -m benchmarks.studies.bmm_members --members 2 --set weight_decay=0.01 --out FILE.json
+    python -m benchmarks.studies.bmm_members --members 2 --stacked --out FILE.json
 """
 from __future__ import annotations
 
@@ -25,16 +25,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from benchmarks import REPO
 
-from perfmodel import artifact  # noqa: E402
-from perfmodel.features import FeatureEncoder  # noqa: E402
-from perfmodel.model import MLPConfig, PerfMLP  # noqa: E402
-from perfmodel.train import bmm_head as bh  # noqa: E402
-from perfmodel.train.recipe import load_recipe  # noqa: E402
-from perfmodel.train.refit import model_seed  # noqa: E402
+from perfmodel import artifact
+from perfmodel.features import FeatureEncoder
+from perfmodel.model import MLPConfig, PerfMLP
+from perfmodel.train import bmm_head as bh
+from perfmodel.train.recipe import load_recipe
+from perfmodel.train.refit import model_seed
 
 
 def settings(recipe: Path, overrides: list[str]) -> tuple[bh.BmmHeadSettings, float]:

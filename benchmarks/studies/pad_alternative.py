@@ -4,25 +4,21 @@ The issue's alternative to a dedicated pad head: orig = the shipped cuBLAS head 
 padded = the cuBLAS head on the padded (contiguous) GEMM + the pad copies and the output slice at 70 %
 of the H100's DRAM bandwidth plus a few µs per launch (prepadded operands free). Prints the same
 metrics as `perfmodel eval` on the validation (1) and test (2) pad splits.
-    python benchmarks/archive/pad_alternative.py
+    python -m benchmarks.studies.pad_alternative
 """
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from pathlib import Path  # noqa: E402
-from perfmodel import artifact, GemmProblem, PadProblem  # noqa: E402
-from perfmodel.features import problems_tensor  # noqa: E402
-from perfmodel.locations import default_data_dir, default_model_dir  # noqa: E402
-from perfmodel.train.data import load_pad, split_problems, PadTable  # noqa: E402
-from perfmodel.train import evaluate as ev  # noqa: E402
+import numpy as np
+import torch
+from perfmodel import artifact, GemmProblem, PadProblem
+from perfmodel.features import problems_tensor
+from perfmodel.locations import default_data_dir, default_model_dir
+from perfmodel.train.data import load_pad, split_problems, PadTable
+from perfmodel.train import evaluate as ev
 b = artifact.load(default_model_dir())
 pads = load_pad(default_data_dir())
 ps = split_problems(pads.modes, 0)
 cols = ["m","k","n","dtype","transpose_left","transpose_right","prepadded_left","prepadded_right","allow_tf32"]
-from perfmodel.data_gen.shards import iter_rows  # noqa: E402
+from perfmodel.data_gen.shards import iter_rows
 rows = [r for r in iter_rows(default_data_dir(), 'pad') if r['status']=='ok']
 assert len(rows) == len(pads.orig_ms)
 pp = [PadProblem(**{c: r[c] for c in cols}) for r in rows]

@@ -14,7 +14,7 @@ config and reports, on held-out problems:
     new-device top-1/top-5 per dtype and pad decisions vs the oracle, and its base-device top-1 against
     the base-only model's.
 
-    python benchmarks/transfer.py --base data/h100 --new data/h200 [--shipped models/h100] [--quick]
+    python -m benchmarks.studies.transfer --base data/h100 --new data/h200 [--shipped models/h100] [--quick]
 Writes benchmarks/results/transfer_<new device>.json and .md (--out). The training config is small
 enough for a 2-core CPU (see CONFIGS; --epochs/--hidden override); --quick trains for a few batches
 (for tests and smoke runs; its numbers mean little). No GPU is used.
@@ -28,10 +28,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/_shared/runner.py
-
-REPO = Path(__file__).resolve().parent.parent
+from benchmarks import REPO
 
 # The training configs: small heads, no screen (ranking is the gemm head on every config), one member
 # each, no baselines. "full" is sized for a 2-core CPU (docs/transfer.md gives its measured fit time);
@@ -182,7 +179,7 @@ def markdown(res: dict[str, Any], command: str) -> str:
              + (f"the mean over {len(res['seeds'])} seeds ({', '.join(map(str, res['seeds']))}), each its own split and "
                 "training" if "seeds" in res else f"one split (seed {res['seed']})")
              + ": a shape measured on both devices is held out on both. Every model below but the shipped one trains with the same config "
-             f"(`{'quick' if res['quick'] else 'full'}` of benchmarks/transfer.py: gemm {res['config']['hidden']}, "
+             f"(`{'quick' if res['quick'] else 'full'}` of benchmarks/studies/transfer.py: gemm {res['config']['hidden']}, "
              f"epochs {res['config']['epochs']}).", "",
              f"## {n} held-out problems", "", f"| model | trained on | {head[2:]}", "|---|---|" + "---:|" * 7]
     only = res["models"]["base_only"]
@@ -236,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else [args.seed]
     runs = [run(args.base, args.new, fractions, args.quick, sd, args.shipped, overrides) for sd in seeds]
     res = runs[0] if len(runs) == 1 else average(runs)
-    command = "python benchmarks/transfer.py " + " ".join(
+    command = "python -m benchmarks.studies.transfer " + " ".join(
         [f"--base {res['base']['folder']}", f"--new {res['new']['folder']}"]
         + ([f"--shipped {res['models']['shipped']['folder']}"] if "shipped" in res["models"] else [])
         + ([f"--fractions {args.fractions}"] if args.fractions != "0,0.1,0.3,1" else [])
@@ -244,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         + ([f"--seeds {args.seeds}"] if args.seeds else [f"--seed {args.seed}"] if args.seed else [])
         + ([f"--epochs {args.epochs}"] if args.epochs is not None else []) + ([f"--hidden {args.hidden}"] if args.hidden else []))
     res["command"] = command
-    from _shared.runner import save_results
+    from benchmarks._shared.runner import save_results
 
     out = args.out or REPO / "benchmarks" / "results" / f"transfer_{res['new']['device']}.json"
     save_results(out, res, markdown(res, command))

@@ -19,19 +19,16 @@ statistics are benchmarks/results/fidelity/gemm_stats_part2.json, _part3.json an
 measured timing_s (the timing loop's wall time: 123, 483, 188 s) against this script's old-protocol
 estimate for the same parts (118, 449, 152 s): the estimate leaves out 4-19 % (host work, stalls).
 
-    python benchmarks/archive/sweep_gpu_budget.py [--data data/h100] [--flush-ms 0.033] > benchmarks/results/sweep_gpu_budget.txt
+    python -m benchmarks.studies.sweep_gpu_budget [--data data/h100] [--flush-ms 0.033] > benchmarks/results/sweep_gpu_budget.txt
 """
 from __future__ import annotations
 
 import argparse
-import sys
 from dataclasses import replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from perfmodel.data_gen.measure import TimingSettings, slow_single_runs  # noqa: E402
-from perfmodel.data_gen.shards import part_files, read_dataset, read_part  # noqa: E402
+from perfmodel.data_gen.measure import TimingSettings, slow_single_runs
+from perfmodel.data_gen.shards import part_files, read_dataset, read_part
 
 
 def old_cost(ms: float, reps: int, overhead: float) -> float:

@@ -1,7 +1,7 @@
 """aten::bmm's time from a bmm_aten head against the time the bmm call head implies (CPU): mean, median and
 90th percentile |log error| per split of a model folder's bmm problems.
 
-    python benchmarks/bmm_aten_implied.py --model FOLDER [--data data/h100]
+    python -m benchmarks.studies.bmm_aten_implied --model FOLDER [--data data/h100]
 
 FOLDER must have a bmm_aten head (a folder fitted with `perfmodel bmm-head --aten-head`; models/h100 had one
 up to commit 3e673ec: `mkdir old && git archive 3e673ec models/h100 | tar -x -C old`). The implied time is the
