@@ -24,7 +24,7 @@ Convolutions keep default mode's lowering whole: under `max_autotune_gemm` Induc
 channels-last 1x1 convolution as an mm (kernel/conv.py, convert_1x1_conv_to_mm); the set-up lowers it as a
 convolution, as default mode does, unless Policy(conv_1x1_as_mm=True). With pad=True the pad_mm pass's
 padding benchmark is the model's pad decision too. A grouped GEMM (MoE experts, torch._grouped_mm) keeps the
-model's top 3 of Inductor's triton_grouped_mm configs beside aten where the model has a grouped head, else
+model's top 2 of Inductor's triton_grouped_mm configs beside aten where the model has a grouped head, else
 aten's _grouped_mm alone (serve/grouped.py). Every other templated op (convolution, mm_plus_mm, ...;
 bmm and baddbmm with a model without bmm heads) keeps aten's choice alone, as default mode has it.
 
