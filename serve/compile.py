@@ -23,7 +23,9 @@ bmm/baddbmm where the model has bmm heads (Inductor's bmm template against aten:
 Convolutions keep default mode's lowering whole: under `max_autotune_gemm` Inductor would lower a
 channels-last 1x1 convolution as an mm (kernel/conv.py, convert_1x1_conv_to_mm); the set-up lowers it as a
 convolution, as default mode does, unless Policy(conv_1x1_as_mm=True). With pad=True the pad_mm pass's
-padding benchmark is the model's pad decision too. Every other templated op (convolution, mm_plus_mm, ...;
+padding benchmark is the model's pad decision too. A grouped GEMM (MoE experts, torch._grouped_mm) keeps the
+model's top 2 of Inductor's triton_grouped_mm configs beside aten where the model has a grouped head, else
+aten's _grouped_mm alone (serve/grouped.py). Every other templated op (convolution, mm_plus_mm, ...;
 bmm and baddbmm with a model without bmm heads) keeps aten's choice alone, as default mode has it.
 
 Private Inductor APIs move between releases: the handler checks them (serve.inductor.check_torch_api) and a
@@ -41,7 +43,7 @@ from typing import Any, Iterator, Sequence
 from perfmodel.configs import inductor_default_configs
 from perfmodel.schema import GemmConfig, GemmProblem
 
-from . import bmm
+from . import bmm, grouped
 from .decisions import BMM_SURE_GAIN, bmm_sure, check_bmm_sure_gain, triton_expected_gain
 from .predictor import Predictor, _check_top_k
 from .triton_hook import kwargs_to_gemm, rank_positions
@@ -348,7 +350,8 @@ def _installed(predictor: Predictor, policy: Policy, pad: bool) -> Iterator[None
     if pad:
         pad_mm._should_pad = inductor._pad_hook(predictor, pad_prior)
     try:
-        with contextlib.nullcontext() if policy.conv_1x1_as_mm else _default_conv_lowering():
+        with contextlib.nullcontext() if policy.conv_1x1_as_mm else _default_conv_lowering(), \
+                grouped.installed(predictor):
             yield
     finally:
         V.set_choices_handler(prior)
@@ -434,6 +437,7 @@ def reset() -> None:
         _state.decisions.clear()
         _state.other_ops.clear()
         _state.errors.clear()
+    grouped.reset()
 
 
 def summary() -> str:
@@ -452,6 +456,10 @@ def summary() -> str:
             + (" (sure: not benchmarked)" if d.sure else "") if d.triton else "aten"
         batch = f"{p['batch']}x" if p.get("batch", 1) > 1 else ""
         lines.append(f"  {d.op} {batch}{p['m']}x{p['k']}x{p['n']} {p['dtype']} {lay}: {times} -> {what}")
+    for g in grouped.decisions():
+        what = (f"Triton {', '.join('x'.join(map(str, c[:3])) + f' s{c[3]} w{c[4]}' for c in g.kept)} + aten "
+                f"(of {g.offered} configs)" if g.kept else f"aten _grouped_mm alone (of {g.offered} configs)")
+        lines.append(f"  grouped_mm {g.g} experts, {g.m} rows x{g.k}x{g.n} {g.dtype}: {what}")
     if other:
         lines.append("  aten alone (not ranked): " + ", ".join(f"{k} x{v}" for k, v in sorted(other.items())))
     if errors:

@@ -48,7 +48,7 @@ from perfmodel.schema import GemmConfig, GemmProblem, PadProblem, is_column_majo
 from .decisions import (BMM_SURE_GAIN, CUBLAS_MARGIN, PAD_TRITON_MARGIN, bmm_sure,  # noqa: F401
                         check_bmm_sure_gain, hook_pad_decision, pad_copy_floor_ms, padded_path_ms,
                         triton_dropped, unpadded_triton_instead)
-from . import bmm
+from . import bmm, grouped
 from .predictor import Predictor, _check_top_k
 from .triton_hook import kwargs_to_gemm, rank_positions
 
@@ -461,6 +461,10 @@ def install(top_k: int = 5, predictor: Predictor | None = None, *, model: Any = 
                 _warn_once("custom", f"replacing a custom Inductor choices handler ({type(prior).__name__})")
         V.set_choices_handler(handler)
         _installed.update(handler=handler, prior=prior)
+        if "grouped" in _installed:  # re-install: the grouped GEMMs' wrap of the earlier predictor goes first
+            _installed.pop("grouped").__exit__(None, None, None)
+        _installed["grouped"] = grouped.installed(predictor, top_k=top_k)  # MoE grouped GEMMs (serve/grouped.py)
+        _installed["grouped"].__enter__()
     return True
 
 
@@ -472,6 +476,8 @@ def uninstall() -> bool:
         from torch._inductor.virtualized import V
 
         V.set_choices_handler(_installed["prior"])
+        if "grouped" in _installed:
+            _installed["grouped"].__exit__(None, None, None)
         if "pad_original" in _installed:
             from torch._inductor.fx_passes import pad_mm
 

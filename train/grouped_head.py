@@ -168,3 +168,55 @@ def cross_validate(table: BmmTable, spec: Any, version: int, s: GroupedSettings,
         per[fam] = figures(table, pred, out)
         log(f"grouped-head: {fam} held out: {per[fam]}")
     return {"pooled": figures(table, pred, np.ones(len(table.problems), dtype=bool)), "families": per}
+
+
+def data_record(folder: Path) -> dict[str, Any]:
+    """The folder as given and the sha256 of its grouped shard files (in name order), for the build record."""
+    import hashlib
+
+    from perfmodel.data_gen.shards import part_files
+
+    h = hashlib.sha256()
+    files = sorted(part_files(Path(folder), KIND), key=lambda p: p.name)
+    for f in files:
+        h.update(f.name.encode())
+        h.update(f.read_bytes())
+    return {"path": Path(folder).as_posix(), "files": [f.name for f in files], "sha256": h.hexdigest()}
+
+
+def grouped_step(bundle: Any, folder: Path, s: GroupedSettings, log: Any = print) -> dict[str, Any] | None:
+    """Fit the grouped head on folder's grouped rows (timed on one device of the model, encoded with its spec) and
+    that device's bmm rows, with the figures held out by family, and add it to bundle (metadata grouped_metrics,
+    grouped_settings); None, after a message, where the folder has no grouped rows (the bundle unchanged)."""
+    from dataclasses import asdict
+
+    from perfmodel.data_gen.shards import part_files, read_dataset
+    from perfmodel.features import FeatureEncoder
+
+    from .bmm_head import has_bmm_rows, load_bmm_checked
+
+    if not part_files(Path(folder), KIND):
+        log(f"grouped-head: skipped: {folder} has no grouped rows (perfmodel gen grouped)")
+        return None
+    rows, headers = read_dataset(Path(folder), KIND)
+    timed = {h.get("device_spec") for h in headers}
+    if len(timed) != 1 or not timed <= set(bundle.devices):
+        raise ValueError(f"data: the grouped shards of {folder} were timed on {sorted(map(str, timed))}; the model "
+                         f"serves {', '.join(bundle.devices)} (one device's shards, of those)")
+    device = timed.pop()
+    spec = bundle.device_specs[device]
+    table = table_from_rows(rows)
+    version = int(bundle.metadata.get("encoder_version", 3))
+    bmm = load_bmm_checked(Path(folder), device) if has_bmm_rows(Path(folder)) else None
+    cv = cross_validate(table, spec, version, s, bmm, log)
+    log(f"grouped-head: held out by family, pooled: {cv['pooled']}")
+    bundle.heads[GROUPED] = fit(table, np.ones(len(table.problems), dtype=bool), spec, version, s, bmm)
+    bundle.encoders[GROUPED] = FeatureEncoder(bundle.spec, "bmm", version)
+    metrics = {"device": device, "heldout_by_family": cv, "problems": int(len(table.problems)),
+               "rows": int(len(table.ms)),
+               "families": sorted(set(map(str, table.families))), "data": data_record(Path(folder))}
+    bundle.metadata = {**bundle.metadata, "grouped_metrics": metrics, "grouped_settings": asdict(s)}
+    return metrics
+
+
+GROUPED = "grouped"
