@@ -271,3 +271,38 @@ def test_the_shipped_folders_are_their_recipes_builds(name, data):
     assert meta["screen_head"] == "student" and "screen" not in meta["heads"]
     assert set(meta["heads"]) - {"bmm", "bmm_call"} == {"gemm", "student", "problem", "pad"}, sorted(meta["heads"])
     assert ("kernel_mode_input" in meta) == (name == "h100")
+
+
+@pytest.mark.slow
+def test_build_only_grouped_fits_the_registered_grouped_head(tmp_path, monkeypatch):
+    """The grouped head is one registered spec (perfmodel/heads/grouped.py) and one build step: `build --only
+    grouped` refits it into a copy of models/h200 with the recipe's [grouped] section, every other head's weights
+    bit for bit, and the folder serves."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    from perfmodel import Predictor
+    from perfmodel.cli import main
+
+    folder = shutil.copytree(REPO / "models" / "h200", tmp_path / "m")
+    recipe = tmp_path / "r.toml"
+    recipe.write_text((REPO / "recipes" / "h200.toml").read_text()
+                      + "\n[grouped]\nhidden = [8]\nmembers = 1\nepochs = 1\nbmm_share = 0.0\n")
+    monkeypatch.chdir(REPO)
+    before = load_file(str(folder / "model.safetensors"))
+    assert main(["build", "--recipe", str(recipe), "--out", str(folder), "--only", "grouped"]) == 0
+    meta = json.loads((folder / "metadata.json").read_text())
+    assert meta["heads"]["grouped"]["mlp"]["hidden"] == [8] and meta["grouped_settings"]["epochs"] == 1
+    assert meta["build"]["steps"][-1]["step"] == "grouped-head" and meta["build"]["steps"][-1]["refit"] is True
+    after = load_file(str(folder / "model.safetensors"))
+    kept = [k for k in before if not k.startswith("grouped.")]
+    assert kept and all(torch_equal(before[k], after[k]) for k in kept)
+    assert "- grouped head (" in (folder / "MODEL_CARD.md").read_text()
+    assert "grouped" in Predictor.load(folder, backend="torch").bundle.heads
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return torch.equal(a, b)

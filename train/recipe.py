@@ -19,16 +19,20 @@ The steps, in the order the heads depend on each other:
    bmm      -- the bmm heads (Inductor's bmm template and aten::bmm), on every data folder's bmm rows (each
                encoded for its device; the first folder's split by shape holds a shape out on every device);
                skipped, with a message, where the first folder has none;
+   grouped  -- the grouped-GEMM head (train/grouped_head.py), on the first data folder with grouped rows;
 6. evaluate -- the held-out evaluation with every head in place (the cuBLAS figures use the call head);
 7. write    -- weights, metadata with the build record, the ONNX export, the model card; atomically: a
                failed build leaves the previous folder in place.
 
-The recipe's sections: [build] (data, out, seed, threads, slice_problems, mlflow), [train] (TrainSettings,
-the flags of `perfmodel train`), [student] (DistillSettings), [static] (StaticHeadSettings), [call]
-(CallHeadSettings), [problem] (ProblemHeadSettings; not with [call]), [bmm] (BmmHeadSettings); a head
-section left out is a head the model does not have. Paths are relative to the
-working directory. The metadata's `build` record keeps the recipe's text, the command, the code commit,
-the data hashes, the threads, the seed and each step with its settings and wall time (train/folder.py).
+Steps 3 to 5 are one table (HEAD_STEPS) run in one loop. `perfmodel build --recipe R --only HEAD` runs one
+registered head's step (perfmodel/heads/: HeadSpec.step; ONLY_STEPS) on the built folder (run_only).
+
+The recipe's sections: [build] (data, out, seed, threads, slice_problems, mlflow), [train] (TrainSettings),
+[student] (DistillSettings), [static] (StaticHeadSettings), [call] (CallHeadSettings), [problem]
+(ProblemHeadSettings; not with [call]), [bmm] (BmmHeadSettings), [grouped] (GroupedSettings); a head
+section left out is a head the model does not have ([static] and [call]: the older layout's heads). Paths are
+relative to the working directory. The metadata's `build` record keeps the recipe's text, the command, the code
+commit, the data hashes, the threads, the seed and each step with its settings and wall time (train/folder.py).
 """
 from __future__ import annotations
 
@@ -50,6 +54,7 @@ from .bmm_head import BmmHeadSettings
 from .call_head import CallHeadSettings
 from .data import slice_dataset
 from .distill import DistillSettings
+from .grouped_head import GroupedSettings
 from .folder import SHARD_KINDS, data_sha256, setting_value, settings_record, step_record, write_model_folder
 from .pipeline import (TrainData, TrainSettings, effective_lead_keep, evaluate_devices, fit_baselines, fit_heads,
                        load_data, model_metadata)
@@ -59,7 +64,7 @@ from .static_head import StaticHeadSettings
 
 # Recipe section -> its settings dataclass; the fields [build] sets for every step are not theirs to set.
 SECTIONS = {"train": TrainSettings, "student": DistillSettings, "static": StaticHeadSettings, "call": CallHeadSettings,
-            "problem": ProblemHeadSettings, "bmm": BmmHeadSettings}
+            "problem": ProblemHeadSettings, "bmm": BmmHeadSettings, "grouped": GroupedSettings}
 BUILD_KEYS = {"data": list, "out": str, "seed": int, "threads": int, "slice_problems": int, "mlflow": bool}
 _SET_BY_BUILD = {"data", "out", "model", "seed", "threads", "command"}
 
@@ -81,6 +86,7 @@ class Recipe:
     call: CallHeadSettings | None = None
     problem: ProblemHeadSettings | None = None
     bmm: BmmHeadSettings | None = None
+    grouped: GroupedSettings | None = None
 
 
 def _tomllib():
@@ -197,7 +203,7 @@ def run_build(path: Path, out: Path | None = None, log: Any = print) -> dict[str
 # recipe's section for it: the step's fit on the folder's split, the folder rewritten atomically (train/refit.py).
 # The train step is not among them: the heads fitted from the gemm head (the student, the problem network's calls)
 # would no longer match it -- a new gemm or pad head is a new build.
-ONLY_STEPS = ("student", "problem", "bmm")
+ONLY_STEPS = ("student", "problem", "bmm", "grouped")
 
 
 def run_only(path: Path, heads: tuple[str, ...], out: Path | None = None, command: str = "",
@@ -226,14 +232,19 @@ def run_only(path: Path, heads: tuple[str, ...], out: Path | None = None, comman
                                 "(build it first: perfmodel build --recipe)")
     if recipe.threads > 0:
         torch.set_num_threads(recipe.threads)
-    fits = {"student": refit.refit_student, "problem": refit.refit_problem, "bmm": refit.refit_bmm}
+    def with_folder(fit: Any) -> Any:  # a step's refit of settings that name the folder and its data
+        return lambda s, folders: fit(replace(s, model=folder, data=folders[0] if len(folders) == 1 else folders),
+                                      log=log, command=command)
+
+    fits = {"student": with_folder(refit.refit_student), "problem": with_folder(refit.refit_problem),
+            "bmm": with_folder(refit.refit_bmm),
+            "grouped": lambda s, folders: refit.refit_grouped(s, folder, folders, log=log, command=command)}
     command = command or f"{build_command(recipe)} --only {' --only '.join(heads)}"
     res = {}
     with tempfile.TemporaryDirectory(prefix="perfmodel-build-") as tmp:
         folders, _, _ = _prepare_data(recipe, Path(tmp))
         for step in steps:
-            s = replace(getattr(recipe, step), model=folder, data=folders[0] if len(folders) == 1 else folders)
-            res[step] = fits[step](s, log=log, command=command)
+            res[step] = fits[step](getattr(recipe, step), folders)
     return {"out": str(folder), "steps": res}
 
 
@@ -291,6 +302,17 @@ def _bmm(recipe: Recipe, train: TrainSettings, bundle: Any, d: TrainData, s: Any
     bmm_step(bundle, [ds.folder for ds in d.datasets], s, log)  # every device's folder (a slice may hold no bmm rows)
 
 
+def _grouped(recipe: Recipe, train: TrainSettings, bundle: Any, d: TrainData, s: Any, log: Any) -> None:
+    from .grouped_head import grouped_step
+    from .refit import grouped_folder
+
+    folder = grouped_folder([ds.folder for ds in d.datasets])
+    if folder is None:
+        log("grouped-head: skipped: no data folder has grouped rows (perfmodel gen grouped)")
+        return
+    grouped_step(bundle, folder, s, log)
+
+
 def _wants_section(name: str) -> Any:
     """A step the recipe wants where it has the section `name`: its settings (None: no such step)."""
     return lambda recipe, bundle: getattr(recipe, name)
@@ -304,7 +326,8 @@ def _wants_section(name: str) -> Any:
 HEAD_STEPS = (("distill", _wants_section("student"), _student),
               ("inductor-figures", lambda recipe, bundle: () if bundle.config_net is not None else None, _inductor_figures),
               ("static-head", _wants_section("static"), _static), ("call-head", _wants_section("call"), _call),
-              ("problem-head", _wants_section("problem"), _problem), ("bmm-head", _wants_section("bmm"), _bmm))
+              ("problem-head", _wants_section("problem"), _problem), ("bmm-head", _wants_section("bmm"), _bmm),
+              ("grouped-head", _wants_section("grouped"), _grouped))
 
 
 def _build(recipe: Recipe, train: TrainSettings, record: dict[str, Any], logger: Any, run_id: str | None,
