@@ -18,15 +18,20 @@ bmm/baddbmm where the model has bmm heads (Inductor's bmm template against aten:
   then benchmarks those few) -- or alone (no benchmark at all);
 - otherwise: aten's own choice alone, as default mode lowers it (no benchmark);
 - a bmm/baddbmm whose aten time (as the model's call implies it) is predicted at least `bmm_sure_gain`
-  slower than the best ranked config: that config alone, no aten choice (no benchmark).
+  slower than the best ranked config: that config alone, no aten choice (no benchmark);
+- a GEMM of symbolic size (compile(model, dynamic=True, sizes=[...])): the same rule at every size of the range
+  the compile serves -- the given sizes within it, else powers of two across it -- for one kernel that serves
+  them all (perfmodel.serve.gemm_decisions); summary() says which range each decision covers.
 
-Convolutions keep default mode's lowering whole: under `max_autotune_gemm` Inductor would lower a
-channels-last 1x1 convolution as an mm (kernel/conv.py, convert_1x1_conv_to_mm); the set-up lowers it as a
-convolution, as default mode does, unless Policy(conv_1x1_as_mm=True). With pad=True the pad_mm pass's
-padding benchmark is the model's pad decision too. Every other templated op (convolution, mm_plus_mm, ...;
-bmm and baddbmm with a model without bmm heads) keeps aten's choice alone, as default mode has it.
+The handler is perfmodel.serve.choices' (the max-autotune hook's too: one handler, one rule; the set-up's
+Policy preset is choices.SETUP). Convolutions keep default mode's lowering whole: under `max_autotune_gemm`
+Inductor would lower a channels-last 1x1 convolution as an mm (kernel/conv.py, convert_1x1_conv_to_mm); the
+set-up lowers it as a convolution, as default mode does, unless Policy(conv_1x1_as_mm=True). With pad=True the
+pad_mm pass's padding benchmark is the model's pad decision too (perfmodel.serve.pad_hook). Every other templated
+op (convolution, mm_plus_mm, ...; bmm and baddbmm with a model without bmm heads) keeps aten's choice alone, as
+default mode has it.
 
-Private Inductor APIs move between releases: the handler checks them (serve.inductor.check_torch_api) and a
+Private Inductor APIs move between releases: the handler checks them (serve.choices.check_torch_api) and a
 failure inside it falls back to Inductor's choices with one warning.
 """
 from __future__ import annotations

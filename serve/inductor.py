@@ -5,28 +5,23 @@
     torch.compile(f, mode="max-autotune-no-cudagraphs")(a, b)
     inductor.uninstall()
 
-It installs, through torch._inductor.virtualized.V.set_choices_handler, a subclass of
-torch._inductor.choices.InductorChoices whose _finalize_template_configs -- called with every
-template's KernelTemplateChoice generator before any is turned into a (costly) ChoiceCaller -- keeps,
-for mm/addmm, only the top_k choices of the canonical Triton mm template ("triton::mm") by predicted
-time, and for bmm/baddbmm the top_k of Inductor's Triton bmm template ("triton::bmm"; its configs are the
-mm heuristics' and map to the same GemmConfig) by the model's bmm head (a model without one leaves them
-to Inductor). aten (cuBLAS), decompose-k, TMA/persistent and other templates pass through unchanged --
-but for aten::addmm where aten::bias_addmm is offered too (prefer_bias_addmm), and for a bmm/baddbmm the
-model is sure of (the aten::bmm time its call implies at least bmm_sure_gain slower than its best
-config's), whose best config is kept alone, without aten: one choice, no benchmark.
+The hook is the whole-model set-up's choices handler (perfmodel.serve.choices: one handler, one rule) under
+max-autotune's policy (choices.MAX_AUTOTUNE, or hook_policy(...) of install()'s arguments), installed through
+torch._inductor.virtualized.V.set_choices_handler in this thread. Per mm/addmm it keeps the top_k choices of the
+Triton mm template ("triton::mm") by predicted time, per bmm/baddbmm the top bmm_top_k of Inductor's Triton bmm
+template ("triton::bmm", by the model's bmm heads; a model without them leaves bmm to Inductor) -- none where
+cuBLAS (aten::bmm) is predicted faster than the best of them by cublas_margin, and a bmm's best config alone
+(no aten, no benchmark) where the model is sure of it. Every other choice (aten, decompose-k, TMA/persistent and
+other templates, other ops) is max-autotune's, but for aten::addmm where aten::bias_addmm is offered too
+(prefer_bias_addmm). For a dynamic compile, a GEMM of symbolic size is decided over the range it serves
+(install(sizes=...); perfmodel.serve.gemm_decisions).
 
 Private APIs move between torch releases: install() checks what it relies on and, when something is
-missing, warns once and leaves Inductor's default behaviour (returns False). A failure inside the hook
+missing, warns once and leaves Inductor's default behaviour (returns False). A failure inside the handler
 at compile time also falls back to the unfiltered choices, with one warning.
 
-With pad=True, install() also replaces the benchmark inside Inductor's pad_mm pass
-(torch._inductor.fx_passes.pad_mm._should_pad, which times orig vs padded GEMMs in eager mode while
-compiling) by the model's pad decision (Predictor.pad) for 2-D mm of fp16/bf16/fp32 with static
-shapes, and, where the compile autotunes the Triton bmm template and the model has bmm heads, leaves a bmm
-unpadded where the model keeps Triton for it (serve.bmm.leave_unpadded); everything else (addmm, the other
-bmm, dynamic shapes, force_shape_pad) keeps Inductor's own logic.
-That patch is process-wide (a module attribute), not per thread.
+With pad=True, install() also replaces the benchmark inside Inductor's pad_mm pass by the model's pad
+decision (perfmodel.serve.pad_hook): process-wide (a module attribute), not per thread.
 
 The choices handler is thread-local in Inductor: install in the thread that calls torch.compile.
 A graph already in the FX graph cache is not recompiled, so the hook only affects fresh compiles.
