@@ -104,7 +104,8 @@ def decide_range(predictor: "Predictor", problems: Sequence[GemmProblem], config
     """(keep Triton, the kept (position in configs, predicted ms at problems[0]), aten's ms at problems[0], a bmm's
     config kept alone) for ONE kernel serving every problem (problems[0]: the size hint's). A config is kept only
     where the rule keeps it at every problem; the kept ones by their geometric-mean time relative to aten (ties in
-    the given order), the policy's top k of them. Alone (a bmm) only where the model is sure at every problem."""
+    the given order), the policy's top k of them (none kept: the top k of the runnable ones, for the record).
+    Alone (a bmm) only where the model is sure at every problem."""
     if policy.range_kernel is not None:
         predictor = predictor.with_kernel(policy.range_kernel)
     uniq = list(dict.fromkeys(configs))
@@ -120,13 +121,16 @@ def decide_range(predictor: "Predictor", problems: Sequence[GemmProblem], config
         ok = finite & (not batched and triton_expected_gain(None, 1.0, gain))
     else:
         ok = finite & (not math.isinf(gain)) & (times * (1.0 + gain) <= aten[:, None]).all(axis=0)
-    rel = np.log(times / (aten[:, None] if aten is not None else 1.0)).mean(axis=0) if finite.any() else times[0]
-    order = [c for c in np.argsort(np.where(ok, rel, np.inf), kind="stable") if ok[c]][: policy.k_for(problems[0])]
+    with np.errstate(invalid="ignore"):
+        rel = np.log(times / (aten[:, None] if aten is not None else 1.0)).mean(axis=0)
+    keep = bool(ok.any())
+    pool = ok if keep else finite  # not kept: the configs the summary shows (the best over the range)
+    order = [c for c in np.argsort(np.where(pool, rel, np.inf), kind="stable") if pool[c]][: policy.k_for(problems[0])]
     where = {c: i for i, c in reversed(list(enumerate(configs)))}
     kept_list = [(where[uniq[c]], float(times[0, c])) for c in order]
-    alone = bool(order) and batched and aten is not None and policy.bmm_sure_gain is not None and all(
+    alone = keep and batched and aten is not None and policy.bmm_sure_gain is not None and all(
         bmm_sure(float(a), float(t), policy.bmm_sure_gain) for a, t in zip(aten, times[:, order[0]]))
-    return bool(order), kept_list[:1] if alone else kept_list, None if aten is None else float(aten[0]), alone
+    return keep, kept_list[:1] if alone else kept_list, None if aten is None else float(aten[0]), alone
 
 
 def _per_hint(predictor: "Predictor", prob: GemmProblem, sym: SymbolicProblem | None, cfgs: list[GemmConfig],

@@ -185,6 +185,37 @@ def test_multi_kernel_hints_decide_each_hint_at_its_size():
     pc.reset()
 
 
+@pytest.mark.slow
+def test_a_dynamic_compile_on_the_cpu_reaches_the_range_decision(tmp_path, monkeypatch):
+    """Real Inductor lowering on the CPU (aten only: no Triton template there): the handler sees the symbolic M of a
+    dynamic compile and the range of its symbol from the real shape environment -- Dynamo's [2, inf) with
+    dynamic=True, the bounds of torch._dynamo.mark_dynamic -- and the outputs equal eager's."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    torch._dynamo.reset()
+    model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.ReLU(), torch.nn.Linear(96, 32)).eval()
+    pc.reset()
+    compiled = pc.compile(model, dynamic=True, sizes=[1, 8, 32, 64, 256])
+    with torch.no_grad():
+        for batch in (8, 33, 64):
+            x = torch.randn(batch, 64)
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+    ds = pc.decisions()
+    assert {(d.problem["m"], d.problem["k"], d.problem["n"]) for d in ds} == {(8, 64, 96), (8, 96, 32)}
+    assert all(d.covers.endswith("in [2, inf): the given sizes " + d.covers.split("sizes ")[1]) for d in ds)
+    assert all(d.covers.split("= ")[1] == "8, 32, 64, 256" and not d.triton for d in ds), pc.summary()
+    torch._dynamo.reset()
+    pc.reset()
+    other = torch.nn.Linear(64, 80).eval()
+    x = torch.randn(16, 64)
+    torch._dynamo.mark_dynamic(x, 0, min=2, max=100)
+    with torch.no_grad():
+        torch.testing.assert_close(pc.compile(other)(x), other(x), rtol=1e-4, atol=1e-5)
+    (d,) = pc.decisions()
+    assert d.problem["m"] == 16 and "in [2, 100]: " in d.covers and d.covers.endswith("= 2, 4, ..., 100 (7 sizes)")
+    torch._dynamo.reset()
+    pc.reset()
+
+
 @pytest.mark.gpu
 def test_a_dynamic_batch_mlp_is_decided_over_its_range_on_the_gpu():
     """compile(model, dynamic=True, sizes=...) on a small MLP: every GEMM of symbolic M is decided over the sizes
