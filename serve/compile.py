@@ -177,9 +177,10 @@ def compile(model: Any, *, predictor: Predictor | None = None, policy: Policy | 
     """torch.compile(model) with the set-up: OPTIONS (plus `options`), and the choices handler, the
     convolution lowering and the pad decision installed around every graph compile (forward and backward,
     the first call's and any recompile's). sizes: for a dynamic compile (dynamic=True, or sizes Dynamo made
-    dynamic), the sizes the dynamic dimension takes -- batch sizes, token counts: positive ints --; the GEMMs
-    of symbolic size are decided over those within each symbol's range (None: powers of two across the range;
-    summary() says which)."""
+    dynamic), the sizes the dynamic dimension takes -- positive ints: a linear layer's M, the tokens a step
+    (batch x sequence); where several of a GEMM's dimensions are symbolic, the values of each symbol --; the
+    GEMMs of symbolic size are decided over those within the range (None: powers of two across it; summary()
+    says which)."""
     import torch
 
     if "mode" in compile_kwargs or "backend" in compile_kwargs:

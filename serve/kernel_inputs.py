@@ -29,6 +29,7 @@ _DEFAULT_GROUP_M = 8  # Inductor's and the tutorial's default when a config leav
 RANGE_CAP = 4096
 # At most this many problems per range decision (the product over several symbols is thinned to it).
 MAX_BUCKETS = 64
+_DIM_NAMES = {"m": "M", "n": "N", "k": "K", "batch": "batch"}
 # Dynamo's default range of a dynamic size (0 and 1 are specialised): what a symbol gets when its range cannot be read
 DEFAULT_RANGE = (2, None)
 
@@ -118,6 +119,7 @@ class SymbolicProblem:
     symbols: tuple[Any, ...]
     hints: dict[Any, int]
     ranges: dict[Any, tuple[int, int | None]]
+    dim_range: tuple[int, int | None] | None = None   # one symbolic dimension: its own range (bound_sympy)
 
     def at(self, values: dict[Any, int]) -> GemmProblem | None:
         """The problem with each symbol at its value (values: symbol -> int); None where a dimension leaves the
@@ -142,7 +144,11 @@ class SymbolicProblem:
         return prob if (prob.batch > 1) == (self.hint.batch > 1) else None
 
     def describe(self) -> str:
-        """The symbols and their ranges, as summary() shows them: "s0 in [2, inf)"."""
+        """The symbolic dimension and its range ("M = s0 in [2, inf)", "M = 512*s0 in [1024, inf)") where one is
+        symbolic, else the symbols and theirs ("s0 in [2, inf), s1 in [2, inf)"), as summary() shows them."""
+        if self.dim_range is not None:
+            (name, expr), (lo, hi) = next(iter(self.dims.items())), self.dim_range
+            return f"{_DIM_NAMES[name]} = {expr} in [{lo}, {'inf)' if hi is None else f'{hi}]'}"
         parts = []
         for s in self.symbols:
             lo, hi = self.ranges[s]
@@ -167,7 +173,8 @@ def symbolic_problem(kernel_inputs: Any, hint: GemmProblem) -> SymbolicProblem |
         return None
     symbols = tuple(sorted({s for e in dims.values() for s in e.free_symbols}, key=str))
     return SymbolicProblem(hint=hint, dims=dims, symbols=symbols, hints={s: symbol_hint(s) for s in symbols},
-                           ranges={s: symbol_range(s) for s in symbols})
+                           ranges={s: symbol_range(s) for s in symbols},
+                           dim_range=symbol_range(next(iter(dims.values()))) if len(dims) == 1 else None)
 
 
 def _sizevars() -> Any:
@@ -184,8 +191,9 @@ def symbol_hint(symbol: Any) -> int:
 
 
 def symbol_range(symbol: Any) -> tuple[int, int | None]:
-    """(lo, hi) of a symbol's value range in the compile's shape environment (hi None: unbounded), from
-    shape_env.bound_sympy; Dynamo's default [2, inf) with one warning where this torch does not say."""
+    """(lo, hi) of a symbol's (or a size expression's) value range in the compile's shape environment (hi None:
+    unbounded), from shape_env.bound_sympy; Dynamo's default [2, inf) with one warning where this torch does not
+    say."""
     try:
         vr = _sizevars().shape_env.bound_sympy(symbol)
         lo, hi = vr.lower, vr.upper
@@ -219,9 +227,21 @@ def _thin(values: list[int], keep: set[int]) -> list[int]:
 
 
 def range_problems(sym: SymbolicProblem, sizes: Sequence[int] | None) -> tuple[list[GemmProblem], str]:
-    """The problems a range decision scores (the hint's first, then each assignment of the symbols' bucket values;
-    at most MAX_BUCKETS), and what they cover, as summary() says it: "s0 in [2, inf): 2, 4, ..., 4096 (12 sizes)"
-    or "s0 in [2, inf): the given sizes 8, 32, 64"."""
+    """The problems a range decision scores (the hint's first), and what they cover, as summary() says it. Where one
+    dimension is symbolic (a linear layer's M: the tokens a step, whatever symbols make it), each of its bucket
+    values -- the sizes within its range, else powers of two across it: "M = s0 in [2, inf): M = 2, 4, ..., 4096
+    (12 sizes)", "M = s0 in [2, inf): the given sizes M = 8, 32, 64". Where several are (attention's bmm), each
+    assignment of the symbols' bucket values, at most MAX_BUCKETS: "s0 in [2, inf), s1 in [2, inf): s0 = ...; s1 =
+    ..."."""
+    if sym.dim_range is not None:
+        name, hint_value = next(iter(sym.dims)), getattr(sym.hint, next(iter(sym.dims)))
+        vals, own = bucket_values(*sym.dim_range, hint_value, sizes)
+        problems = [sym.hint]
+        for v in vals:
+            p = sym.with_dims(v)
+            if p is not None and p not in problems:
+                problems.append(p)
+        return problems, f"{sym.describe()}: {'the given sizes ' if own else ''}{_shown(_DIM_NAMES[name], vals)}"
     per_symbol, given = [], True
     for s in sym.symbols:
         vals, own = bucket_values(*sym.ranges[s], sym.hints[s], sizes)

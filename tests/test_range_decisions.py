@@ -68,8 +68,8 @@ def test_a_config_best_at_the_hint_but_slower_than_aten_at_64_is_not_kept():
     # over the user's sizes {8, 64}: SMALL loses at 64, BIG at 8 -> aten alone, no benchmark
     uids, kept, d = _decide(pred, [SMALL, BIG], sizes=[8, 64])
     assert uids == ["aten::mm"] and kept == [] and not d.triton
-    assert d.covers == "s0 in [2, inf): the given sizes s0 = 8, 64" and d.problem["m"] == 8
-    assert "decided over s0 in [2, inf): the given sizes s0 = 8, 64" in pc.summary()
+    assert d.covers == "M = s0 in [2, inf): the given sizes M = 8, 64" and d.problem["m"] == 8
+    assert "decided over M = s0 in [2, inf): the given sizes M = 8, 64" in pc.summary()
 
 
 def test_the_range_keeps_the_config_no_slower_than_aten_anywhere():
@@ -86,10 +86,10 @@ def test_without_sizes_the_range_is_powers_of_two_across_the_symbols_range():
     times = {SMALL: {m: t * 0.9 for m, t in ms.items()}, BIG: {m: t * 1.1 for m, t in ms.items()}}
     times[SMALL][4096] = ms[4096] * 1.01          # slower than aten at the top of the range only
     uids, kept, d = _decide(_TimesStub(times, ms), [SMALL, BIG])
-    assert kept == [] and d.covers == "s0 in [2, inf): s0 = 2, 4, ..., 4096 (12 sizes)"
+    assert kept == [] and d.covers == "M = s0 in [2, inf): M = 2, 4, ..., 4096 (12 sizes)"
     # a range that stops at 1024 (torch._dynamo.mark_dynamic(x, 0, max=1024)) keeps it
     uids, kept, d = _decide(_TimesStub(times, ms), [SMALL, BIG], hi=1024)
-    assert kept == [SMALL] and d.covers == "s0 in [2, 1024]: s0 = 2, 4, ..., 1024 (10 sizes)"
+    assert kept == [SMALL] and d.covers == "M = s0 in [2, 1024]: M = 2, 4, ..., 1024 (10 sizes)"
 
 
 def test_bucket_values_and_range_problems():
@@ -99,10 +99,19 @@ def test_bucket_values_and_range_problems():
     # the user's sizes within the range; 1 is not (Dynamo specialises it: its own graph); none within: the powers
     assert ki.bucket_values(2, None, 8, [1, 8, 32, 64, 256]) == ([8, 32, 64, 256], True)
     assert ki.bucket_values(300, None, 512, [1, 8])[1] is False
+    # one symbolic dimension: its values (M = 512 x s0, say a 512-token prefill with a dynamic batch), the sizes
+    # given being M values (tokens a step) within M's range
     sym = ki.SymbolicProblem(hint=GemmProblem(m=2048, n=64, k=64, dtype="float16"), dims={"m": 512 * S0},
-                             symbols=(S0,), hints={S0: 4}, ranges={S0: (2, 8)})
+                             symbols=(S0,), hints={S0: 4}, ranges={S0: (2, 8)}, dim_range=(1024, 4096))
     problems, covers = ki.range_problems(sym, None)
-    assert [p.m for p in problems] == [2048, 1024, 4096] and covers == "s0 in [2, 8]: s0 = 2, 4, 8"
+    assert [p.m for p in problems] == [2048, 1024, 4096] and covers == "M = 512*s0 in [1024, 4096]: M = 1024, 2048, 4096"
+    problems, covers = ki.range_problems(sym, [8, 1024, 3000])
+    assert [p.m for p in problems] == [2048, 1024, 3000] and covers.endswith("the given sizes M = 1024, 3000")
+    # several symbols (no single dimension): each symbol's values
+    sym = ki.SymbolicProblem(hint=GemmProblem(m=2048, n=64, k=64, dtype="float16", batch=8),
+                             dims={"m": 512 * S0, "batch": 2 * S0}, symbols=(S0,), hints={S0: 4}, ranges={S0: (2, 8)})
+    problems, covers = ki.range_problems(sym, None)
+    assert [(p.batch, p.m) for p in problems] == [(8, 2048), (4, 1024), (16, 4096)] and covers == "s0 in [2, 8]: s0 = 2, 4, 8"
     s1 = sympy.Symbol("s1", integer=True, positive=True)
     two = ki.SymbolicProblem(hint=GemmProblem(m=64, n=64, k=64, dtype="float16"), dims={"m": S0 * s1},
                              symbols=(S0, s1), hints={S0: 8, s1: 8}, ranges={S0: (2, None), s1: (2, None)})
@@ -174,7 +183,7 @@ def test_multi_kernel_hints_decide_each_hint_at_its_size():
     kept = [(c.params.to_kwargs()["hint_override"], sc.kwargs_to_gemm(c.params.to_kwargs())) for c in out[1:]]
     assert out[0].template.uid == "aten::mm" and kept == [(None, SMALL), (64, BIG), (256, BIG)]
     (d,) = pc.decisions()
-    assert d.covers == "s0 in [2, inf): one kernel per hint 64, 256 (multi_kernel_hints)"
+    assert d.covers == "M = s0 in [2, inf): one kernel per hint 64, 256 (multi_kernel_hints)"
     # a hint where no config beats aten: aten alone for every hint
     times[BIG][256] = times[SMALL][256] = 0.2
     pc.reset()
@@ -201,8 +210,8 @@ def test_a_dynamic_compile_on_the_cpu_reaches_the_range_decision(tmp_path, monke
             torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
     ds = pc.decisions()
     assert {(d.problem["m"], d.problem["k"], d.problem["n"]) for d in ds} == {(8, 64, 96), (8, 96, 32)}
-    assert all(d.covers.endswith("in [2, inf): the given sizes " + d.covers.split("sizes ")[1]) for d in ds)
-    assert all(d.covers.split("= ")[1] == "8, 32, 64, 256" and not d.triton for d in ds), pc.summary()
+    assert all(d.covers.startswith("M = s") and "in [2, inf): the given sizes M = " in d.covers for d in ds)
+    assert all(d.covers.endswith("the given sizes M = 8, 32, 64, 256") and not d.triton for d in ds), pc.summary()
     torch._dynamo.reset()
     pc.reset()
     other = torch.nn.Linear(64, 80).eval()
