@@ -25,7 +25,6 @@ from __future__ import annotations
 import functools
 import inspect
 import threading
-import warnings
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Sequence
 
@@ -36,6 +35,7 @@ from . import gemm_decisions as gd
 from .decisions import BMM_SURE_GAIN, CUBLAS_MARGIN, check_bmm_sure_gain, gain_from_margin
 from .gemm_decisions import decide, kept_alone, rank_positions  # noqa: F401  (the decision, importable from here)
 from .kernel_inputs import kwargs_to_gemm, problem_from_kernel_inputs, symbolic_problem, template_allow_tf32
+from .notices import warn_once
 from .predictor import Predictor, _check_top_k
 
 MM_OPS = ("mm", "addmm")
@@ -152,19 +152,6 @@ def check_torch_api() -> str | None:
         return "torch._inductor.virtualized.V has no set_choices_handler"
     return None
 
-
-
-_warn_lock = threading.Lock()
-_warned: set[str] = set()
-
-
-def warn_once(key: str, message: str) -> None:
-    """One RuntimeWarning per key and process."""
-    with _warn_lock:
-        if key in _warned:
-            return
-        _warned.add(key)
-    warnings.warn(f"perfmodel: {message}", RuntimeWarning, stacklevel=3)
 
 
 @dataclass

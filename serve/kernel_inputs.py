@@ -14,6 +14,8 @@ from typing import Any, Sequence
 
 from perfmodel.schema import MAX_DIM, GemmConfig, GemmProblem, is_column_major
 
+from .notices import warn_once
+
 # The triton.Config / template kwargs names of a GemmConfig's fields (Inductor's, the tutorial's, lower case)
 _KWARG_NAMES = {
     "block_m": ("BLOCK_M", "BLOCK_SIZE_M", "block_m"),
@@ -201,8 +203,6 @@ def symbol_range(symbol: Any) -> tuple[int, int | None]:
         hi = int(hi) if _is_static(hi) and math.isfinite(float(hi)) else None
         return max(lo, 1), hi
     except (AttributeError, TypeError, ValueError, RuntimeError, AssertionError) as exc:
-        from .choices import warn_once
-
         warn_once("range", f"cannot read the range of {symbol} from Inductor's shape environment ({type(exc).__name__}: "
                            f"{exc}); deciding for Dynamo's default range of a dynamic size, [2, inf)")
         return DEFAULT_RANGE

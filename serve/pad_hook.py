@@ -20,9 +20,9 @@ from perfmodel.configs import inductor_default_configs
 from perfmodel.schema import GemmConfig, GemmProblem, PadProblem
 
 from . import bmm
-from .choices import warn_once
 from .decisions import hook_pad_decision
 from .kernel_inputs import fp32_matmul_on_tf32
+from .notices import warn_once
 from .predictor import Predictor
 
 # pad_decisions() keeps the most recent decisions only: a long-lived process compiles without end.

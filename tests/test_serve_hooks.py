@@ -24,7 +24,7 @@ import triton.language as tl  # noqa: E402
 
 from perfmodel.serve import choices as sc  # noqa: E402
 from perfmodel.serve import inductor as si  # noqa: E402
-from perfmodel.serve import pad_hook  # noqa: E402
+from perfmodel.serve import notices, pad_hook  # noqa: E402
 from perfmodel.serve.triton_hook import (config_to_gemm, perfmodel_perf_model, perfmodel_prune,  # noqa: E402
                                prune_configs_by)
 
@@ -299,7 +299,7 @@ def test_install_fails_soft_on_api_drift(pt: Predictor, monkeypatch: pytest.Monk
 
 def test_hook_falls_back_when_structures_change(pt: Predictor, monkeypatch: pytest.MonkeyPatch) -> None:
     """A choice object without .params (say, a renamed field): the handler returns Inductor's list."""
-    monkeypatch.setattr(sc, "_warned", set())
+    monkeypatch.setattr(notices, "_warned", set())
     handler = si._handler_class()(pt, 2, si.MM_OPS, si.TRITON_MM_TEMPLATES, None)
     odd = [SimpleNamespace(template=_Template("triton::mm"))] * 3
     with pytest.warns(RuntimeWarning, match="default choices"):
