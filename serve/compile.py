@@ -27,8 +27,10 @@ The handler is perfmodel.serve.choices' (the max-autotune hook's too: one handle
 Policy preset is choices.SETUP). Convolutions keep default mode's lowering whole: under `max_autotune_gemm`
 Inductor would lower a channels-last 1x1 convolution as an mm (kernel/conv.py, convert_1x1_conv_to_mm); the
 set-up lowers it as a convolution, as default mode does, unless Policy(conv_1x1_as_mm=True). With pad=True the
-pad_mm pass's padding benchmark is the model's pad decision too (perfmodel.serve.pad_hook). Every other templated
-op (convolution, mm_plus_mm, ...; bmm and baddbmm with a model without bmm heads) keeps aten's choice alone, as
+pad_mm pass's padding benchmark is the model's pad decision too (perfmodel.serve.pad_hook). A grouped GEMM (MoE
+experts, torch._grouped_mm) keeps the model's top 2 of Inductor's triton_grouped_mm configs beside aten where the
+model has a grouped head, else aten's _grouped_mm alone (serve/grouped.py). Every other templated op
+(convolution, mm_plus_mm, ...; bmm and baddbmm with a model without bmm heads) keeps aten's choice alone, as
 default mode has it.
 
 Private Inductor APIs move between releases: the handler checks them (serve.choices.check_torch_api) and a
@@ -44,6 +46,7 @@ from typing import Any, Iterator, Sequence
 from .choices import (BMM_OPS, BMM_TOP_K, DEFAULT_ATEN, LOG, RANKED_OPS, SETUP, TOP_K, TRITON_GAIN,  # noqa: F401
                       TRITON_MM, TRITON_TEMPLATE, GemmDecision, Policy, _uid, check_sizes, check_torch_api, decide,
                       filter_choices, handler_class, kept_alone)
+from . import grouped
 from .decisions import BMM_SURE_GAIN  # noqa: F401
 from .pad_hook import pad_hook
 from .predictor import Predictor
@@ -128,7 +131,8 @@ def _installed(predictor: Predictor, policy: Policy, pad: bool, sizes: Sequence[
     if pad:
         pad_mm._should_pad = pad_hook(predictor, pad_prior)
     try:
-        with contextlib.nullcontext() if policy.conv_1x1_as_mm else _default_conv_lowering():
+        with contextlib.nullcontext() if policy.conv_1x1_as_mm else _default_conv_lowering(), \
+                grouped.installed(predictor):
             yield
     finally:
         V.set_choices_handler(prior)
@@ -220,6 +224,7 @@ def decisions() -> list[GemmDecision]:
 
 def reset() -> None:
     LOG.reset()
+    grouped.reset()
 
 
 def _line(d: GemmDecision) -> str:
@@ -244,6 +249,10 @@ def summary() -> str:
     lines = [f"perfmodel: {len(ds)} GEMM shapes; Triton kept on {sum(d.triton for d in ds)}, "
              f"aten (cuBLAS) alone on {sum(not d.triton for d in ds)}"]
     lines += [_line(d) for d in ds]
+    for g in grouped.decisions():
+        what = (f"Triton {', '.join('x'.join(map(str, c[:3])) + f' s{c[3]} w{c[4]}' for c in g.kept)} + aten "
+                f"(of {g.offered} configs)" if g.kept else f"aten _grouped_mm alone (of {g.offered} configs)")
+        lines.append(f"  grouped_mm {g.g} experts, {g.m} rows x{g.k}x{g.n} {g.dtype}: {what}")
     if other:
         lines.append("  aten alone (not ranked): " + ", ".join(f"{k} x{v}" for k, v in sorted(other.items())))
     if errors:

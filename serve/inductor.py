@@ -45,6 +45,7 @@ from .kernel_inputs import (fp32_matmul_on_tf32, kwargs_to_gemm, problem_from_ke
                             template_allow_tf32)
 from .pad_hook import (PAD_LOG_SIZE, _configs_in_play, _match_operands, _triton_mm_in_play,  # noqa: F401
                        bmm_pad_decisions, bmm_problem_from_match, pad_decisions, pad_hook, pad_problem_from_match)
+from . import grouped
 from . import pad_hook as _pad
 from .predictor import Predictor, _check_top_k
 
@@ -165,6 +166,10 @@ def install(top_k: int = HOOK_TOP_K, predictor: Predictor | None = None, *, mode
                 _warn_once("custom", f"replacing a custom Inductor choices handler ({type(prior).__name__})")
         V.set_choices_handler(handler)
         _installed.update(handler=handler, prior=prior)
+        if "grouped" in _installed:  # re-install: the grouped GEMMs' wrap of the earlier predictor goes first
+            _installed.pop("grouped").__exit__(None, None, None)
+        _installed["grouped"] = grouped.installed(predictor, top_k=top_k)  # MoE grouped GEMMs (serve/grouped.py)
+        _installed["grouped"].__enter__()
     return True
 
 
@@ -215,6 +220,8 @@ def uninstall() -> bool:
         from torch._inductor.virtualized import V
 
         V.set_choices_handler(_installed["prior"])
+        if "grouped" in _installed:
+            _installed["grouped"].__exit__(None, None, None)
         _set_pad(None)
         _installed.clear()
     _pad.clear_log()
