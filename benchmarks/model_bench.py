@@ -81,7 +81,7 @@ checked against eager (relative Frobenius error; a training step: the loss and o
 Inductor's own benchmark timings of every autotuned op are kept (select_algorithm's feedback saver), and
 perfmodel's decisions for its variants.
 
-    python benchmarks/model_bench.py [--workloads NAME,...] [--variants default,max-autotune,perfmodel]
+    python -m benchmarks.model_bench [--workloads NAME,...] [--variants default,max-autotune,perfmodel]
         [--out benchmarks/results/model_bench_h100.json] [--time-limit 560] [--model models/h100]
 
 Results merge into --out by (workload, variant): a run resumes where the last one stopped (--force re-runs).
@@ -104,11 +104,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/_shared/clock.py
 
-from _shared.clock import GEMM_OPS, CompileClock  # noqa: E402
+from benchmarks._shared.clock import GEMM_OPS, CompileClock
 
 
 # ---------------------------------------------------------------------------------------------- workloads
@@ -1474,7 +1471,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[model_bench] {left:.0f} s left: {wl.name} and later workloads are left for the next run")
             break
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", wl.name, "--variants", ",".join(todo),
+        cmd = [sys.executable, "-m", __spec__.name, "--worker", wl.name, "--variants", ",".join(todo),
                "--res", str(partial)] + (["--model", args.model] if args.model else [])
         t0 = time.perf_counter()
         print(f"[model_bench] {wl.name}: {', '.join(todo)}", flush=True)

@@ -144,7 +144,7 @@ def leave_unpadded(predictor: "Predictor", prob: GemmProblem,
     benchmark decides. On the 1,771 problems of data/h100's bmm rows that pad_mm would pad, timed padded
     (pad, aten::bmm, slice), unpadded and with every Triton config, this rule under the whole-model
     set-up's decisions runs a geomean 1.004x the faster of padded and unpadded, Inductor's rule with an exact
-    benchmark 1.025x (benchmarks/bmm_pad_rule.py)."""
+    benchmark 1.025x (benchmarks/studies/bmm_pad_rule.py)."""
     best = predictor.rank(prob, None if configs is None else list(configs), top_k=1)
     if not best or not np.isfinite(best[0][1]):
         return False, float("inf"), float("nan")
