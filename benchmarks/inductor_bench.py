@@ -110,7 +110,9 @@ def _worker(args: argparse.Namespace) -> dict[str, Any]:
                            "search_space": args.search_space, "shapes": []}
     torch._inductor.config.max_autotune_gemm_search_space = args.search_space
     kept: list[tuple[int, int]] = []
-    real_filter = si.filter_template_choices
+    from perfmodel.serve import choices as sc
+
+    real_filter = sc.select
 
     def counting_filter(choices, kernel_inputs, op_name, *a, **kw):
         res = real_filter(choices, kernel_inputs, op_name, *a, **kw)
@@ -118,7 +120,7 @@ def _worker(args: argparse.Namespace) -> dict[str, Any]:
         kept.append((len(choices), len(res), n_triton))
         return res
 
-    si.filter_template_choices = counting_filter  # count what the hook keeps (it looks the name up per call)
+    sc.select = counting_filter  # count what the hook keeps (the handler looks the name up per call)
     tuning = CompileClock()
     bench = Bench(torch.device("cuda"), torch.cuda.get_device_properties(0).L2_cache_size,
                   TimingSettings(budget_ms=5.0, min_reps=10, max_reps=100, pre_sleep_us=500.0))

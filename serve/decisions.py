@@ -35,7 +35,7 @@ if TYPE_CHECKING:  # the Predictor calls this module: no import cycle at run tim
     from .predictor import Predictor
 
 __all__ = ["BMM_SURE_GAIN", "CUBLAS_MARGIN", "PAD_TRITON_MARGIN", "bmm_sure", "check_bmm_sure_gain",
-           "cublas_preferred", "hook_pad_decision", "kept_positions", "pad_copy_floor_ms", "pad_decision",
+           "cublas_preferred", "gain_from_margin", "hook_pad_decision", "kept_positions", "pad_copy_floor_ms", "pad_decision",
            "padded_path_ms", "triton_dropped", "triton_expected_gain", "unpadded_triton_instead"]
 
 # install()'s default cublas_margin: keep the Triton mm choices only where the model's best config is
@@ -84,10 +84,19 @@ def cublas_preferred(call_score: Any, cublas_ms: Any, best_ms: Any, given_best_m
 
 
 def triton_dropped(cublas_ms: float, best_triton_ms: float, margin: float | None) -> bool:
-    """The Inductor hook's cublas_margin rule: drop the Triton mm choices when cuBLAS's predicted time
-    x (1 + margin) is below the best ranked (offered) config's; never with margin None. Predicted times
-    only (not the call head: see the module docstring)."""
+    """The hook's cublas_margin, said as a drop: Triton's choices go when cuBLAS's predicted time x (1 + margin)
+    is below the best ranked (offered) config's; never with margin None. Predicted times only (not the call head:
+    see the module docstring). The handler applies it as the one rule, triton_expected_gain with
+    gain_from_margin(margin)."""
     return margin is not None and cublas_ms * (1.0 + margin) < best_triton_ms
+
+
+def gain_from_margin(margin: float) -> float:
+    """The hook's cublas_margin m as the set-up's triton_gain g: Triton kept where best <= cuBLAS x (1 + m), i.e.
+    best x (1 / (1 + m)) <= cuBLAS: g = -m / (1 + m) (m = -0.05: g = 0.0526..., Triton predicted more than 5 %
+    faster; m = 0: g = 0, the same rule). The two agree but where the rounding of the product differs in the
+    last bit, a tie no predicted time meets in practice."""
+    return -margin / (1.0 + margin)
 
 
 def triton_expected_gain(cublas_ms: float | None, best_triton_ms: float, gain: float) -> bool:
