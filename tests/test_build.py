@@ -16,13 +16,13 @@ from perfmodel import GemmConfig, GemmProblem
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _shards_sha256(folder: Path, bmm: bool = True) -> tuple[str, int]:
-    """The hash over every shard file of a data folder (without its bmm shards unless bmm: a build without a
-    [bmm] step reads none), recomputed here (not through train.folder): sorted paths relative to the folder,
-    then each file's bytes; and how many files."""
+def _shards_sha256(folder: Path, bmm: bool = True, grouped: bool = False) -> tuple[str, int]:
+    """The hash over every shard file of a data folder (without its bmm shards unless bmm, its grouped shards unless
+    grouped: a build without a [bmm] / [grouped] step reads none), recomputed here (not through train.folder):
+    sorted paths relative to the folder, then each file's bytes; and how many files."""
     h = hashlib.sha256()
     files = sorted(p for p in folder.iterdir() if p.name.endswith((".jsonl", ".jsonl.gz"))
-                   and (bmm or not p.name.startswith("bmm-")))
+                   and (bmm or not p.name.startswith("bmm-")) and (grouped or not p.name.startswith("grouped-")))
     for p in files:
         h.update(p.name.encode())
         h.update(p.read_bytes())
@@ -254,7 +254,8 @@ def test_the_shipped_folders_are_their_recipes_builds(name, data):
     """models/<name> is `perfmodel build --recipe recipes/<name>.toml`: its record holds that recipe's text, the
     command on its card, and the sha256 over every shard file of today's data folders (recomputed here);
     one speed head (the student screens); besides the bmm heads, four heads: gemm (models/h100: the config
-    network, serving both kernel modes), student, problem, pad."""
+    network, serving both kernel modes), student, problem, pad -- and the grouped head where the record has its
+    refit step (`build --only grouped`, after the build)."""
     meta = json.loads((REPO / "models" / name / "metadata.json").read_text())
     b = meta["build"]
     assert b["command"] == f"perfmodel build --recipe recipes/{name}.toml" and b["out"] == f"models/{name}"
@@ -269,7 +270,10 @@ def test_the_shipped_folders_are_their_recipes_builds(name, data):
     card = (REPO / "models" / name / "MODEL_CARD.md").read_text()
     assert f"Regenerate with:\n\n    {b['command']}\n" in card
     assert meta["screen_head"] == "student" and "screen" not in meta["heads"]
-    assert set(meta["heads"]) - {"bmm", "bmm_call"} == {"gemm", "student", "problem", "pad"}, sorted(meta["heads"])
+    refits = {s["step"] for s in b["steps"] if s.get("refit")}
+    grouped = {"grouped"} if "grouped-head" in refits else set()
+    assert set(meta["heads"]) - {"bmm", "bmm_call"} == {"gemm", "student", "problem", "pad"} | grouped, \
+        sorted(meta["heads"])
     assert ("kernel_mode_input" in meta) == (name == "h100")
 
 

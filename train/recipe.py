@@ -225,8 +225,9 @@ def run_only(path: Path, heads: tuple[str, ...], out: Path | None = None, comman
             raise ValueError(f"only: {', '.join(h for h in heads if head_spec(h).step == step)} is fitted by the "
                              f"{step} step, with the heads fitted from it; rebuild the folder (perfmodel build "
                              f"--recipe {recipe.path.as_posix()})")
-        if getattr(recipe, step) is None:
-            raise ValueError(f"only: the recipe {recipe.path.as_posix()} has no [{step}] section")
+        if getattr(recipe, step) is None:  # the step's defaults (recorded with the step, as every setting is)
+            log(f"build --only: the recipe {recipe.path.as_posix()} has no [{step}] section: the step's defaults")
+            recipe = replace(recipe, **{step: SECTIONS[step](seed=recipe.seed)})
     if not (folder / METADATA).is_file():
         raise FileNotFoundError(f"out: no model folder at {folder} to fit {', '.join(heads)} into "
                                 "(build it first: perfmodel build --recipe)")
@@ -251,13 +252,14 @@ def run_only(path: Path, heads: tuple[str, ...], out: Path | None = None, comman
 def _prepare_data(recipe: Recipe, tmp: Path) -> tuple[tuple[Path, ...], list[dict[str, Any]], float]:
     """The folders the build reads (the recipe's, or slices of them in tmp) and the data record: each
     recipe folder's hash over every shard file the build reads (data_sha256: the bmm shards only with a [bmm]
-    step, which alone reads them), and the slice taken."""
+    step, the grouped shards only with a [grouped] step, which alone read them), and the slice taken."""
     t0 = time.perf_counter()
     record, folders = [], []
     for i, folder in enumerate(recipe.data):
         if not folder.is_dir():
             raise FileNotFoundError(f"data: no dataset folder {folder} (recipe [build].data)")
-        read = SHARD_KINDS if recipe.bmm is not None else tuple(k for k in SHARD_KINDS if k != "bmm")
+        read = (SHARD_KINDS if recipe.bmm is not None else tuple(k for k in SHARD_KINDS if k != "bmm")) \
+            + (("grouped",) if recipe.grouped is not None else ())
         rec = data_sha256(folder, read)
         if recipe.slice_problems:
             # the slice keeps the folder's name (the device it stands for: train/data.py folder_name_device)
