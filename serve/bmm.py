@@ -24,6 +24,8 @@ from perfmodel.artifact import BMM, BMM_ATEN, BMM_CALL
 from perfmodel.features import bmm_problems_tensor
 from perfmodel.schema import GemmProblem
 
+from .runners import checked
+
 if TYPE_CHECKING:
     from .predictor import Predictor
 
@@ -50,19 +52,18 @@ def scores(predictor: "Predictor", problems: Sequence[GemmProblem], configs: Any
     """(configs, score (P, C), log ms (P, C)) of the bmm head on every problem with every config (configs None:
     the model device's pruned space for the problems' dtype); log ms inf where the device cannot run a config."""
     require(predictor, BMM, problems[0].batch)
-    cfgs, ct, _, fits = predictor._configs(configs, predictor._common_dtype(list(problems), configs))
-    seen = predictor._seen(problems, "bmm")  # the trained shapes (perfmodel.domain)
+    cfgs, ct, ok = predictor.config_set(configs, problems)
+    seen = predictor.as_trained(problems, "bmm")  # the trained shapes (perfmodel.domain)
     with torch.inference_mode():
         x = predictor.bundle.encoders[BMM].encode_cross(bmm_problems_tensor(seen), ct)         # (P * C, F)
-    z, log_ms = predictor._run.score_log_ms(BMM, x)
+    z, log_ms = predictor.runner.score_log_ms(BMM, x)
     shape = (len(problems), len(cfgs))
-    z = predictor._checked(z.numpy().astype(np.float64), "problems (bmm)").reshape(shape)
-    ms = predictor._checked(np.exp(log_ms.numpy().astype(np.float64)), "problems (bmm)", positive=True).reshape(shape)
-    log_ms = np.log(predictor._floored(problems, ms))  # the whole batch's roofline, in float64
-    ok = predictor._runnable(fits, problems)
+    z = checked(z.numpy().astype(np.float64), "problems (bmm)").reshape(shape)
+    ms = checked(np.exp(log_ms.numpy().astype(np.float64)), "problems (bmm)", positive=True).reshape(shape)
+    log_ms = np.log(predictor.floored(problems, ms))  # the whole batch's roofline, in float64
     if ok is not None:
         log_ms = np.where(ok, log_ms, np.inf)
-    return list(cfgs), z, log_ms
+    return cfgs, z, log_ms
 
 
 def predict(predictor: "Predictor", problems: Sequence[GemmProblem], configs: Any) -> np.ndarray:
@@ -94,15 +95,16 @@ def rank_scored(cfgs: list, z: np.ndarray, log_ms: np.ndarray, top_k: int) -> li
 
 def aten_ms(predictor: "Predictor", problems: Sequence[GemmProblem]) -> np.ndarray:
     """Predicted ms of aten::bmm for each problem (1-D; Predictor.predict_cublas of a bmm): the bmm_aten head's
-    where the folder has one (folders fitted with `perfmodel bmm-head --aten-head`), else the time the call head
-    implies -- the best predicted time over the model device's config space for the problem x exp(the call's
-    output), floored at the whole batch's roofline (implied_aten_ms)."""
+    where the folder has one (folders fitted with `--aten-head`), else the time the call head implies -- the
+    best predicted time over the model device's config space for the problem x exp(the call's output), floored
+    at the whole batch's roofline (implied_aten_ms)."""
     if BMM_ATEN not in predictor.bundle.heads and BMM_CALL in predictor.bundle.heads:
-        return implied_aten_ms(predictor, problems, np.log(predictor._space_best_ms(problems)))
+        return implied_aten_ms(predictor, problems, np.log(predictor.space_best_ms(problems)))
     require(predictor, BMM_ATEN, problems[0].batch)
     with torch.inference_mode():
-        x = predictor.bundle.encoders[BMM_ATEN].encode(bmm_problems_tensor(predictor._seen(problems, "bmm")))
-    return predictor._floored(problems, predictor._ms(BMM_ATEN, x, "problems (aten::bmm)"))
+        x = predictor.bundle.encoders[BMM_ATEN].encode(bmm_problems_tensor(predictor.as_trained(problems, "bmm")))
+    return predictor.floored(problems, checked(np.exp(predictor.runner(BMM_ATEN, x)), "problems (aten::bmm)",
+                                               positive=True))
 
 
 def implied_aten_ms(predictor: "Predictor", problems: Sequence[GemmProblem], best_log_ms: np.ndarray,
@@ -125,9 +127,8 @@ def call_scores(predictor: "Predictor", problems: Sequence[GemmProblem]) -> np.n
     if BMM_CALL not in predictor.bundle.heads:
         return None
     with torch.inference_mode():
-        x = predictor.bundle.encoders[BMM_CALL].encode(bmm_problems_tensor(predictor._seen(problems, "bmm")))
-    return predictor._checked(predictor._run.score(BMM_CALL, x).numpy().astype(np.float64).reshape(-1),
-                              "problems (bmm call)")
+        x = predictor.bundle.encoders[BMM_CALL].encode(bmm_problems_tensor(predictor.as_trained(problems, "bmm")))
+    return checked(predictor.runner.score(BMM_CALL, x).numpy().astype(np.float64).reshape(-1), "problems (bmm call)")
 
 
 def aten_call_ms(predictor: "Predictor", prob: GemmProblem, best_ms: float | None = None) -> float:
@@ -149,7 +150,7 @@ def leave_unpadded(predictor: "Predictor", prob: GemmProblem,
     benchmark decides. On the 1,771 problems of data/h100's bmm rows that pad_mm would pad, timed padded
     (pad, aten::bmm, slice), unpadded and with every Triton config, this rule under the whole-model
     set-up's decisions runs a geomean 1.004x the faster of padded and unpadded, Inductor's rule with an exact
-    benchmark 1.025x (benchmarks/bmm_pad_rule.py)."""
+    benchmark 1.025x (benchmarks/studies/bmm_pad_rule.py)."""
     best = predictor.rank(prob, None if configs is None else list(configs), top_k=1)
     if not best or not np.isfinite(best[0][1]):
         return False, float("inf"), float("nan")

@@ -49,7 +49,7 @@ from perfmodel.schema import DTYPE_BYTES, DTYPES, GemmConfig, GemmProblem, PadDe
 
 from . import bmm, decisions
 from .loading import BACKENDS, MLFLOW_SCHEMES, load_model
-from .runners import KERNELS, Runner, _ConfigPart
+from .runners import KERNELS, Runner, _ConfigPart, checked
 
 __all__ = ["BACKENDS", "KERNELS", "MLFLOW_SCHEMES", "Candidates", "Predictor"]
 
@@ -170,7 +170,7 @@ class Predictor:
         self._config_cache: OrderedDict[bytes, tuple[torch.Tensor, Any, dict]] = OrderedDict()
         self._config_lock = threading.Lock()
         self._last_configs: tuple[list[GemmConfig], tuple[torch.Tensor, Any, dict]] | None = None
-        # {problem: its best predicted ms over the model device's config space} (_space_best_ms)
+        # {problem: its best predicted ms over the model device's config space} (space_best_ms)
         self._space_cache: OrderedDict[GemmProblem, float] = OrderedDict()
         self._space_lock = threading.Lock()
         # rank(..., screened=True), the fast path: the screen (a screen head, or the student: ModelBundle.
@@ -307,11 +307,24 @@ class Predictor:
         self._last_configs = (configs, hit)  # one assignment: threads see the old pair or the new one
         return (configs, *hit)
 
+    @property
+    def runner(self) -> Runner:
+        """The Runner every call of this Predictor goes through (its backend: Predictor.backend)."""
+        return self._run
+
+    def config_set(self, configs: Any, problems: Sequence[GemmProblem]) -> tuple[list, torch.Tensor, np.ndarray | None]:
+        """(configs, their tensor (C, ...), (P, C) bool of the configs the model's device can run for each problem,
+        or None where it can run them all) of a config list for problems (configs None: the model device's pruned
+        space for the problems' one dtype): the Predictor's cached config sets, for a head scored outside it
+        (perfmodel.serve.bmm)."""
+        cfgs, ct, _, fits = self._configs(configs, self._common_dtype(list(problems), configs))
+        return list(cfgs), ct, self._runnable(fits, problems)
+
     def _ms(self, head: str, x: torch.Tensor, what: str) -> np.ndarray:
         return self._checked(np.exp(self._run(head, x)), what, positive=True)
 
     # ------------------------------------------------------------------ the domain and the physical floor
-    def _seen(self, problems: Sequence[Any], kind: str) -> list[Any]:
+    def as_trained(self, problems: Sequence[Any], kind: str) -> list[Any]:
         """The problems as the heads of `kind` predict them (perfmodel.domain: m, n, k below the least trained
         value raised to it), warning once per kind (per Predictor) where one is outside the trained shapes."""
         dom = self.domain
@@ -334,7 +347,7 @@ class Predictor:
         return roofline_ms(self.spec, [p.m for p in problems], [p.n for p in problems], [p.k for p in problems],
                            [p.dtype for p in problems], [p.allow_tf32 for p in problems], [p.batch for p in problems])
 
-    def _floored(self, problems: Sequence[GemmProblem], ms: np.ndarray) -> np.ndarray:
+    def floored(self, problems: Sequence[GemmProblem], ms: np.ndarray) -> np.ndarray:
         """ms (P,) or (P, C) float64 floored at each problem's roofline in float64: the heads floor at a float32
         feature, whose exp can sit a rounding below it (and a raised problem's at its own)."""
         roof = self.roofline_ms(problems)
@@ -386,7 +399,7 @@ class Predictor:
         -- what predict returns and rank orders by (the score: the head's output before the floors, which
         orders a problem's configs as the times do and keeps an order among those at the floor). The same
         computation for both, so their times agree bit for bit."""
-        seen = self._seen(problems, "gemm")
+        seen = self.as_trained(problems, "gemm")
         with torch.inference_mode():  # no autograd bookkeeping on the encoder's small ops
             x = self._encoder.encode_cross(problems_tensor(seen), ct, part)  # (P * C, F)
         z, log_ms = self._run.score_log_ms(self._gemm, x)
@@ -397,7 +410,7 @@ class Predictor:
         shape = (len(problems), part.n_configs)
         z = self._checked(z.numpy().astype(np.float64), what).reshape(shape)
         ms = self._checked(np.exp(log_ms.numpy().astype(np.float64)), what, positive=True).reshape(shape)
-        return z, self._floored(problems, ms)
+        return z, self.floored(problems, ms)
 
     def _inductor(self, score: torch.Tensor, x: torch.Tensor, floor: bool) -> torch.Tensor:
         """kernel="inductor" on rows x (perfmodel.artifact.with_static, the rule the ONNX graphs trace): a
@@ -429,7 +442,7 @@ class Predictor:
             z, ms = self._served(problems, ct, part, "problems")
             order = np.argsort(z, axis=1, kind="stable")[:, :k]
             return order.tolist(), np.take_along_axis(ms, order, 1).tolist()
-        seen = self._seen(problems, "gemm")
+        seen = self.as_trained(problems, "gemm")
         keep = max(self.screen_keep, k)
         screens_now = screens(self.has_screen, n_cfg, keep)
         if screens_now and self._run.ranks(self.kernel, keep, k):
@@ -437,7 +450,7 @@ class Predictor:
             cand, log_ms = self._run.rank(problems_array(seen), part, self.kernel)
             # every ranked config's time finite and positive (a NaN anywhere fails), then the first k
             ms = self._checked(np.exp(log_ms.astype(np.float64)), "problems", positive=True)[:, :k]
-            return cand[:, :k].tolist(), self._floored(problems, ms).tolist()
+            return cand[:, :k].tolist(), self.floored(problems, ms).tolist()
         with torch.inference_mode():
             x = self._encoder.encode_cross(problems_tensor(seen), ct, part)  # (P * C, F)
         screen = None
@@ -464,17 +477,9 @@ class Predictor:
         with torch.inference_mode():
             idx, log_ms = screened_rank(gemm, n_prob, n_cfg, screen, keep, k, lead=lead, lead_keep=self.lead_keep)
         ms = self._checked(np.exp(log_ms.numpy().astype(np.float64)), "problems", positive=True)
-        return idx.tolist(), self._floored(problems, ms).tolist()
+        return idx.tolist(), self.floored(problems, ms).tolist()
 
-    @staticmethod
-    def _checked(values: np.ndarray, what: str, positive: bool = False) -> np.ndarray:
-        """values (scores, or ms with positive=True), unchanged. Never clamp: a non-finite prediction
-        means the model left its valid range."""
-        # a finite sum means every value is finite (a NaN or an inf makes the sum NaN or inf): one
-        # reduction on the fast path, the elementwise check only when the sum is not finite
-        if (not math.isfinite(values.sum()) and not np.isfinite(values).all()) or (positive and not values.min() > 0):
-            raise RuntimeError(f"{what}: the model predicted a non-finite or non-positive time")
-        return values
+    _checked = staticmethod(checked)  # perfmodel.serve.runners.checked
 
     def rank(self, prob: GemmProblem, configs: Sequence[GemmConfig] | None = None,
              top_k: int = 5, *, screened: bool = False) -> list[tuple[GemmConfig, float]]:
@@ -482,7 +487,7 @@ class Predictor:
         and order (ties: the head's score, then the given order). Fewer when fewer configs are given.
         screened=True: the fast path -- the student screens every config and the gemm head scores its best
         screen_keep (over 100x faster over a whole space of ~1,200 configs: 0.5 against 62 ms on a 2-core CPU,
-        benchmarks/one_answer_latency.py; below 2 * screen_keep configs the same as screened=False). Its times are predict's, but its configs are not
+        benchmarks/studies/one_answer_latency.py; below 2 * screen_keep configs the same as screened=False). Its times are predict's, but its configs are not
         always predict's fastest: over the whole space its top-1 is predict's argmin on 91-93 % of held-out
         problems, 0.998 of its time (docs/model.md). Use it where latency matters more than that."""
         top_k = _check_top_k(top_k)
@@ -521,7 +526,7 @@ class Predictor:
         return [[(cfgs[i], t) for i, t in zip(ri, rm)] for ri, rm in zip(idx, ms)]
 
     # ------------------------------------------------------------------------------- cuBLAS or Triton
-    def _space_best_ms(self, problems: Sequence[GemmProblem]) -> np.ndarray:
+    def space_best_ms(self, problems: Sequence[GemmProblem]) -> np.ndarray:
         """Per problem, the best predicted time over the model device's config space for its dtype -- rank(p,
         top_k=1)'s time (a bmm's: the bmm head's) -- kept per problem (_SPACE_CACHE_SIZE): what cuBLAS's time
         is implied from."""
@@ -580,7 +585,7 @@ class Predictor:
     def _cublas_shown(self, problems: Sequence[GemmProblem], best_ms: np.ndarray | None = None) -> np.ndarray:
         """predict_cublas_many of plain GEMMs (decisions.cublas_time); best_ms: their best times over the whole
         space, when known."""
-        head = self._floored(problems, self._cublas_ms(self._cublas_x(self._seen(problems, "cublas"))))
+        head = self.floored(problems, self._cublas_ms(self._cublas_x(self.as_trained(problems, "cublas"))))
         call = self._call_head
         # the call head was fitted on the GEMM problems: where a problem is outside their shapes and layouts
         # (perfmodel.domain's "gemm"), the cuBLAS head's time alone
@@ -589,7 +594,7 @@ class Predictor:
             return head
         out = head.copy()
         sel = [p for p, c in zip(problems, covered) if c]
-        best = self._space_best_ms(sel) if best_ms is None else np.asarray(best_ms, dtype=np.float64)[covered]
+        best = self.space_best_ms(sel) if best_ms is None else np.asarray(best_ms, dtype=np.float64)[covered]
         score = self._call_scores(call, self._cublas_x(sel))
         out[covered] = decisions.cublas_time(head[covered], best, score, self.roofline_ms(sel))
         return out
@@ -673,10 +678,10 @@ class Predictor:
         if bmm.batched(problems):
             if not bmm.has_aten(self):
                 bmm.require(self, bmm.BMM_CALL, problems[0].batch)
-            return decisions.cublas_preferred(bmm.aten_ms(self, problems), self._space_best_ms(problems))
+            return decisions.cublas_preferred(bmm.aten_ms(self, problems), self.space_best_ms(problems))
         if not self.has_cublas:
             raise RuntimeError(f"{self.source}: this model has no cuBLAS head")
-        best = self._space_best_ms(problems)
+        best = self.space_best_ms(problems)
         return decisions.cublas_preferred(self._cublas_shown(problems, best), best)
 
     def _call_scores(self, name: str, x: torch.Tensor) -> np.ndarray:
@@ -694,7 +699,7 @@ class Predictor:
             raise TypeError(f"pp: expected a PadProblem, got {type(pp).__name__}")
         if not self.has_pad:
             raise RuntimeError(f"{self.source}: this model has no pad head")
-        seen = self._seen([pp], "pad")[0]
+        seen = self.as_trained([pp], "pad")[0]
         with torch.inference_mode():
             x = self.bundle.encoders["pad"].encode_pad(pad_tensor([seen]))
         ms = self._ms("pad", x, f"pp {pp}").reshape(-1, 2)[0]  # (orig, padded)

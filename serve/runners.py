@@ -10,6 +10,8 @@ Imports neither Lightning, nor MLflow, nor pandas; onnxruntime and onnx only whe
 """
 from __future__ import annotations
 
+import math
+
 import abc
 import os
 import threading
@@ -20,9 +22,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from perfmodel.artifact import (PREDICT_OUTPUTS, PREDICT_STATIC_OUTPUTS, RANK_INPUTS, RANK_OUTPUTS, RANK_STATIC_OUTPUTS,
-                                INDUCTOR_GEMM, STATIC, ArtifactError, ModelBundle, inductor_head, predict_head,
-                                with_static)
+from perfmodel.artifact import INDUCTOR_GEMM, STATIC, ArtifactError, ModelBundle, inductor_head, predict_head, with_static
+from perfmodel.onnx_export import (PREDICT_OUTPUTS, PREDICT_STATIC_OUTPUTS, RANK_INPUTS, RANK_OUTPUTS,
+                                   RANK_STATIC_OUTPUTS)
 from perfmodel.configs import pruned_space
 from perfmodel.features import configs_tensor
 from perfmodel.model import GroupedNet
@@ -48,6 +50,16 @@ def model_kernels(bundle: ModelBundle) -> frozenset[str]:
     network (perfmodel.artifact.inductor_head)."""
     return frozenset(KERNELS if inductor_head(bundle.heads) else KERNELS[:1])
 
+
+
+def checked(values: np.ndarray, what: str, positive: bool = False) -> np.ndarray:
+    """values (scores, or ms with positive=True), unchanged; RuntimeError naming `what` where one is not finite (or
+    not positive). Never clamp: a non-finite prediction means the model left its valid range."""
+    # a finite sum means every value is finite (a NaN or an inf makes the sum NaN or inf): one reduction on the
+    # fast path, the elementwise check only when the sum is not finite
+    if (not math.isfinite(values.sum()) and not np.isfinite(values).all()) or (positive and not values.min() > 0):
+        raise RuntimeError(f"{what}: the model predicted a non-finite or non-positive time")
+    return values
 
 class Runner(abc.ABC):
     """What the Predictor runs a model with. Rows are a head's encoded features (N, F) float32.
@@ -181,7 +193,7 @@ class _OnnxRunner(Runner):
     <head>_log_ms and <head>_score) and, per kernel mode, predict's graph and (with a screen head) the
     screened ranking graph (traced from perfmodel.ranking.screened_rank; the inductor mode's with the
     static head's output added, perfmodel.artifact.with_static). It serves the "inductor" mode where the
-    graph has that mode's graphs (perfmodel.artifact.export_onnx writes them for a model with a static
+    graph has that mode's graphs (perfmodel.onnx_export.export_onnx writes them for a model with a static
     head); a mode's graphs are cut from the file, given sessions and checked against the weights by
     prepare(kernel), when a Predictor for the mode is built. InferenceSession.run is thread-safe."""
 
@@ -212,7 +224,7 @@ class _OnnxRunner(Runner):
         self._has_rank = {k for k, names in _RANK_GRAPHS.items() if set(names) <= outputs}
         self._has_predict = {k for k, names in _PREDICT_GRAPHS.items() if set(names) <= outputs}
         if self._has_rank:
-            self.rank_keep = bundle.screen_keep  # traced with it (perfmodel.artifact.export_onnx)
+            self.rank_keep = bundle.screen_keep  # traced with it (perfmodel.onnx_export.export_onnx)
             # the columns it ranks: lead_keep with a lead, else screen_keep (checked on load)
             lead_keep = bundle.lead_keep
             self.rank_width = lead_keep if refines(lead_keep, self.rank_keep, lead_keep) else self.rank_keep

@@ -26,7 +26,7 @@ import pytest
 from tests._scripts import benchmark_script
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "benchmarks" / "studies" / "README.md"]
 TOP = ("perfmodel", "serve", "train", "data_gen", "data", "models", "benchmarks", "docs", "tests", ".ci")
 # Files linked before they exist (written on another branch); empty once merged.
 PENDING: set[str] = set()
@@ -110,6 +110,18 @@ def test_named_paths_exist(doc):
     assert not missing, f"{doc.relative_to(ROOT)} names files that do not exist: {missing}"
 
 
+_MODULE = re.compile(r"python -m\s+(benchmarks(?:\.[a-z_]\w*)+)(?!\.?\w)")  # NAME: a placeholder
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_named_benchmark_modules_exist(doc):
+    """A `python -m benchmarks.NAME` (or benchmarks.studies.NAME) command in a page names a module of the
+    benchmarks package (benchmarks/NAME.py), code blocks included: those are the commands to rerun."""
+    missing = sorted(m for m in set(_MODULE.findall(doc.read_text()))
+                     if not (ROOT / (m.replace(".", "/") + ".py")).is_file())
+    assert not missing, f"{doc.relative_to(ROOT)} runs benchmark modules that do not exist: {missing}"
+
+
 def test_docs_pages_name_their_commands():
     """Each docs page (not design.md, which has no figures) names a command that reproduces its numbers."""
     for doc in DOCS[1:]:
@@ -150,7 +162,7 @@ INDUCTOR_H100, INDUCTOR_H200 = ("benchmarks/results/inductor_bench_h100_unseen_v
 
 def _serve_latency() -> list[float]:
     """p50 ms of the onnx backend (the default): rank one problem / 100; predict one / 100
-    (benchmarks/one_answer_latency.py: every config scored, beside the paths served before)."""
+    (benchmarks/studies/one_answer_latency.py: every config scored, beside the paths served before)."""
     res = _json("benchmarks/results/one_answer_latency_cpu2.json")
     one, many = res["one"], res["many"]
     return [one["rank, 1 problem, 368 configs"]["new_p50_ms"], many["rank_many, 100 problems, 368 configs"]["new_p50_ms"],

@@ -62,7 +62,7 @@ CHILD = textwrap.dedent("""
                 results[f"matmul|{m}x{n}x{k}|{int(tl_)}{int(tr)}|{dtype}|{int(tf32)}"] = {
                     "rel_err": ((c0.double() - ref).norm() / ref.norm()).item(),
                     "shape": list(c0.shape), "out_dtype": str(c0.dtype)}
-    # The previous dataset kernel (benchmarks/archive/kernel_fidelity.py compares it), and sizes divisible by 8
+    # The previous dataset kernel (benchmarks/studies/kernel_fidelity.py compares it), and sizes divisible by 8
     # but not 16, which the v4 kernel passes divided by their power-of-two divisor.
     for tl_, tr in spec["layouts"]:
         for name, (m, n, k) in (("v3", (37, 29, 45)), ("div8", (40, 24, 56)), ("div2", (38, 18, 50)),

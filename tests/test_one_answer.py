@@ -118,7 +118,7 @@ def test_the_call_agrees_with_the_times_on_a_3000_shape_grid(synthetic: Predicto
     # the rule's branches are all taken: inside the call head's domain the call decides (the cuBLAS head's time
     # overruled where it disagrees), outside it the cuBLAS head alone
     x = synthetic._cublas_x(probs)
-    head = synthetic._floored(probs, synthetic._cublas_ms(x))
+    head = synthetic.floored(probs, synthetic._cublas_ms(x))
     call = synthetic._call_scores("call", x)
     inside = np.array([not synthetic.domain.outside("gemm", q) for q in probs])
     assert 200 < inside.sum() < 2800
