@@ -20,6 +20,7 @@ from .features import ENCODER_VERSION, SUPPORTED_ENCODER_VERSIONS, FeatureEncode
 from .model import MLPConfig, PerfMLP, diagonal_blocks, floor_features
 from .ranking import refines, screened_rank
 from .schema import SCHEMA_VERSION
+from .validation import check_metadata, folder_exists, follow_umask
 
 FORMAT = "perfmodel-artifact"
 WEIGHTS = "model.safetensors"
@@ -267,6 +268,7 @@ def save(bundle: ModelBundle, folder: Path, extra_metadata: dict[str, Any] | Non
     if len(versions) != 1:
         raise ArtifactError(f"encoders: one encoder version per model folder, got {sorted(versions)}")
     save_file(tensors, str(folder / WEIGHTS))
+    follow_umask(folder / WEIGHTS)  # the writer creates it 0o600
     meta = {**bundle.metadata, **(extra_metadata or {}), "format": FORMAT, "schema_version": SCHEMA_VERSION,
             "encoder_version": versions.pop(), "device_spec": bundle.spec.as_dict(), "heads": heads_meta,
             "weights_sha256": sha256_file(folder / WEIGHTS)}
@@ -286,7 +288,7 @@ def load(folder: Path) -> ModelBundle:
     from safetensors.torch import load_file
 
     folder = Path(folder)
-    if not folder.is_dir():
+    if not folder_exists(folder):
         raise FileNotFoundError(f"path_or_uri: no model folder at {folder}")
     meta_path, weights_path = folder / METADATA, folder / WEIGHTS
     for p in (meta_path, weights_path):
@@ -294,7 +296,7 @@ def load(folder: Path) -> ModelBundle:
             raise FileNotFoundError(f"path_or_uri: {folder} has no {p.name}")
     try:
         meta = json.loads(meta_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:  # RecursionError: nested too deeply
         raise ArtifactError(f"{meta_path}: not valid JSON ({exc})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise ArtifactError(f"{meta_path}: not a {FORMAT} metadata file")
@@ -302,6 +304,10 @@ def load(folder: Path) -> ModelBundle:
     # A folder written with an older encoder version this code still encodes loads with that version's features.
     _check_version(folder, meta, "encoder_version", SUPPORTED_ENCODER_VERSIONS)
     version = meta["encoder_version"]
+    try:
+        check_metadata(meta)
+    except ValueError as exc:
+        raise ArtifactError(f"{meta_path}: {exc}") from None
     if meta.get("weights_sha256") and meta["weights_sha256"] != sha256_file(weights_path):
         raise ArtifactError(f"{weights_path}: checksum differs from metadata.weights_sha256 (corrupt or edited)")
     spec = spec_from_dict(meta.get("device_spec", {}))
