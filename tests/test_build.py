@@ -110,6 +110,14 @@ def test_the_build_record(built):
     assert meta["dataset"]["sha256"] == sha and meta["dataset"]["gemm_problems"] == 200
     card = (built / "MODEL_CARD.md").read_text()
     assert f"Regenerate with:\n\n    {b['command']}\n" in card and "Refitted after the build" not in card
+    # the slice was read from a temporary folder, gone now: the record and the card name the recipe's folder
+    text = (built / "metadata.json").read_text()
+    assert "perfmodel-build-" not in text and "perfmodel-build-" not in card, "a temporary folder named as the data"
+    bmm_data = meta["bmm_settings"]["data"]  # one device: its folder's record
+    assert meta["settings"]["data"] == ["data/h100"], meta["settings"]["data"]
+    assert bmm_data["path"] == "data/h100" and bmm_data["slice"] == {"problems": 200, "seed": 0}, bmm_data
+    # a one-member gemm head: no spread around a mean of members; no figure printed as nan
+    assert card.splitlines()[0] == "# perfmodel H100 model" and "nan" not in card.lower()
 
 
 @pytest.mark.slow
