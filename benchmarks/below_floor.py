@@ -5,7 +5,7 @@ Grid: m, n, k over 14 sizes (1 .. 65,537, odd ones among them) with 2mnk <= 1e13
 per problem the gemm head's best config (rank top-1), the cuBLAS head, and the pad head's orig and
 padded outputs -- through the public Predictor on both backends.
 
-    python benchmarks/below_floor.py [--model PATH] [--max-flop 1e13]
+    python -m benchmarks.below_floor [--model PATH] [--max-flop 1e13]
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ driver) and measures two rates: DRAM bandwidth with a large device-to-device cop
 and the TFLOP/s of large GEMMs through torch.mm (bf16 and fp16 by default), with the SM clock read
 through NVML while each GEMM runs. Each figure is set beside the spec's: the reported properties must
 equal it, a measured rate must stay under the spec's peak (at the measured clock for FLOP/s).
-    python benchmarks/device_probe.py [--spec h200] [--out benchmarks/results/device_probe_h200.json]
+    python -m benchmarks.device_probe [--spec h200] [--out benchmarks/results/device_probe_h200.json]
 Writes the JSON and a markdown table beside it (.md). Needs a CUDA GPU; --self-test runs the report
 on made-up numbers, without a GPU (the tests do that).
 """
@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks import RESULTS
 
-from perfmodel.devices import DeviceSpec, get_spec, live_device_info, match_spec  # noqa: E402
+from perfmodel.devices import DeviceSpec, get_spec, live_device_info, match_spec
 
 DTYPES = ("bfloat16", "float16")
 
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtypes", default=",".join(DTYPES), help="GEMM dtypes, comma-separated")
     ap.add_argument("--self-test", action="store_true", help="no GPU: the report on made-up numbers")
     args = ap.parse_args(argv)
-    command = "python benchmarks/device_probe.py" + (f" --spec {args.spec}" if args.spec else "")
+    command = "python -m benchmarks.device_probe" + (f" --spec {args.spec}" if args.spec else "")
     if args.self_test:
         spec = get_spec(args.spec or "h200")
         result = _self_test_result(spec)
@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     result["comparison"] = compare(spec, result["live"], result["bandwidth"], result["gemms"])
     text = markdown(result)
     print(text)
-    out = args.out or Path(__file__).resolve().parent / "results" / f"device_probe_{spec.name}.json"
+    out = args.out or RESULTS / f"device_probe_{spec.name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1, default=str))
     out.with_suffix(".md").write_text(text)

@@ -17,7 +17,7 @@ Triton template config, read from the generated code), and how many mm choices t
 process-wide warm-up compile runs first so that the first shape does not pay for starting Inductor's
 compile workers. Each shape runs in try/except and records its error.
 
-    python benchmarks/inductor_bench.py [--model PATH | --synthetic] [--top-k 5] [--cublas-margin M]
+    python -m benchmarks.inductor_bench [--model PATH | --synthetic] [--top-k 5] [--cublas-margin M]
                                         [--out benchmarks/results/inductor_bench.json]
 """
 from __future__ import annotations
@@ -34,16 +34,11 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/_shared/runner.py
-
-from _shared.clock import CompileClock  # noqa: E402
-from _shared.runner import resolve_model, run_worker, save_results  # noqa: E402
-
-from perfmodel.locations import default_model_dir  # noqa: E402
-from perfmodel.serve.inductor import CUBLAS_MARGIN  # noqa: E402
+from benchmarks import REPO
+from benchmarks._shared.clock import CompileClock
+from benchmarks._shared.runner import resolve_model, run_worker, save_results
+from perfmodel.locations import default_model_dir
+from perfmodel.serve.inductor import CUBLAS_MARGIN
 
 # (name, M, K, N, dtype): C[M, N] = A[M, K] @ B[K, N]
 SHAPES = [
@@ -115,7 +110,9 @@ def _worker(args: argparse.Namespace) -> dict[str, Any]:
                            "search_space": args.search_space, "shapes": []}
     torch._inductor.config.max_autotune_gemm_search_space = args.search_space
     kept: list[tuple[int, int]] = []
-    real_filter = si.filter_template_choices
+    from perfmodel.serve import choices as sc
+
+    real_filter = sc.select
 
     def counting_filter(choices, kernel_inputs, op_name, *a, **kw):
         res = real_filter(choices, kernel_inputs, op_name, *a, **kw)
@@ -123,7 +120,7 @@ def _worker(args: argparse.Namespace) -> dict[str, Any]:
         kept.append((len(choices), len(res), n_triton))
         return res
 
-    si.filter_template_choices = counting_filter  # count what the hook keeps (it looks the name up per call)
+    sc.select = counting_filter  # count what the hook keeps (the handler looks the name up per call)
     tuning = CompileClock()
     bench = Bench(torch.device("cuda"), torch.cuda.get_device_properties(0).L2_cache_size,
                   TimingSettings(budget_ms=5.0, min_reps=10, max_reps=100, pre_sleep_us=500.0))
@@ -195,7 +192,7 @@ def _worker(args: argparse.Namespace) -> dict[str, Any]:
 
 def _run_variant(variant: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     res_file = tmp / f"{variant}.json"
-    cmd = [sys.executable, __file__, "--worker", variant, "--model", str(args.model), "--top-k", str(args.top_k),
+    cmd = [sys.executable, "-m", __spec__.name, "--worker", variant, "--model", str(args.model), "--top-k", str(args.top_k),
            "--cublas-margin", str(args.cublas_margin),
            "--worker-out", str(res_file), "--shapes", args.shapes, "--search-space", args.search_space] + sum((["--only", s] for s in args.only or []), []) + (
                ["--keep-code"] if args.keep_code else []) + (["--backend", args.backend] if args.backend else [])

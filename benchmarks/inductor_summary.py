@@ -1,6 +1,6 @@
 """Combine several `inductor_bench.py` runs (H100 JSON files) into one table (CPU; reads the files).
 
-    python benchmarks/inductor_summary.py --stock RUN.json ... --ours RUN.json ...
+    python -m benchmarks.inductor_summary --stock RUN.json ... --ours RUN.json ...
 
 Stock rows are read from the --stock files, the hook variants' rows from the --ours files (a file in
 both lists also gives same-run pairs), so that runs of another model can be left out.

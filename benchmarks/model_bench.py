@@ -51,6 +51,26 @@ after the other, each after torch._dynamo.reset() in a fresh Inductor cache:
                    IEEE float32): run r70's FP32 BERT-base row
   perfmodel-1x1mm  the set-up with Inductor's max_autotune_gemm lowering of channels-last 1x1 convolutions as
                    mm (ranked like any mm) instead of default mode's convolution
+  perfmodel-static, default-static
+                   (the dynamic kind only) the set-up / default mode compiled statically at each size, one compile
+                   per size: the reference for what a per-size decision could reach
+
+What LLM servers compile (issue 46), two more kinds of workload (Workload.kind; names start "Dynamic" / "MoE"):
+
+  dynamic          compiled ONCE with dynamic=True and called at every shape of Workload.sizes in order (decode at
+                   1, 8, 32, 64, 128 sequences, then a 4 x 512 prefill): default (reduce-overhead, dynamic=True),
+                   max-autotune (dynamic=True), perfmodel (compile(model, dynamic=True), plus sizes=<the M values>
+                   where compile() takes that argument), and the static references above. Per size: the first
+                   call's wall time (a recompile, or the new size's first run), the four calls after it (CUDA-graph
+                   recording, "captures"), the step (CUDA-graph replays, one graph per size) and the output
+                   against eager at that size. compile_s = the first call at every size, summed (first_compile_s +
+                   further_first_calls_s); step_ms = the geomean over the sizes.
+  moe              Mixtral and Qwen3-MoE widths with transformers' grouped_mm experts (torch._grouped_mm), run as
+                   the static kind; grouped GEMMs that Inductor autotuned are counted (autotuned, grouped_gemm_*)
+                   and their template tuning counts as GEMM tuning.
+
+Their tables and the issue's criteria (serving_markdown(), dynamic_criteria(), moe_criteria()) are rendered after
+the static kind's, which leaves them out of its ratios and headline.
 
 Per variant: compile time = the first call's wall time, split into GEMM autotuning (Inductor's mm/addmm
 template precompiling and autotuning timers, plus pad_mm's padding decision), other autotuning (bmm,
@@ -61,10 +81,12 @@ checked against eager (relative Frobenius error; a training step: the loss and o
 Inductor's own benchmark timings of every autotuned op are kept (select_algorithm's feedback saver), and
 perfmodel's decisions for its variants.
 
-    python benchmarks/model_bench.py [--workloads NAME,...] [--variants default,max-autotune,perfmodel]
+    python -m benchmarks.model_bench [--workloads NAME,...] [--variants default,max-autotune,perfmodel]
         [--out benchmarks/results/model_bench_h100.json] [--time-limit 560] [--model models/h100]
 
 Results merge into --out by (workload, variant): a run resumes where the last one stopped (--force re-runs).
+Runs made in parallel (one GPU each, their own --out) merge with --merge A.json B.json --out ALL.json (CPU).
+--list prints the workloads with their kind.
 """
 from __future__ import annotations
 
@@ -82,11 +104,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/_shared/clock.py
 
-from _shared.clock import CompileClock  # noqa: E402
+from benchmarks._shared.clock import GEMM_OPS, CompileClock
 
 
 # ---------------------------------------------------------------------------------------------- workloads
@@ -98,6 +117,16 @@ class Workload:
     train: bool = False
     tuned: bool = False      # a perfmodel rule was tuned on this workload (the issue's five are "tuned")
     tf32: bool = False       # float32 matmuls on TF32 (torch.backends.cuda.matmul.allow_tf32) for every variant
+    # The dynamic-batch kind: the input shapes a compile serves, called in this order after ONE compile (build's
+    # inputs are those of sizes[0]); inputs_at(device, shape) -> the forward's inputs at a shape.
+    sizes: tuple[tuple[int, ...], ...] = ()
+    inputs_at: Callable | None = None
+    moe: bool = False        # a mixture-of-experts model (its experts lowered to torch._grouped_mm)
+
+    @property
+    def kind(self) -> str:
+        """"dynamic" (one compile timed at every size of `sizes`), "moe", or "static" (the rest)."""
+        return "dynamic" if self.sizes else "moe" if self.moe else "static"
 
 
 def _hf(cls_name: str, cfg_name: str, **cfg: Any) -> Callable:
@@ -183,9 +212,37 @@ _PHI3 = dict(hidden_size=3072, intermediate_size=8192, num_hidden_layers=2, num_
              num_key_value_heads=32, vocab_size=32064, max_position_embeddings=4096, use_cache=False)
 _GEMMA = dict(hidden_size=2048, intermediate_size=16384, num_hidden_layers=2, num_attention_heads=8,
               num_key_value_heads=1, head_dim=256, vocab_size=256000, max_position_embeddings=8192, use_cache=False)
+# Mixture-of-experts widths. experts_implementation="grouped_mm" selects transformers 5.x's grouped_mm experts
+# forward (integrations/moe.py: tokens sorted by expert, one torch._grouped_mm per projection over the token x
+# expert pairs, offsets from a histc; a requested "grouped_mm" raises where the model cannot dispatch it, an unset one
+# falls back to eager silently). Under torch.compile transformers calls torch._grouped_mm for bfloat16 weights only
+# (else its custom op transformers::grouped_mm_fallback, a loop over experts): these workloads are bf16. Mixtral-8x7B widths: 8 experts top-2, experts
+# gate_up [8, 28672, 4096], down [8, 4096, 14336].
+_MIXTRAL = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=2, num_attention_heads=32,
+                num_key_value_heads=8, vocab_size=32000, max_position_embeddings=8192, num_local_experts=8,
+                num_experts_per_tok=2, use_cache=False, experts_implementation="grouped_mm")
+# Qwen3-30B-A3B widths: 128 experts top-8 of moe_intermediate_size 768 (gate_up [128, 1536, 2048], down
+# [128, 2048, 768]), head_dim 128; every layer sparse (decoder_sparse_step 1); plain causal attention.
+_QWEN3_MOE = dict(hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_hidden_layers=2,
+                  num_attention_heads=32, num_key_value_heads=4, head_dim=128, vocab_size=151936,
+                  max_position_embeddings=8192, num_experts=128, num_experts_per_tok=8, norm_topk_prob=True,
+                  sliding_window=None, use_cache=False, experts_implementation="grouped_mm")
 _BERT_L = dict(hidden_size=1024, num_hidden_layers=4, num_attention_heads=16, intermediate_size=4096)
 _OPT = dict(hidden_size=2048, ffn_dim=8192, num_hidden_layers=2, num_attention_heads=32, word_embed_proj_dim=2048,
             vocab_size=50272, max_position_embeddings=2048, use_cache=False)
+
+# The batch shapes an LLM server's one compile serves: decode at 1-128 sequences (one token each), then a prefill of
+# 4 x 512 tokens. Dynamo specialises a dimension of 1 (the first call's graph is static), recompiles with the
+# batch symbolic at 8 x 1 and with both dimensions symbolic at 4 x 512.
+SERVE_SIZES = ((1, 1), (8, 1), (32, 1), (64, 1), (128, 1), (4, 512))
+
+
+def _dynamic_lm(name: str, cls_name: str, cfg_name: str, cfg: dict[str, Any], vocab: int, dtype: str,
+                sizes: tuple[tuple[int, ...], ...] = SERVE_SIZES) -> Workload:
+    """A causal LM of the dynamic-batch kind: logits of input_ids at every shape of `sizes`."""
+    return Workload(name, _lm(_hf(cls_name, cfg_name, **cfg), dtype, _ids(vocab, *sizes[0])), dtype, sizes=sizes,
+                    inputs_at=lambda dev, shape: (_ids(vocab, *shape)(dev),))
+
 
 # One line a workload. tuned=True: the workloads of the issue that the set-up's rules were studied on.
 WORKLOADS = [
@@ -236,11 +293,35 @@ WORKLOADS = [
              _whisper_encoder("float16", 8, d_model=512, encoder_layers=6, encoder_attention_heads=8,
                               encoder_ffn_dim=2048, decoder_layers=1, decoder_attention_heads=8,
                               attn_implementation="eager"), "float16"),
+    # What LLM servers compile (issue 46). Names start "Dynamic" / "MoE" so that no earlier prefix ("Llama",
+    # "Qwen2") selects them. Dynamic batch: one compile (dynamic=True) timed at every shape of SERVE_SIZES.
+    _dynamic_lm("Dynamic Llama-3-8B widths (2 layers), bf16, decode 1-128 + prefill 4x512", "LlamaForCausalLM",
+                "LlamaConfig", _LLAMA, 128256, "bfloat16"),
+    _dynamic_lm("Dynamic Qwen2-7B widths (2 layers), bf16, decode 1-128 + prefill 4x512", "Qwen2ForCausalLM",
+                "Qwen2Config", _QWEN2, 152064, "bfloat16"),
+    # MoE: the experts as torch._grouped_mm (Inductor's triton_grouped_mm template against aten's _grouped_mm)
+    Workload("MoE Mixtral widths (2 layers, 8 experts top-2), bf16, prefill 1x512",
+             _lm(_hf("MixtralForCausalLM", "MixtralConfig", **_MIXTRAL), "bfloat16", _ids(32000, 1, 512)),
+             "bfloat16", moe=True),
+    Workload("MoE Mixtral widths (2 layers, 8 experts top-2), bf16, decode 8x1",
+             _lm(_hf("MixtralForCausalLM", "MixtralConfig", **_MIXTRAL), "bfloat16", _ids(32000, 8, 1)),
+             "bfloat16", moe=True),
+    Workload("MoE Qwen3-30B-A3B widths (2 layers, 128 experts top-8), bf16, prefill 1x512",
+             _lm(_hf("Qwen3MoeForCausalLM", "Qwen3MoeConfig", **_QWEN3_MOE), "bfloat16", _ids(151936, 1, 512)),
+             "bfloat16", moe=True),
+    Workload("MoE Qwen3-30B-A3B widths (2 layers, 128 experts top-8), bf16, decode 8x1",
+             _lm(_hf("Qwen3MoeForCausalLM", "Qwen3MoeConfig", **_QWEN3_MOE), "bfloat16", _ids(151936, 8, 1)),
+             "bfloat16", moe=True),
 ]
 VARIANTS = ("default", "max-autotune", "perfmodel", "perfmodel-top1", "perfmodel-top3", "perfmodel-aten", "perfmodel-zero", "perfmodel-1x1mm", "hook",
             "hook-m0", "hook-top1", "hook-nosure", "hook-nocd", "perfmodel-nosure", "perfmodel-bmm3", "perfmodel-v2", "perfmodel-b1", "perfmodel-b2", "perfmodel-b3",
-            "perfmodel-b4", "perfmodel-p0", "perfmodel-nosure-p0", "hook-p0", "hook-nosure-p0", "perfmodel-ieee")
+            "perfmodel-b4", "perfmodel-p0", "perfmodel-nosure-p0", "hook-p0", "hook-nosure-p0", "perfmodel-ieee",
+            "perfmodel-static", "default-static")
 BASELINES = ("default", "max-autotune")
+# The variants of the dynamic-batch kind: default, max-autotune and perfmodel compiled once with dynamic=True; the
+# "-static" ones compiled statically at each size (one compile per size), the reference for per-size decisions.
+DYNAMIC_VARIANTS = ("default", "max-autotune", "perfmodel", "perfmodel-static", "default-static")
+STATIC_REFERENCES = ("perfmodel-static", "default-static")
 TIMED_RUNS = 30
 REL_TOL = 0.05   # relative Frobenius error against eager allowed for a fp16/bf16 model with random weights
 
@@ -423,6 +504,7 @@ def _run_variant(variant: str, wl: Workload, module: Any, inputs: tuple, fwd: Ca
             torch.cuda.synchronize()
             row["compile_s"] = time.perf_counter() - t0
             row.update(clock.stop())
+            grouped_split(row)
             row["rest_s"] = row["compile_s"] - row["gemm_tuning_s"] - row["other_tuning_s"]
             for _ in range(4):  # CUDA-graph trees record on the second or third call
                 step()
@@ -457,6 +539,7 @@ def _run_variant(variant: str, wl: Workload, module: Any, inputs: tuple, fwd: Ca
         if PROFILE:
             row["kernels"] = _top_kernels(step)
     row["autotuned_ops"] = feedback.rows
+    row.update(autotune_counts(row["autotuned_ops"]))
     feedback.rows = []
     if variant.startswith("perfmodel"):
         from dataclasses import asdict
@@ -474,6 +557,253 @@ def _run_variant(variant: str, wl: Workload, module: Any, inputs: tuple, fwd: Ca
             p.grad = None
     torch.cuda.empty_cache()
     return row
+
+
+# Inductor's algorithm names for grouped GEMMs (kernel/mm_grouped.py: aten._grouped_mm lowers as "grouped_mm",
+# aten._scaled_grouped_mm as "scaled_grouped_mm"); their template timers are "<name>_template_autotuning" and
+# "<name>_template_precompiling".
+GROUPED_OPS = ("grouped_mm", "scaled_grouped_mm")
+_TEMPLATE_TIMERS = ("_template_precompiling", "_template_autotuning")
+
+
+def grouped_split(row: dict[str, Any]) -> None:
+    """Count grouped-GEMM template tuning as GEMM tuning: _shared/clock.py's split counts any op outside its
+    GEMM_OPS (grouped_mm included) as other tuning; the grouped ops' template timers (row["timers"], the
+    clock's per-timer seconds, rounded to ms) move from other_tuning_s to gemm_tuning_s and are kept as
+    grouped_gemm_tuning_s."""
+    g = sum(v for k, v in row.get("timers", {}).items()
+            if k.endswith(_TEMPLATE_TIMERS) and k.rsplit("_template_", 1)[0] in GROUPED_OPS)
+    row["grouped_gemm_tuning_s"] = g
+    row["gemm_tuning_s"] += g
+    row["other_tuning_s"] -= g
+
+
+def _choice_side(label: str) -> str:
+    """"triton" / "aten" / the choice's own name, from a feedback timing's label ("<choice name> <description>")."""
+    name = label.split(" ")[0]
+    if name.startswith("triton"):
+        return "triton"
+    if name.lstrip("_") in GROUPED_OPS or name.startswith(("aten", "at::")) or name in ("mm", "addmm", "bias_addmm",
+                                                                                          "bmm", "baddbmm"):
+        return "aten"
+    return name
+
+
+def autotune_counts(ops: list[dict[str, Any]]) -> dict[str, Any]:
+    """How many ops Inductor autotuned (feedback-saver rows), split as the compile clock splits tuning time:
+    "gemm" (clock.GEMM_OPS and the grouped GEMMs), of which "grouped_gemm", and "other" (bmm, convolution, ...);
+    for the grouped GEMMs, how many choices were timed and which side won each."""
+    counts = {"gemm": 0, "grouped_gemm": 0, "other": 0}
+    choices, winners = 0, {}
+    for o in ops:
+        op = o.get("op", "")
+        if op in GROUPED_OPS:
+            counts["gemm"] += 1
+            counts["grouped_gemm"] += 1
+            choices += len(o.get("ms", {}))
+            if o.get("winner"):
+                side = _choice_side(o["winner"])
+                winners[side] = winners.get(side, 0) + 1
+        elif op in GEMM_OPS:
+            counts["gemm"] += 1
+        else:
+            counts["other"] += 1
+    return {"autotuned": counts, "grouped_gemm_choices": choices, "grouped_gemm_winners": winners}
+
+
+def _label(shape: tuple[int, ...]) -> str:
+    return "x".join(map(str, shape))
+
+
+def _serving_compile(variant: str, module: Any, predictor: Any, dynamic: bool, tokens: list[int]) -> tuple[Any, Any]:
+    """(compiled module, the sizes= given to perfmodel's compile or None) for a variant of the dynamic kind:
+    default mode / stock max-autotune / the set-up with dynamic=True, or (the "-static" variants) dynamic=False.
+    The set-up gets the workload's M values (tokens a step: batch x sequence) as sizes= where its compile() takes
+    that argument."""
+    import inspect
+
+    import torch
+
+    base = _base(variant).replace("-static", "")
+    if base == "default":
+        return torch.compile(module, mode="reduce-overhead", dynamic=dynamic), None
+    if base == "max-autotune":
+        return torch.compile(module, mode="max-autotune", dynamic=dynamic), None
+    from perfmodel.serve import compile as pc
+
+    kw = {"sizes": list(tokens)} if dynamic and "sizes" in inspect.signature(pc.compile).parameters else {}
+    return pc.compile(module, predictor=predictor, policy=_policy("perfmodel"), pad=True, dynamic=dynamic,
+                      **kw), kw.get("sizes")
+
+
+def _measure_size(step: Callable, ref_out: Any, flush: Any, cycles_per_ms: float) -> dict[str, Any]:
+    """One size of a dynamic-kind variant: the first call's wall time (a compile or recompile where the size needs
+    one, else the CUDA-graph tree's warm-up run) and its tuning split, four more calls (warm_s: the CUDA graph's
+    recording), the output against eager, and the step timed as _run_variant times it (median of TIMED_RUNS
+    CUDA-graph replays, L2 flushed, a GPU spin ahead of each)."""
+    import torch
+
+    row: dict[str, Any] = {}
+    clock = CompileClock()
+    with clock.pad_timing():
+        clock.start()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        row["first_call_s"] = time.perf_counter() - t0
+        row.update(clock.stop())
+        grouped_split(row)
+        row["rest_s"] = row["first_call_s"] - row["gemm_tuning_s"] - row["other_tuning_s"]
+        t0 = time.perf_counter()
+        for _ in range(4):  # CUDA-graph trees record on the second or third call at a size
+            step()
+        torch.cuda.synchronize()
+        row["warm_s"] = time.perf_counter() - t0
+        out = step()
+        row["rel_err"] = _rel_err(out.clone(), ref_out)
+        row["ok"] = row["rel_err"] < REL_TOL
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        step()
+        host_ms = (time.perf_counter() - t0) * 1e3
+        torch.cuda.synchronize()
+        spin = int(max(1.0, min(2.0 * host_ms, 50.0)) * cycles_per_ms)
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(TIMED_RUNS)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(TIMED_RUNS)]
+        for s, e in zip(starts, ends):
+            flush.zero_()
+            torch.cuda._sleep(spin)
+            s.record()
+            step()
+            e.record()
+        torch.cuda.synchronize()
+    ms = [s.elapsed_time(e) for s, e in zip(starts, ends)]
+    row.update(step_ms=statistics.median(ms), step_ms_min=min(ms), step_ms_max=max(ms), host_ms=host_ms)
+    return row
+
+
+def aggregate_sizes(row: dict[str, Any], per_size: dict[str, dict[str, Any]], n_sizes: int) -> None:
+    """A dynamic-kind row's totals over its sizes (in call order): compile_s = the first call at every size
+    summed (first_compile_s, the first size's, + further_first_calls_s: recompiles and new sizes' first runs;
+    for a "-static" variant every size's own compile), capture_s = the four calls after each first (CUDA-graph
+    recording), the tuning split summed, rel_err the worst, ok all; step_ms = the geomean over the sizes, set
+    only once all n_sizes sizes are measured (the runner re-runs a variant without step_ms)."""
+    row["sizes"] = per_size
+    xs = list(per_size.values())
+    if not xs:
+        return
+    row["first_compile_s"] = xs[0]["first_call_s"]
+    row["further_first_calls_s"] = sum(x["first_call_s"] for x in xs[1:])
+    row["compile_s"] = sum(x["first_call_s"] for x in xs)
+    row["capture_s"] = sum(x["warm_s"] for x in xs)
+    for k in ("gemm_tuning_s", "other_tuning_s", "grouped_gemm_tuning_s", "rest_s"):
+        row[k] = sum(x[k] for x in xs)
+    row["rel_err"] = max(x["rel_err"] for x in xs)
+    row["ok"] = all(x["ok"] for x in xs)
+    if len(xs) == n_sizes:
+        row["step_ms"] = geomean([x["step_ms"] for x in xs])
+
+
+def _run_dynamic_variant(variant: str, wl: Workload, module: Any, size_inputs: dict[str, tuple], fwd: Callable,
+                         refs: dict[str, Any], predictor: Any, flush: Any, cycles_per_ms: float, feedback: _Feedback,
+                         progress: Callable[[dict], None]) -> dict[str, Any]:
+    """A variant of the dynamic kind: compiled once (dynamic=True) and called at every size in order, or (the
+    "-static" variants) compiled anew at each size (dynamic=False, fresh caches, one compile per size). The row
+    is handed to progress() after every size (a run killed mid-variant keeps the sizes measured)."""
+    import torch
+    from torch._inductor import utils as ind_utils
+
+    fresh = getattr(ind_utils, "fresh_cache", None) or getattr(ind_utils, "fresh_inductor_cache")
+    static = _base(variant) in STATIC_REFERENCES
+    ours = _base(variant).startswith("perfmodel")
+    tokens = [math.prod(shape) for shape in wl.sizes]
+    row: dict[str, Any] = {"variant": variant, "run": os.environ.get("MODEL_BENCH_RUN", "?"), "dynamic": not static,
+                           "order": [_label(s) for s in wl.sizes]}
+    per_size: dict[str, dict[str, Any]] = {}
+    ops: list[dict[str, Any]] = []
+
+    def run_sizes(compiled: Any, shapes: list[tuple[int, ...]]) -> None:
+        for shape in shapes:
+            lab = _label(shape)
+            inputs = size_inputs[lab]
+
+            def step() -> Any:
+                torch.compiler.cudagraph_mark_step_begin()
+                return _flat(fwd(compiled, *inputs))
+
+            per_size[lab] = _measure_size(step, refs[lab], flush, cycles_per_ms)
+            for o in feedback.rows:
+                o["size"] = lab
+            ops.extend(feedback.rows)
+            feedback.rows = []
+            aggregate_sizes(row, per_size, len(wl.sizes))
+            progress(row)
+
+    feedback.rows = []
+    if static:
+        from dataclasses import asdict
+
+        for shape in wl.sizes:
+            _reset()
+            if ours:
+                from perfmodel.serve import compile as pc
+
+                pc.reset()
+            compiled, _ = _serving_compile(variant, module, predictor, False, tokens)
+            with fresh():
+                run_sizes(compiled, [shape])
+            if ours:
+                per_size[_label(shape)]["decisions"] = [asdict(d) for d in pc.decisions()]
+                per_size[_label(shape)]["summary"] = pc.summary()
+            per_size[_label(shape)]["graphs"] = int(torch._dynamo.utils.counters["stats"].get("unique_graphs", 0))
+            compiled = None  # frees the CUDA-graph pool before the next size's compile
+            _reset()
+            torch.cuda.empty_cache()
+    else:
+        _reset()
+        if ours:
+            from perfmodel.serve import compile as pc
+
+            pc.reset()
+        compiled, sizes_arg = _serving_compile(variant, module, predictor, True, tokens)
+        row["sizes_arg"] = sizes_arg
+        with fresh():
+            run_sizes(compiled, list(wl.sizes))
+        if ours:
+            from dataclasses import asdict
+
+            row["decisions"] = [asdict(d) for d in pc.decisions()]
+            row["summary"] = pc.summary()
+        row["graphs"] = int(torch._dynamo.utils.counters["stats"].get("unique_graphs", 0))
+        compiled = None
+        _reset()
+        torch.cuda.empty_cache()
+    row["autotuned_ops"] = ops
+    row.update(autotune_counts(ops))
+    aggregate_sizes(row, per_size, len(wl.sizes))
+    return row
+
+
+def _count_grouped_mm(run: Callable[[], Any]) -> tuple[Any, int | None]:
+    """(run()'s result, how many aten grouped-GEMM calls it made): a check that a MoE workload's eager model takes
+    transformers' grouped_mm path. None where the dispatch mode fails (then run() runs without it)."""
+    try:
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        class Count(TorchDispatchMode):
+            n = 0
+
+            def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+                if "grouped_mm" in str(func):
+                    Count.n += 1
+                return func(*args, **(kwargs or {}))
+
+        with Count():
+            out = run()
+        return out, Count.n
+    except Exception:  # noqa: BLE001 -- a check only: the reference is then taken without it
+        return run(), None
 
 
 def _wait_for_compile_workers(timeout: float = 120.0) -> None:
@@ -509,10 +839,22 @@ def _worker(name: str, variants: list[str], model: str | None, res_file: Path) -
         ref = {"loss": loss.item(), "grad": p0.grad.detach().clone()}
         for p in module.parameters():
             p.grad = None
+    elif wl.kind == "moe":
+        with torch.no_grad():
+            out, n = _count_grouped_mm(lambda: _flat(fwd(module, *inputs)).detach().clone())
+        ref = {"out": out}
+        result["eager_grouped_mm_calls"] = n
     else:
         with torch.no_grad():
             ref = {"out": _flat(fwd(module, *inputs)).detach().clone()}
+    size_inputs, refs = {}, {}
+    if wl.kind == "dynamic":  # every size's inputs and eager output, before any compile
+        with torch.no_grad():
+            for shape in wl.sizes:
+                size_inputs[_label(shape)] = wl.inputs_at(dev, shape)
+                refs[_label(shape)] = _flat(fwd(module, *size_inputs[_label(shape)])).detach().clone()
     result["attn_implementation"] = str(getattr(getattr(module, "config", None), "_attn_implementation", None))
+    result["experts_implementation"] = str(getattr(getattr(module, "config", None), "_experts_implementation", None))
     # process-wide warm-up (compile workers, CUDA context, cuBLAS), untimed
     from torch._inductor import utils as ind_utils
 
@@ -537,10 +879,21 @@ def _worker(name: str, variants: list[str], model: str | None, res_file: Path) -
     for v in variants:
         try:
             with grad_ctx():
-                result["variants"][v] = _run_variant(v, wl, module, inputs, fwd, ref, predictor, flush,
-                                                     cycles_per_ms, feedback)
+                if wl.kind == "dynamic":
+                    def progress(row: dict, v: str = v) -> None:
+                        result["variants"][v] = row
+                        save()
+
+                    result["variants"][v] = _run_dynamic_variant(v, wl, module, size_inputs, fwd, refs, predictor,
+                                                                 flush, cycles_per_ms, feedback, progress)
+                else:
+                    result["variants"][v] = _run_variant(v, wl, module, inputs, fwd, ref, predictor, flush,
+                                                         cycles_per_ms, feedback)
         except Exception as exc:  # noqa: BLE001 -- one variant's failure must not lose the others
-            result["variants"][v] = {"variant": v, "error": f"{type(exc).__name__}: {exc}",
+            # a dynamic-kind variant keeps the sizes it measured (progress()), without step_ms: the runner re-runs it
+            kept = {k: x for k, x in result["variants"].get(v, {}).items() if k != "step_ms"} \
+                if wl.kind == "dynamic" else {}
+            result["variants"][v] = {**kept, "variant": v, "error": f"{type(exc).__name__}: {exc}",
                                      "traceback": traceback.format_exc()[-3000:]}
             _reset()
             torch.cuda.empty_cache()
@@ -596,9 +949,9 @@ def ratios(results: dict[str, Any]) -> dict[str, dict[str, tuple[float, float]]]
     in the run that timed stock beside default mode) -- ours against the better of the two baselines, > 1:
     ours faster; compile = ours / default's, geomean over the same runs. Runs differ in which variant went
     first (the first pays more compile time): the geomean over runs in both orders is what is reported.
-    Workloads without both pairs are left out."""
+    Workloads without both pairs are left out, and so are the dynamic and MoE kinds (serving_markdown())."""
     out: dict[str, dict[str, tuple[float, float]]] = {}
-    for name, r in results.get("workloads", {}).items():
+    for name, r in _static_rows(results).items():
         vs = r.get("variants", {})
         stock = _stock_vs_default(vs)
         if stock is None:
@@ -617,7 +970,7 @@ def ratios_any_run(results: dict[str, Any]) -> dict[str, dict[str, tuple[float, 
     workload (other machines included) over ours, our compile over the fastest default-mode compile --
     the comparison least kind to us, across machines whose drift is the size of the gains."""
     out: dict[str, dict[str, tuple[float, float]]] = {}
-    for name, r in results.get("workloads", {}).items():
+    for name, r in _static_rows(results).items():
         vs = r.get("variants", {})
         base = [b for b in (_best(vs, v, "step_ms") for v in BASELINES) if b is not None]
         default_compile = _best(vs, "default", "compile_s")
@@ -644,6 +997,249 @@ def _summary(rs: Any) -> tuple[float, float, float, float]:
     return geomean(sp), min(sp), geomean(cp), max(cp)
 
 
+def workload_kind(name: str, row: dict[str, Any]) -> str:
+    """A results entry's kind: WORKLOADS' where it names the workload, else the row's own ("static" for rows older
+    than the kinds)."""
+    wl = next((w for w in WORKLOADS if w.name == name), None)
+    return wl.kind if wl is not None else row.get("kind", "static")
+
+
+def _static_rows(results: dict[str, Any]) -> dict[str, Any]:
+    return {n: r for n, r in results.get("workloads", {}).items() if workload_kind(n, r) == "static"}
+
+
+def _partner(vs: dict[str, Any], ours: str, row: dict[str, Any], other: str) -> tuple[bool, dict[str, Any]] | None:
+    """(same run?, the row of variant base `other` to set our row against): the row of our run (our repeat tag's
+    first, as _same_run_pairs pairs them), else the first finished row of another run; None where none finished."""
+    done = [(w, y) for w, y in vs.items() if _base(w) == other and w != ours and "step_ms" in y]
+    same = [(w, y) for w, y in done if y.get("run") == row.get("run")]
+    same.sort(key=lambda wy: _tag(wy[0]) != _tag(ours))
+    if same:
+        return True, same[0][1]
+    return (False, done[0][1]) if done else None
+
+
+# The issue's criteria (issue 46, "Done when"): dynamic batch and MoE
+DYN_EVERY_SIZE = 0.99       # the set-up's step >= 0.99 of default mode's dynamic step at every size
+DYN_VS_STATIC = 0.99        # its geomean over the sizes >= the static set-up's per-size geomean minus 1 %
+DYN_COMPILE = 1.25          # compile <= 1.25x default mode's dynamic compile
+MOE_VS_STOCK = 0.98         # the set-up's step >= 0.98 of stock max-autotune's on each MoE workload
+MOE_VS_DEFAULT = 1.10       # ... and >= 1.10x default mode's, geomean over the MoE workloads
+MOE_COMPILE = 1.5           # ... at <= 1.5x default mode's compile time
+
+
+def dynamic_criteria(results: dict[str, Any], ours: str = "perfmodel") -> dict[str, list[dict[str, Any]]]:
+    """{dynamic workload: [one entry per finished row of `ours` (repeats included)]}, each with: vs_default
+    {size: default mode's dynamic step / ours} and its worst (>= DYN_EVERY_SIZE wanted), default_same_run;
+    vs_stock {size: stock max-autotune's dynamic step / ours}; dynamic_geomean_ms and static_geomean_ms (the
+    geomeans over the sizes both measured of ours and of the static set-up's per-size steps) and vs_static =
+    static / dynamic (>= DYN_VS_STATIC wanted); compile_vs_default = ours' compile_s (the first call at every
+    size, summed) / default mode's (<= DYN_COMPILE wanted), with the first compile's and the further first
+    calls' ratios beside; passed {criterion: bool} for those measured."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for name, r in results.get("workloads", {}).items():
+        if workload_kind(name, r) != "dynamic":
+            continue
+        vs = r.get("variants", {})
+        for v, x in vs.items():
+            if _base(v) != ours or "step_ms" not in x:
+                continue
+            sizes = x.get("sizes", {})
+            c: dict[str, Any] = {"variant": v, "run": x.get("run"), "passed": {}}
+            d = _partner(vs, v, x, "default")
+            if d is not None:
+                ds = d[1].get("sizes", {})
+                c["vs_default"] = {k: ds[k]["step_ms"] / sizes[k]["step_ms"] for k in sizes if k in ds}
+                c["worst_vs_default"] = min(c["vs_default"].values())
+                c["default_same_run"] = d[0]
+                c["compile_vs_default"] = x["compile_s"] / d[1]["compile_s"]
+                c["first_compile_vs_default"] = x["first_compile_s"] / d[1]["first_compile_s"]
+                c["compile_s"], c["default_compile_s"] = x["compile_s"], d[1]["compile_s"]
+                c["passed"]["every size >= %.2f of default" % DYN_EVERY_SIZE] = c["worst_vs_default"] >= DYN_EVERY_SIZE
+                c["passed"]["compile <= %.2fx default" % DYN_COMPILE] = c["compile_vs_default"] <= DYN_COMPILE
+            m = _partner(vs, v, x, "max-autotune")
+            if m is not None:
+                ms = m[1].get("sizes", {})
+                c["vs_stock"] = {k: ms[k]["step_ms"] / sizes[k]["step_ms"] for k in sizes if k in ms}
+                c["stock_same_run"] = m[0]
+            s = _partner(vs, v, x, "perfmodel-static")
+            if s is not None:
+                ss = s[1].get("sizes", {})
+                common = [k for k in sizes if k in ss]
+                c["dynamic_geomean_ms"] = geomean([sizes[k]["step_ms"] for k in common])
+                c["static_geomean_ms"] = geomean([ss[k]["step_ms"] for k in common])
+                c["vs_static"] = c["static_geomean_ms"] / c["dynamic_geomean_ms"]
+                c["vs_static_sizes"] = {k: ss[k]["step_ms"] / sizes[k]["step_ms"] for k in common}
+                c["static_same_run"] = s[0]
+                c["passed"]["geomean >= static set-up's - 1%"] = c["vs_static"] >= DYN_VS_STATIC
+            out.setdefault(name, []).append(c)
+    return out
+
+
+def moe_criteria(results: dict[str, Any], ours: str = "perfmodel") -> dict[str, Any]:
+    """{"workloads": {MoE workload: {vs_stock, vs_default, compile_vs_default (geomeans over the finished rows of
+    `ours`, each against its _partner()), same_run}}, and over the workloads: worst_vs_stock (>= MOE_VS_STOCK
+    wanted), geomean_vs_default (>= MOE_VS_DEFAULT), compile geomean and worst (<= MOE_COMPILE), passed}."""
+    per: dict[str, dict[str, Any]] = {}
+    for name, r in results.get("workloads", {}).items():
+        if workload_kind(name, r) != "moe":
+            continue
+        vs = r.get("variants", {})
+        st, de, co, same = [], [], [], True
+        for v, x in vs.items():
+            if _base(v) != ours or "step_ms" not in x:
+                continue
+            d, m = _partner(vs, v, x, "default"), _partner(vs, v, x, "max-autotune")
+            if d is None or m is None:
+                continue
+            de.append(d[1]["step_ms"] / x["step_ms"])
+            st.append(m[1]["step_ms"] / x["step_ms"])
+            co.append(x["compile_s"] / d[1]["compile_s"])
+            same = same and d[0] and m[0]
+        if de:
+            per[name] = {"vs_stock": geomean(st), "vs_default": geomean(de), "compile_vs_default": geomean(co),
+                         "rows": len(de), "same_run": same}
+    out: dict[str, Any] = {"workloads": per}
+    if per:
+        xs = list(per.values())
+        out.update(worst_vs_stock=min(x["vs_stock"] for x in xs),
+                   geomean_vs_default=geomean([x["vs_default"] for x in xs]),
+                   compile_geomean=geomean([x["compile_vs_default"] for x in xs]),
+                   compile_worst=max(x["compile_vs_default"] for x in xs))
+        out["passed"] = {"each >= %.2f of stock" % MOE_VS_STOCK: out["worst_vs_stock"] >= MOE_VS_STOCK,
+                         "geomean >= %.2fx default" % MOE_VS_DEFAULT: out["geomean_vs_default"] >= MOE_VS_DEFAULT,
+                         "compile <= %.1fx default (every workload)" % MOE_COMPILE: out["compile_worst"] <= MOE_COMPILE}
+    return out
+
+
+def _yes(ok: bool) -> str:
+    return "yes" if ok else "**no**"
+
+
+def _variant_order(vs: dict[str, Any]) -> list[str]:
+    """A workload's variants in DYNAMIC_VARIANTS' / VARIANTS' order, repeats after their base."""
+    order = list(DYNAMIC_VARIANTS) + [v for v in VARIANTS if v not in DYNAMIC_VARIANTS]
+    return sorted(vs, key=lambda v: (order.index(_base(v)) if _base(v) in order else len(order), v))
+
+
+def serving_markdown(results: dict[str, Any]) -> str:
+    """The dynamic-batch and MoE workloads (issue 46): per dynamic workload, every variant's step at every size
+    and its compile parts, then dynamic_criteria(); the MoE rows with their grouped GEMMs autotuned, then
+    moe_criteria(). "" where results hold neither kind."""
+    wls = results.get("workloads", {})
+    dyn = {n: r for n, r in wls.items() if workload_kind(n, r) == "dynamic"}
+    moe = {n: r for n, r in wls.items() if workload_kind(n, r) == "moe"}
+    if not dyn and not moe:
+        return ""
+    lines: list[str] = []
+    if dyn:
+        lines += ["### Dynamic batch: one compile, every size", "",
+                  "default, max-autotune and perfmodel: compiled once with dynamic=True and called at every size in "
+                  "the order listed; perfmodel-static / default-static: compiled statically at each size (one "
+                  "compile per size). Step = median GPU time of "
+                  f"{TIMED_RUNS} CUDA-graph replays at that size, L2 flushed (ms; \"off\": output off eager). "
+                  "Compile = the first call at every size, summed (the first size's compile + recompiles and new "
+                  "sizes' first runs); captures = the four calls after each first (CUDA-graph recording).", ""]
+        crit = dynamic_criteria(results)
+        for name, r in dyn.items():
+            vs = r.get("variants", {})
+            cols = [v for v in _variant_order(vs) if vs[v].get("sizes")]
+            order: list[str] = []
+            for v in cols:
+                order += [k for k in vs[v].get("order", vs[v]["sizes"]) if k not in order]
+            lines += [f"**{name}**", "", "| size | " + " | ".join(f"{v} ({vs[v].get('run', '?')})" for v in cols)
+                      + " |", "|---|" + "---|" * len(cols)]
+            for k in order:
+                cells = []
+                for v in cols:
+                    x = vs[v]["sizes"].get(k)
+                    cells.append("-" if x is None else f"{x['step_ms']:.3f}" + ("" if x.get("ok") else " off"))
+                lines.append(f"| {k} | " + " | ".join(cells) + " |")
+            for label, key in (("compile: first size s", "first_compile_s"),
+                               ("further sizes' first calls s", "further_first_calls_s"),
+                               ("compile total s", "compile_s"), ("captures s", "capture_s"),
+                               ("GEMM / other tuning s", None), ("graphs", "graphs")):
+                cells = []
+                for v in cols:
+                    x = vs[v]
+                    if key is None:
+                        cells.append(f"{x.get('gemm_tuning_s', 0):.1f} / {x.get('other_tuning_s', 0):.1f}")
+                    elif key == "graphs":  # dynamo's graphs: of the one compile, or of every size's own
+                        n = sum(s.get("graphs", 0) for s in x["sizes"].values()) if _base(v) in STATIC_REFERENCES \
+                            else x.get("graphs")
+                        cells.append("-" if n is None else str(int(n)))
+                    else:
+                        cells.append(f"{x[key]:.1f}" if isinstance(x.get(key), (int, float)) else "-")
+                lines.append(f"| {label} | " + " | ".join(cells) + " |")
+            unfinished = [v for v in cols if "step_ms" not in vs[v]]
+            if unfinished:
+                lines.append(f"\nUnfinished (sizes missing): {', '.join(unfinished)}")
+            lines.append("")
+            for c in crit.get(name, []):
+                parts = [f"- {c['variant']} ({c['run']}):"]
+                if "vs_default" in c:
+                    parts.append("step vs default dynamic " + ", ".join(f"{k} {x:.3f}" for k, x in c["vs_default"].items())
+                                 + f"; worst {c['worst_vs_default']:.3f} (>= {DYN_EVERY_SIZE} wanted: "
+                                 f"{_yes(c['worst_vs_default'] >= DYN_EVERY_SIZE)});")
+                if "vs_static" in c:
+                    parts.append(f"geomean {c['dynamic_geomean_ms']:.3f} ms against the static set-up's "
+                                 f"{c['static_geomean_ms']:.3f}: {c['vs_static']:.3f} (>= {DYN_VS_STATIC} wanted: "
+                                 f"{_yes(c['vs_static'] >= DYN_VS_STATIC)});")
+                if "compile_vs_default" in c:
+                    parts.append(f"compile {c['compile_s']:.1f} s, {c['compile_vs_default']:.2f}x default dynamic's "
+                                 f"{c['default_compile_s']:.1f} s (<= {DYN_COMPILE} wanted: "
+                                 f"{_yes(c['compile_vs_default'] <= DYN_COMPILE)});")
+                if "vs_stock" in c:
+                    parts.append("vs stock dynamic " + ", ".join(f"{k} {x:.3f}" for k, x in c["vs_stock"].items())
+                                 + ";")
+                others = [w for w, k in (("default", "default_same_run"), ("stock", "stock_same_run"),
+                                         ("static", "static_same_run")) if k in c and not c[k]]
+                if others:
+                    parts.append(f"({', '.join(others)} of another run)")
+                lines.append(" ".join(parts))
+            lines.append("")
+    if moe:
+        lines += ["### MoE (experts as torch._grouped_mm)", "",
+                  "Step = median GPU time of CUDA-graph replays, L2 flushed; compile = the first call; GEMM tuning "
+                  "counts grouped-GEMM template tuning (in brackets); autotuned = ops Inductor benchmarked (GEMM "
+                  "including grouped / other), grouped winners aten / Triton.", "",
+                  "| workload | variant | run | step ms | compile s | GEMM tuning s (grouped) | other tuning s | "
+                  "autotuned GEMM (grouped) / other | grouped choices timed | grouped winners | output |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for name, r in moe.items():
+            vs = r.get("variants", {})
+            for v in _variant_order(vs):
+                x = vs[v]
+                if "step_ms" not in x:
+                    lines.append(f"| {name} | {v} | {x.get('run', '?')} | {x.get('error', 'unfinished')[:80]} "
+                                 "| | | | | | | |")
+                    continue
+                a = x.get("autotuned", {})
+                w = x.get("grouped_gemm_winners", {})
+                lines.append(f"| {name} | {v} | {x.get('run', '?')} | {x['step_ms']:.3f} | {x['compile_s']:.1f} | "
+                             f"{x['gemm_tuning_s']:.1f} ({x.get('grouped_gemm_tuning_s', 0):.1f}) | "
+                             f"{x['other_tuning_s']:.1f} | {a.get('gemm', '-')} ({a.get('grouped_gemm', '-')}) / "
+                             f"{a.get('other', '-')} | {x.get('grouped_gemm_choices', '-')} | "
+                             f"{w.get('aten', 0)} / {w.get('triton', 0)} | "
+                             + ("ok" if x.get("ok") else f"off ({x.get('rel_err', float('nan')):.3f})") + " |")
+            calls = r.get("eager_grouped_mm_calls")
+            if calls is not None:
+                lines.append(f"| {name} | eager | | aten grouped-GEMM calls in eager: {calls} | | | | | | | |")
+        mc = moe_criteria(results)
+        lines.append("")
+        for name, c in mc["workloads"].items():
+            lines.append(f"- {name}: perfmodel's step {c['vs_stock']:.3f} of stock's (>= {MOE_VS_STOCK} wanted: "
+                         f"{_yes(c['vs_stock'] >= MOE_VS_STOCK)}), {c['vs_default']:.3f}x default's; compile "
+                         f"{c['compile_vs_default']:.2f}x default's ({c['rows']} rows"
+                         + ("" if c["same_run"] else "; baselines of another run") + ")")
+        if mc.get("passed"):
+            lines.append(f"- over {len(mc['workloads'])} MoE workloads: worst vs stock {mc['worst_vs_stock']:.3f}; "
+                         f"geomean vs default {mc['geomean_vs_default']:.3f}x; compile geomean "
+                         f"{mc['compile_geomean']:.2f}x (worst {mc['compile_worst']:.2f}x); "
+                         + "; ".join(f"{k}: {_yes(ok)}" for k, ok in mc["passed"].items()))
+    return "\n".join(lines).rstrip() + "\n"
+
+
 def _tuned(name: str, row: dict[str, Any]) -> bool:
     """Whether a perfmodel rule was tuned on the workload: WORKLOADS says so today, a row may predate it."""
     wl = next((w for w in WORKLOADS if w.name == name), None)
@@ -652,8 +1248,10 @@ def _tuned(name: str, row: dict[str, Any]) -> bool:
 
 def markdown(results: dict[str, Any]) -> str:
     """The results tables: ratios side by side (ratios()) per workload and variant, the figures against any run
-    (ratios_any_run()), and every row with its run."""
-    rows = results.get("workloads", {})
+    (ratios_any_run()), and every row with its run; then the dynamic and MoE kinds' section (serving_markdown())."""
+    rows = _static_rows(results)
+    if not rows:
+        return serving_markdown(results)
     rat, anyr = ratios(results), ratios_any_run(results)
     ours = [v for v in VARIANTS if v not in BASELINES and v in rat]
     lines = [f"Device: {results.get('device', '?')}; torch {results.get('torch', '?')}. Step = median GPU time "
@@ -692,7 +1290,8 @@ def markdown(results: dict[str, Any]) -> str:
                 lines.append(f"| {name} | {v} | {x.get('run', '?')} | {x['step_ms']:.3f} ms, {x['compile_s']:.1f} | "
                              f"{x['gemm_tuning_s']:.1f} | {x['other_tuning_s']:.1f} | {x['rest_s']:.1f} |"
                              + ("" if x.get("ok") else " output off"))
-    return "\n".join(lines)
+    serving = serving_markdown(results)
+    return "\n".join(lines) + ("\n\n" + serving if serving else "")
 
 
 _ATEN_NAMES = ("mm", "addmm", "bias_addmm")
@@ -751,7 +1350,8 @@ def _merge(results: dict[str, Any], out: dict[str, Any], err: str | None) -> dic
     prev = results["workloads"].get(wl.name, {})
     entry = {**prev, **{k: v for k, v in out.items() if k not in ("variants", "workload")},
              "variants": {**prev.get("variants", {}), **out.get("variants", {})},
-             "tuned": wl.tuned, "dtype": wl.dtype, "train": wl.train, **({"tf32": True} if wl.tf32 else {})}
+             "tuned": wl.tuned, "dtype": wl.dtype, "train": wl.train, **({"tf32": True} if wl.tf32 else {}),
+             **({"kind": wl.kind} if wl.kind != "static" else {})}
     if err:
         entry["error"] = err
         print(f"[model_bench]   {err[-600:]}", flush=True)
@@ -768,6 +1368,28 @@ def select_workloads(spec: str) -> list[Workload]:
     return [w for w in WORKLOADS if any(w.name.startswith(k) for k in keys)]
 
 
+def variants_for(wl: Workload, variants: list[str]) -> list[str]:
+    """The variants of `variants` that a workload's kind runs: the dynamic kind DYNAMIC_VARIANTS' (repeats
+    included), any other kind all but the static references (which exist for the dynamic kind only)."""
+    if wl.kind == "dynamic":
+        return [v for v in variants if _base(v) in DYNAMIC_VARIANTS]
+    return [v for v in variants if _base(v) not in STATIC_REFERENCES]
+
+
+def merge_files(results: dict[str, Any], others: list[dict[str, Any]]) -> dict[str, Any]:
+    """results with the workloads of other results files merged in, variant by variant (a later file's row of
+    a (workload, variant) replaces an earlier one): the files of runs made in parallel on several GPUs."""
+    for o in others:
+        for k in ("device", "torch", "triton"):
+            if k in o and k not in results:
+                results[k] = o[k]
+        for name, r in o.get("workloads", {}).items():
+            prev = results.setdefault("workloads", {}).get(name, {})
+            results["workloads"][name] = {**prev, **{k: v for k, v in r.items() if k != "variants"},
+                                          "variants": {**prev.get("variants", {}), **r.get("variants", {})}}
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--workloads", default=None, help="comma-separated names or name prefixes (default: all); separate them with ';' "
@@ -781,6 +1403,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--force", action="store_true", help="re-run (workload, variant) pairs already in --out")
     ap.add_argument("--render", action="store_true", help="CPU: rewrite --out's .md table from --out (after merging "
                     "results of runs on several GPUs into one file)")
+    ap.add_argument("--merge", type=Path, nargs="+", default=None, metavar="FILE",
+                    help="CPU: merge these results files (runs made in parallel, one GPU each) into --out and render it")
+    ap.add_argument("--list", action="store_true", help="print the workloads (name, kind, sizes) and exit")
     ap.add_argument("--report-calls", action="store_true",
                     help="CPU: print the model's cuBLAS-or-Triton calls against Inductor's own benchmark in --out")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -792,6 +1417,20 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--variants: unknown {bad}; choose from {', '.join(VARIANTS)}")
     if args.worker:
         _worker(args.worker, variants, args.model, args.res)
+        return 0
+    if args.list:
+        for w in WORKLOADS:
+            print(f"{w.kind:7s} {w.dtype:8s} {w.name}" + (f"  sizes {', '.join(map(_label, w.sizes))}" if w.sizes else ""))
+        return 0
+    if args.merge:
+        missing = [str(f) for f in args.merge if not f.is_file()]
+        if missing:
+            ap.error(f"--merge: no such file {missing}")
+        results = json.loads(args.out.read_text()) if args.out.is_file() else {"workloads": {}}
+        merge_files(results, [json.loads(f.read_text()) for f in args.merge])
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(results, separators=(",", ":")) + "\n")
+        _write_table(args.out, results)
         return 0
     if args.report_calls:
         print(calls_report(json.loads(args.out.read_text())))
@@ -823,7 +1462,8 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     for wl in wanted:
         prev = results["workloads"].get(wl.name, {})
-        todo = [v for v in variants if args.force or "step_ms" not in prev.get("variants", {}).get(v, {})]
+        todo = [v for v in variants_for(wl, variants)
+                if args.force or "step_ms" not in prev.get("variants", {}).get(v, {})]
         if not todo:
             continue
         left = args.time_limit - (time.perf_counter() - t_start)
@@ -831,7 +1471,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[model_bench] {left:.0f} s left: {wl.name} and later workloads are left for the next run")
             break
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", wl.name, "--variants", ",".join(todo),
+        cmd = [sys.executable, "-m", __spec__.name, "--worker", wl.name, "--variants", ",".join(todo),
                "--res", str(partial)] + (["--model", args.model] if args.model else [])
         t0 = time.perf_counter()
         print(f"[model_bench] {wl.name}: {', '.join(todo)}", flush=True)
@@ -850,6 +1490,9 @@ def main(argv: list[str] | None = None) -> int:
                                              f"(GEMM {x['gemm_tuning_s']:.1f}, other {x['other_tuning_s']:.1f}), "
                                              f"rel err {x['rel_err']:.2e}" if "step_ms" in x
                                              else x.get("error", "missing")[:300]), flush=True)
+            for k, y in x.get("sizes", {}).items():  # the dynamic kind: every size
+                print(f"[model_bench]     {k}: step {y['step_ms']:.3f} ms, first call {y['first_call_s']:.1f} s, "
+                      f"captures {y['warm_s']:.1f} s, rel err {y['rel_err']:.2e}", flush=True)
         args.out.write_text(json.dumps(results, separators=(",", ":")) + "\n")  # compact: the file is large
     _write_table(args.out, results)
     return 0

@@ -1,6 +1,6 @@
 """The plots of README.md and docs/, made from committed results only (CPU; needs the `bench` extra).
 
-    python benchmarks/plots.py [--out docs/img] [--model models/h100] [--data data/h100]
+    python -m benchmarks.plots [--out docs/img] [--model models/h100] [--data data/h100]
                                [--inductor benchmarks/results/inductor_bench_h100_unseen_v8.json]
                                [--triton benchmarks/results/triton_hook_bench_h100_v9.json]
 
@@ -23,9 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # a plain checkout: perfmodel.* resolves from the repo root
-    sys.path.insert(0, str(ROOT))
+from benchmarks import REPO as ROOT
 
 
 def _short_dtype(dtype: str) -> str:

@@ -13,7 +13,7 @@ folder and reports how often it reproduces the recorded decisions. The pad decis
 --pad (m,k,n,dtype[,tl][,tr]) are compared as well (the pad hook's decision with Triton in play, as
 under the set-up). Exit status 1 when anything differs.
 
-    python benchmarks/replay_decisions.py --measured models/h100 --candidate /tmp/new_h100 \
+    python -m benchmarks.replay_decisions --measured models/h100 --candidate /tmp/new_h100 \
         [--results benchmarks/results/model_bench_h100.json] [--pad 4096,768,50257,float16]
 """
 from __future__ import annotations
@@ -24,8 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from benchmarks import REPO
 
 
 def recorded(results: dict[str, Any], variant: str = "perfmodel") -> dict[tuple, dict[str, Any]]:

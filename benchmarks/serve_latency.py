@@ -13,8 +13,8 @@ layers of 256 with BatchNorm (eval mode), and logsumexp with the fixed 0.00541 m
 CPU (the PR ran an AOTInductor package on CUDA; its weights were never published, so they are random
 here: only the latency is compared). It handles one problem per call, as the PR did; ours batches.
 
-    python benchmarks/serve_latency.py [--model PATH] [--repeats 50] [--block 10] [--out results.json]
-    python benchmarks/serve_latency.py --synthetic     # random-weight model, before a trained one exists
+    python -m benchmarks.serve_latency [--model PATH] [--repeats 50] [--block 10] [--out results.json]
+    python -m benchmarks.serve_latency --synthetic     # random-weight model, before a trained one exists
 
 pandas is imported only here (the reproduced path needs it; serving does not).
 """
@@ -34,14 +34,12 @@ import numpy as np
 import torch
 from torch import nn
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from benchmarks import REPO
 
-from perfmodel.configs import pruned_space, stratified_sample  # noqa: E402
-from perfmodel.devices import DEFAULT_DEVICE, get_spec  # noqa: E402
-from perfmodel.locations import default_model_dir  # noqa: E402
-from perfmodel.schema import GemmConfig, GemmProblem  # noqa: E402
+from perfmodel.configs import pruned_space, stratified_sample
+from perfmodel.devices import DEFAULT_DEVICE, get_spec
+from perfmodel.locations import default_model_dir
+from perfmodel.schema import GemmConfig, GemmProblem
 
 N_CONFIGS = 368
 N_PROBLEMS = 100

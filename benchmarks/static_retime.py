@@ -4,18 +4,18 @@ Inductor compiles its mm template; one compile per problem and config), beside t
 (kernel v4: Triton's default specialisation, one compile per specialisation key), and the shipped
 model's ranking judged against both.
 
-benchmarks/archive/kernel_fidelity.py showed, on six shapes, that the static compile orders configs as Inductor
+benchmarks/studies/kernel_fidelity.py showed, on six shapes, that the static compile orders configs as Inductor
 does where v4 does not (Spearman 0.97-0.98 against 0.37-0.86). This measures what that costs the
 model's picks on the project's own held-out problems, to decide between one kernel for the dataset and
 a kernel mode per row (docs/data.md).
 
     # GPU: time `--per-mode` held-out problems of each dtype mode (their dataset configs) statically
-    python benchmarks/static_retime.py --data data/h100 --per-mode 15 --out FOLDER [--time-limit 420]
+    python -m benchmarks.static_retime --data data/h100 --per-mode 15 --out FOLDER [--time-limit 420]
     # ... or another split's, leaving out those of earlier runs
-    python benchmarks/static_retime.py --split train --per-mode 15 --skip-done FOLDER... --out FOLDER2
+    python -m benchmarks.static_retime --split train --per-mode 15 --skip-done FOLDER... --out FOLDER2
     # CPU: compare with the dataset's rows and rank with a model (FOLDER, or a rows file of that format:
     # e.g. the same problems re-timed with the dataset's own kernel, for the noise floor)
-    python benchmarks/static_retime.py --compare FOLDER_OR_ROWS_FILE... [--data data/h100] [--model models/h100]
+    python -m benchmarks.static_retime --compare FOLDER_OR_ROWS_FILE... [--data data/h100] [--model models/h100]
     # CPU: the runs' rows into the dataset as gemm_static parts (data generation, data_gen/static_gen.py)
     perfmodel gen static FOLDER... --out data/h100
 
@@ -38,9 +38,7 @@ from typing import Any
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from benchmarks import REPO
 
 CONFIG_FIELDS = ("block_m", "block_n", "block_k", "group_m", "num_stages", "num_warps")
 PROBLEM_FIELDS = ("m", "n", "k", "dtype", "allow_tf32", "transpose_left", "transpose_right")

@@ -16,7 +16,7 @@ and torch.mm's timed side by side (perfmodel.data_gen.measure.Bench: L2 flushed,
 so that the autotuner's Python dispatch is not timed, median of >= 10 runs). Each shape runs in
 try/except and records its error.
 
-    python benchmarks/triton_hook_bench.py [--model PATH | --synthetic] [--configs 40] [--top-k 5]
+    python -m benchmarks.triton_hook_bench [--model PATH | --synthetic] [--configs 40] [--top-k 5]
                                            [--out benchmarks/results/triton_hook_bench.json]
 
 Run time on the H100 (one specialisation compiles at ~1 kernel/s in one process, and the 5 shapes
@@ -35,14 +35,9 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/_shared/runner.py
-
-from _shared.runner import resolve_model, run_worker, save_results  # noqa: E402
-
-from perfmodel.locations import default_model_dir  # noqa: E402
+from benchmarks import REPO
+from benchmarks._shared.runner import resolve_model, run_worker, save_results
+from perfmodel.locations import default_model_dir
 
 # (M, N, K, dtype): square, a small-M GEMM where cuBLAS shines, an LLM MLP, decode, an unaligned one.
 SHAPES = [
@@ -128,7 +123,7 @@ def _worker(args: argparse.Namespace) -> dict[str, Any]:
 def _run_variant(variant: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     env = {**os.environ, "TRITON_CACHE_DIR": str(tmp / f"triton-cache-{variant}")}
     res_file = tmp / f"{variant}.json"
-    cmd = [sys.executable, __file__, "--worker", variant, "--model", str(args.model), "--configs", str(args.configs),
+    cmd = [sys.executable, "-m", __spec__.name, "--worker", variant, "--model", str(args.model), "--configs", str(args.configs),
            "--top-k", str(args.top_k), "--seed", str(args.seed), "--worker-out", str(res_file)] + (
                ["--backend", args.backend] if args.backend else [])
     return run_worker(variant, cmd, env, res_file, args.timeout)

@@ -1,4 +1,4 @@
-"""`perfmodel gen gemm|pad|cublas|cublas-only|bmm|static` and `perfmodel data info` (argument parsing; work is imported
+"""`perfmodel gen gemm|pad|cublas|cublas-only|bmm|grouped|static` and `perfmodel data info` (argument parsing; work is imported
 lazily)."""
 from __future__ import annotations
 
@@ -99,6 +99,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     st.add_argument("--out", type=Path, default=Path("data/h100"),
                     help="dataset folder (its gemm header is reused; problems already there are left)")
     _add_bmm_parser(gsub)
+    from .grouped_sweep import add_parser as add_grouped_parser
+
+    add_grouped_parser(gsub)
     data = sub.add_parser("data", help="dataset tools")
     dsub = data.add_subparsers(dest="data_cmd", required=True)
     info = dsub.add_parser("info", help="counts of a dataset folder")
@@ -237,6 +240,10 @@ def run(args: argparse.Namespace) -> int:
         stats = write_static(args.out, args.runs)
         print(f"{stats['written']} problems ({stats['rows']} rows read) into {args.out}")
         return 0
+    if args.gen_kind == "grouped":  # data_gen/grouped_sweep.py; --dry-run runs on the CPU
+        from .grouped_sweep import run_cli
+
+        return run_cli(args)
     import torch
 
     bmm = bmm_settings(args) if args.gen_kind == "bmm" else None  # argument errors before the GPU check

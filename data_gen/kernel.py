@@ -13,7 +13,7 @@ also knows that 1000 divides by 8 (vectorised 16-byte loads and stores of fp16 r
 neither 1 nor multiples of 16 are passed divided by their power-of-two divisor, which the kernel
 multiplies back by a constexpr (`divisor`). Measured on the H100 before that (kernel_fidelity): 1000^3
 fp16 ran 1.77x slower than Inductor's compile per config, aligned shapes 1.03-1.08x.
-`benchmarks/archive/kernel_fidelity.py` times this kernel beside Inductor's own compile of the template.
+`benchmarks/studies/kernel_fidelity.py` times this kernel beside Inductor's own compile of the template.
 
 `matmul_kernel_v3` is the dataset's previous kernel (M and N not specialised, hints only on column-major
 A / row-major B, K always masked), kept to compare against.
@@ -199,7 +199,7 @@ def _args(M: int, N: int, K: int, strides: tuple[int, ...], cfg, dtype: torch.dt
     """(the integer arguments, divided by their divisors; the constexprs) of one launch or compile.
     static: every size and stride a constant, as Inductor compiles its template for one shape -- passed
     as 1 times a DIV_ equal to it, so that the compiler folds it (one compile per shape and config; the
-    "v4 static" kernel of benchmarks/archive/kernel_fidelity.py and benchmarks/static_retime.py)."""
+    "v4 static" kernel of benchmarks/studies/kernel_fidelity.py and benchmarks/static_retime.py)."""
     sizes = (M, N, K, *strides)
     divs = list(sizes) if static else [divisor(v) for v in sizes]
     meta = dict(zip(_DIV_NAMES, divs))

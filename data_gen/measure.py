@@ -46,7 +46,7 @@ class TimingSettings:
     min_reps: int = 3
     max_reps: int = 40
     # GPU spin before each timed run (see Bench.timed_run). Without it, host launch latency is timed on short
-    # kernels: benchmarks/archive/launch_gap_check.py measured 0.04-0.2 ms instead of ~5 us on the H100.
+    # kernels: benchmarks/studies/launch_gap_check.py measured 0.04-0.2 ms instead of ~5 us on the H100.
     pre_sleep_us: float = 100.0
     # Rounds of min_reps extra runs for a callable left with fewer than min_reps runs enqueued ahead of
     # the GPU (one run for a callable kept at a single run, below). After them, its median is over every

@@ -89,7 +89,7 @@ def stratified_sample(configs: list[GemmConfig], n: int, seed: int) -> list[Gemm
 
 def inductor_default_configs() -> list[GemmConfig]:
     """Inductor's default (non-exhaustive) mm configs for CUDA: CUDAConfigHeuristic().mm_configs of
-    torch/_inductor/template_heuristics/triton.py (torch 2.13; `benchmarks/probe_inductor.py` prints the
+    torch/_inductor/template_heuristics/triton.py (torch 2.13; `benchmarks/studies/probe_inductor.py` prints the
     installed torch's list), before Inductor scales them to the problem: (BM, BN, BK, stages, warps)."""
     raw = [
         (32, 32, 16, 1, 2), (32, 32, 128, 2, 4), (32, 64, 32, 5, 8), (64, 32, 32, 5, 8),

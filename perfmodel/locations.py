@@ -6,7 +6,7 @@ perfmodel.serve, perfmodel.train and perfmodel.data_gen, and models/ to perfmode
 
 - an installed wheel: everything under site-packages/perfmodel/, the model in perfmodel/_models/<device>/;
 - a checkout, plain (nothing installed, the repo root on sys.path: the GPU machine runs `python -m ...`,
-  pytest and benchmarks/*.py that way) or under an editable install: perfmodel/ is the checkout's
+  pytest and `python -m benchmarks.NAME` that way) or under an editable install: perfmodel/ is the checkout's
   folder, and `CheckoutFinder` below resolves the three subpackages to the folders beside it.
 """
 from __future__ import annotations

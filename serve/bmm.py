@@ -23,6 +23,8 @@ from perfmodel.artifact import BMM, BMM_ATEN, BMM_CALL
 from perfmodel.features import bmm_problems_tensor
 from perfmodel.schema import GemmProblem
 
+from .runners import checked
+
 if TYPE_CHECKING:
     from .predictor import Predictor
 
@@ -49,18 +51,17 @@ def scores(predictor: "Predictor", problems: Sequence[GemmProblem], configs: Any
     """(configs, score (P, C), log ms (P, C)) of the bmm head on every problem with every config (configs None:
     the model device's pruned space for the problems' dtype); log ms inf where the device cannot run a config."""
     require(predictor, BMM, problems[0].batch)
-    cfgs, ct, _, fits = predictor._configs(configs, predictor._common_dtype(list(problems), configs))
+    cfgs, ct, ok = predictor.config_set(configs, problems)
     with torch.inference_mode():
         x = predictor.bundle.encoders[BMM].encode_cross(bmm_problems_tensor(problems), ct)     # (P * C, F)
-    z, log_ms = predictor._run.score_log_ms(BMM, x)
+    z, log_ms = predictor.runner.score_log_ms(BMM, x)
     shape = (len(problems), len(cfgs))
-    z = predictor._checked(z.numpy().astype(np.float64), "problems (bmm)").reshape(shape)
+    z = checked(z.numpy().astype(np.float64), "problems (bmm)").reshape(shape)
     log_ms = log_ms.numpy().astype(np.float64).reshape(shape)
-    predictor._checked(np.exp(log_ms), "problems (bmm)", positive=True)
-    ok = predictor._runnable(fits, problems)
+    checked(np.exp(log_ms), "problems (bmm)", positive=True)
     if ok is not None:
         log_ms = np.where(ok, log_ms, np.inf)
-    return list(cfgs), z, log_ms
+    return cfgs, z, log_ms
 
 
 def predict(predictor: "Predictor", problems: Sequence[GemmProblem], configs: Any) -> np.ndarray:
@@ -96,7 +97,7 @@ def aten_ms(predictor: "Predictor", problems: Sequence[GemmProblem]) -> np.ndarr
     require(predictor, BMM_ATEN, problems[0].batch)
     with torch.inference_mode():
         x = predictor.bundle.encoders[BMM_ATEN].encode(bmm_problems_tensor(problems))
-    return predictor._ms(BMM_ATEN, x, "problems (aten::bmm)")
+    return checked(np.exp(predictor.runner(BMM_ATEN, x)), "problems (aten::bmm)", positive=True)
 
 
 def implied_aten_ms(predictor: "Predictor", problems: Sequence[GemmProblem], best_log_ms: np.ndarray,
@@ -121,8 +122,7 @@ def call_scores(predictor: "Predictor", problems: Sequence[GemmProblem]) -> np.n
         return None
     with torch.inference_mode():
         x = predictor.bundle.encoders[BMM_CALL].encode(bmm_problems_tensor(problems))
-    return predictor._checked(predictor._run.score(BMM_CALL, x).numpy().astype(np.float64).reshape(-1),
-                              "problems (bmm call)")
+    return checked(predictor.runner.score(BMM_CALL, x).numpy().astype(np.float64).reshape(-1), "problems (bmm call)")
 
 
 def aten_call_ms(predictor: "Predictor", prob: GemmProblem, best_ms: float) -> float:
@@ -144,7 +144,7 @@ def leave_unpadded(predictor: "Predictor", prob: GemmProblem,
     benchmark decides. On the 1,771 problems of data/h100's bmm rows that pad_mm would pad, timed padded
     (pad, aten::bmm, slice), unpadded and with every Triton config, this rule under the whole-model
     set-up's decisions runs a geomean 1.004x the faster of padded and unpadded, Inductor's rule with an exact
-    benchmark 1.025x (benchmarks/bmm_pad_rule.py)."""
+    benchmark 1.025x (benchmarks/studies/bmm_pad_rule.py)."""
     best = predictor.rank(prob, None if configs is None else list(configs), top_k=1)
     if not best or not np.isfinite(best[0][1]):
         return False, float("inf"), float("nan")

@@ -12,7 +12,7 @@ on its own. Two cuBLAS rules live here, for two questions:
 - the hook's trade (`triton_dropped`, install(cublas_margin=...)): is Triton worth compiling and
   benchmarking? Predicted times only -- the cuBLAS head's time x (1 + margin) against the best ranked
   config among those Inductor offers -- with a margin tuned for compile time against kernel time
-  (benchmarks/cublas_margin.py). It never asks the call head: margin 0 is the times' call, not the call
+  (benchmarks/studies/cublas_margin.py). It never asks the call head: margin 0 is the times' call, not the call
   head's.
 - the whole-model set-up's trade (`triton_expected_gain`, perfmodel.serve.compile): keep Triton beside
   default mode's aten kernel only where the best ranked config is predicted at least `gain` faster than
@@ -35,11 +35,11 @@ if TYPE_CHECKING:  # the Predictor calls this module: no import cycle at run tim
     from .predictor import Predictor
 
 __all__ = ["BMM_SURE_GAIN", "CUBLAS_MARGIN", "PAD_TRITON_MARGIN", "bmm_sure", "check_bmm_sure_gain",
-           "cublas_preferred", "hook_pad_decision", "kept_positions", "pad_copy_floor_ms", "pad_decision",
+           "cublas_preferred", "gain_from_margin", "hook_pad_decision", "kept_positions", "pad_copy_floor_ms", "pad_decision",
            "padded_path_ms", "triton_dropped", "triton_expected_gain", "unpadded_triton_instead"]
 
 # install()'s default cublas_margin: keep the Triton mm choices only where the model's best config is
-# predicted more than 5 % faster than cuBLAS. benchmarks/cublas_margin.py on the 173 held-out problems:
+# predicted more than 5 % faster than cuBLAS. benchmarks/studies/cublas_margin.py on the 173 held-out problems:
 # Triton is kept (and compiled and benchmarked) on 16 % of H100 problems (20 % at margin 0, 26 % at 0.1),
 # and the chosen kernel is 1.0058x the best measured (1.0041x at 0, 1.0019x at 0.1; docs/benchmarks.md).
 # On the 12 shapes of benchmarks/inductor_bench.py (H200) it cut the GEMM tuning from 8.9 s (margin 0) to
@@ -48,7 +48,7 @@ CUBLAS_MARGIN = -0.05
 
 # Both hooks keep a bmm's best ranked Triton config alone (no aten::bmm beside it, nothing benchmarked) where
 # the aten::bmm time the model's call implies is at least this fraction slower than that config's predicted
-# time. Chosen on the val problems of models/h100's bmm split (benchmarks/bmm_sure_gain.py): the smallest gain
+# time. Chosen on the val problems of models/h100's bmm split (benchmarks/studies/bmm_sure_gain.py): the smallest gain
 # (of 0, 0.05, ..., 0.5) at which the configs used alone are, against the better of them and aten::bmm as
 # measured, a geomean 1.002 or less and nowhere more than 1.15x slower. docs/benchmarks.md has the
 # figures of each gain on the val and test problems.
@@ -84,10 +84,19 @@ def cublas_preferred(call_score: Any, cublas_ms: Any, best_ms: Any, given_best_m
 
 
 def triton_dropped(cublas_ms: float, best_triton_ms: float, margin: float | None) -> bool:
-    """The Inductor hook's cublas_margin rule: drop the Triton mm choices when cuBLAS's predicted time
-    x (1 + margin) is below the best ranked (offered) config's; never with margin None. Predicted times
-    only (not the call head: see the module docstring)."""
+    """The hook's cublas_margin, said as a drop: Triton's choices go when cuBLAS's predicted time x (1 + margin)
+    is below the best ranked (offered) config's; never with margin None. Predicted times only (not the call head:
+    see the module docstring). The handler applies it as the one rule, triton_expected_gain with
+    gain_from_margin(margin)."""
     return margin is not None and cublas_ms * (1.0 + margin) < best_triton_ms
+
+
+def gain_from_margin(margin: float) -> float:
+    """The hook's cublas_margin m as the set-up's triton_gain g: Triton kept where best <= cuBLAS x (1 + m), i.e.
+    best x (1 / (1 + m)) <= cuBLAS: g = -m / (1 + m) (m = -0.05: g = 0.0526..., Triton predicted more than 5 %
+    faster; m = 0: g = 0, the same rule). The two agree but where the rounding of the product differs in the
+    last bit, a tie no predicted time meets in practice."""
+    return -margin / (1.0 + margin)
 
 
 def triton_expected_gain(cublas_ms: float | None, best_triton_ms: float, gain: float) -> bool:

@@ -36,7 +36,7 @@ from perfmodel.schema import DTYPE_BYTES, DTYPES, GemmConfig, GemmProblem, PadDe
 
 from . import bmm, decisions
 from .loading import BACKENDS, MLFLOW_SCHEMES, load_model
-from .runners import KERNELS, Runner, _ConfigPart
+from .runners import KERNELS, Runner, _ConfigPart, checked
 
 __all__ = ["BACKENDS", "KERNELS", "MLFLOW_SCHEMES", "Candidates", "Predictor"]
 
@@ -278,6 +278,19 @@ class Predictor:
         self._last_configs = (configs, hit)  # one assignment: threads see the old pair or the new one
         return (configs, *hit)
 
+    @property
+    def runner(self) -> Runner:
+        """The Runner every call of this Predictor goes through (its backend: Predictor.backend)."""
+        return self._run
+
+    def config_set(self, configs: Any, problems: Sequence[GemmProblem]) -> tuple[list, torch.Tensor, np.ndarray | None]:
+        """(configs, their tensor (C, ...), (P, C) bool of the configs the model's device can run for each problem,
+        or None where it can run them all) of a config list for problems (configs None: the model device's pruned
+        space for the problems' one dtype): the Predictor's cached config sets, for a head scored outside it
+        (perfmodel.serve.bmm)."""
+        cfgs, ct, _, fits = self._configs(configs, self._common_dtype(list(problems), configs))
+        return list(cfgs), ct, self._runnable(fits, problems)
+
     def _ms(self, head: str, x: torch.Tensor, what: str) -> np.ndarray:
         return self._checked(np.exp(self._run(head, x)), what, positive=True)
 
@@ -397,15 +410,7 @@ class Predictor:
         ms = self._checked(np.exp(log_ms.numpy().astype(np.float64)), "problems", positive=True)
         return idx.tolist(), ms.tolist()
 
-    @staticmethod
-    def _checked(values: np.ndarray, what: str, positive: bool = False) -> np.ndarray:
-        """values (scores, or ms with positive=True), unchanged. Never clamp: a non-finite prediction
-        means the model left its valid range."""
-        # a finite sum means every value is finite (a NaN or an inf makes the sum NaN or inf): one
-        # reduction on the fast path, the elementwise check only when the sum is not finite
-        if (not math.isfinite(values.sum()) and not np.isfinite(values).all()) or (positive and not values.min() > 0):
-            raise RuntimeError(f"{what}: the model predicted a non-finite or non-positive time")
-        return values
+    _checked = staticmethod(checked)  # perfmodel.serve.runners.checked
 
     def rank(self, prob: GemmProblem, configs: Sequence[GemmConfig] | None = None,
              top_k: int = 5) -> list[tuple[GemmConfig, float]]:

@@ -10,6 +10,8 @@ Imports neither Lightning, nor MLflow, nor pandas; onnxruntime and onnx only whe
 """
 from __future__ import annotations
 
+import math
+
 import abc
 import os
 import threading
@@ -48,6 +50,16 @@ def model_kernels(bundle: ModelBundle) -> frozenset[str]:
     network (perfmodel.artifact.inductor_head)."""
     return frozenset(KERNELS if inductor_head(bundle.heads) else KERNELS[:1])
 
+
+
+def checked(values: np.ndarray, what: str, positive: bool = False) -> np.ndarray:
+    """values (scores, or ms with positive=True), unchanged; RuntimeError naming `what` where one is not finite (or
+    not positive). Never clamp: a non-finite prediction means the model left its valid range."""
+    # a finite sum means every value is finite (a NaN or an inf makes the sum NaN or inf): one reduction on the
+    # fast path, the elementwise check only when the sum is not finite
+    if (not math.isfinite(values.sum()) and not np.isfinite(values).all()) or (positive and not values.min() > 0):
+        raise RuntimeError(f"{what}: the model predicted a non-finite or non-positive time")
+    return values
 
 class Runner(abc.ABC):
     """What the Predictor runs a model with. Rows are a head's encoded features (N, F) float32.

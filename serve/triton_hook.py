@@ -25,15 +25,9 @@ from typing import Any, Callable, Sequence
 from perfmodel.schema import GemmConfig, GemmProblem, is_column_major
 
 from .decisions import kept_positions
+from .gemm_decisions import rank_positions
+from .kernel_inputs import kwargs_to_gemm
 from .predictor import Predictor
-
-_KWARG_NAMES = {
-    "block_m": ("BLOCK_M", "BLOCK_SIZE_M", "block_m"),
-    "block_n": ("BLOCK_N", "BLOCK_SIZE_N", "block_n"),
-    "block_k": ("BLOCK_K", "BLOCK_SIZE_K", "block_k"),
-    "group_m": ("GROUP_M", "GROUP_SIZE_M", "group_m"),
-}
-_DEFAULT_GROUP_M = 8  # Inductor's and the tutorial's default when a config leaves GROUP_M out
 
 
 def config_to_gemm(config: Any) -> GemmConfig:
@@ -46,32 +40,6 @@ def config_to_gemm(config: Any) -> GemmConfig:
     else:
         raise TypeError(f"config: expected a triton.Config, got {type(config).__name__}")
     return kwargs_to_gemm(kw)
-
-
-def kwargs_to_gemm(kw: dict[str, Any]) -> GemmConfig:
-    values: dict[str, Any] = {}
-    for field, names in _KWARG_NAMES.items():
-        found = [kw[n] for n in names if n in kw]
-        if not found:
-            if field == "group_m":
-                values[field] = _DEFAULT_GROUP_M
-                continue
-            raise ValueError(f"config: no {names[0]} (or {', '.join(names[1:])}) in {sorted(kw)}")
-        values[field] = found[0]
-    values["num_stages"] = kw.get("num_stages", 3)
-    values["num_warps"] = kw.get("num_warps", 4)
-    return GemmConfig(**values)
-
-
-def rank_positions(predictor: Predictor, prob: GemmProblem, cfgs: Sequence[GemmConfig],
-                   top_k: int) -> list[tuple[int, float]]:
-    """Predictor.rank's top_k of cfgs -- the project's one ranking rule (the screen, then the gemm head;
-    unrunnable configs last at inf) -- as (position in cfgs, predicted ms), fastest first. A config
-    listed twice is two positions."""
-    where: dict[GemmConfig, list[int]] = {}
-    for i, c in enumerate(cfgs):
-        where.setdefault(c, []).append(i)
-    return [(where[c].pop(0), ms) for c, ms in predictor.rank(prob, cfgs, top_k=top_k)]
 
 
 class _LazyPredictor:

@@ -2,13 +2,9 @@
 (no compile): which timers are GEMM tuning, which other tuning, and the pad decision's clock."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-from _shared.clock import CompileClock, split_timers  # noqa: E402
+from benchmarks._shared.clock import CompileClock, split_timers
 
 
 def test_split_timers_parts():

@@ -1,21 +1,19 @@
-"""benchmarks/bmm_retime.py: the bmm timings' repeatability (CPU). Its rule on synthetic timings (said so), and
+"""benchmarks/studies/bmm_retime.py: the bmm timings' repeatability (CPU). Its rule on synthetic timings (said so), and
 its committed figures recomputed from the committed rows."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
 
 
 def test_the_ceiling_rule_on_synthetic_timings():
     # synthetic: problem p has configs a (1.0 ms) and b (1.1 ms) in the first timing; the re-time makes b the
     # faster (0.9 ms against a's 1.0) and flips the aten call (aten 0.95 ms: slower than 0.9, faster than 1.0)
-    from bmm_retime import compare
+    from benchmarks.studies.bmm_retime import compare
 
     p = (64, 64, 64, "float16", False, False, False, 8)          # problems keyed as PROBLEM's fields
     q = (64, 64, 64, "float32", True, False, False, 8)
@@ -34,7 +32,7 @@ def test_the_ceiling_rule_on_synthetic_timings():
 
 @pytest.mark.parametrize("sweep,problems", [("4", 247), ("1", 300), ("1q", 300)])
 def test_the_committed_figures_are_the_rows(sweep, problems):
-    from bmm_retime import SWEEPS, compare, timings
+    from benchmarks.studies.bmm_retime import SWEEPS, compare, timings
 
     want = json.loads((REPO / f"benchmarks/results/bmm_retime_h100_sweep{sweep}.json").read_text())
     got = compare(*(timings(p) for p in SWEEPS[sweep]))

@@ -1,4 +1,4 @@
-"""benchmarks/bmm_sure_gain.py, benchmarks/bmm_pad_rule.py and benchmarks/paired_heldout.py on SYNTHETIC
+"""benchmarks/studies/bmm_sure_gain.py, benchmarks/studies/bmm_pad_rule.py and benchmarks/studies/paired_heldout.py on SYNTHETIC
 folders (random-weight models, tests/_synthetic.py data): what each script computes must hold whatever the
 model -- every ratio against the faster of the alternatives is >= 1, the sure share falls as the gain rises, a
 folder against itself differs nowhere."""
@@ -24,7 +24,7 @@ def bmm_folders(tmp_path_factory):
 
 
 def test_the_sure_gain_table(bmm_folders):
-    sg = benchmark_script("bmm_sure_gain")
+    sg = benchmark_script("studies.bmm_sure_gain")
     r = sg.figures(*bmm_folders)
     assert set(r["gains"]) == {str(g) for g in sg.GAINS}
     for split in ("train", "val", "test"):
@@ -40,7 +40,7 @@ def test_the_sure_gain_table(bmm_folders):
 
 
 def test_the_pad_rule_table(bmm_folders):
-    pr = benchmark_script("bmm_pad_rule")
+    pr = benchmark_script("studies.bmm_pad_rule")
     t, pad_ms = pr.padded_rows(bmm_folders[1])
     assert np.isfinite(pad_ms).sum() == len(t.problems)  # the synthetic data times every problem padded
     r = pr.figures(*bmm_folders)
@@ -53,7 +53,7 @@ def test_the_pad_rule_table(bmm_folders):
 
 
 def test_a_folder_against_itself_differs_nowhere(tmp_path):
-    ph = benchmark_script("paired_heldout")
+    ph = benchmark_script("studies.paired_heldout")
     model = write_synthetic_model(tmp_path / "m", hidden=(16,))
     data = write_synthetic_dataset(tmp_path / "d", n_problems=96)
     r = ph.compare(model, model, data, draws=50)

@@ -16,6 +16,7 @@ from perfmodel.features import bmm_problems_tensor, configs_tensor
 from perfmodel.serve import bmm as sbmm
 from perfmodel.serve import compile as pc
 from perfmodel.serve import inductor as si
+from perfmodel.serve import pad_hook
 from perfmodel.train.bmm_head import BmmHeadSettings
 from perfmodel.train.refit import refit_bmm
 from tests._inductor import choice
@@ -353,7 +354,7 @@ def test_the_pad_hook_leaves_a_bmm_the_model_keeps_triton_for_unpadded(model_dir
     try:
         hooked = pad_mm._should_pad
         for in_play, ratio, want in ((True, 1.5, False), (True, 0.8, "inductor's own"), (False, 1.5, "inductor's own")):
-            monkeypatch.setattr(si, "_triton_mm_in_play", lambda: in_play)
+            monkeypatch.setattr(pad_hook, "_triton_mm_in_play", lambda: in_play)
             monkeypatch.setattr(sbmm, "aten_call_ms", lambda p, q, best_ms: best_ms * ratio)
             assert hooked(None, a, b, torch.ops.aten.bmm) == want
         (logged,) = si.bmm_pad_decisions()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,11 +16,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def probe():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import device_probe
-    finally:
-        sys.path.pop(0)
+    from benchmarks import device_probe
+
     return device_probe
 
 

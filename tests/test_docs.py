@@ -26,7 +26,7 @@ import pytest
 from tests._scripts import benchmark_script
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "benchmarks" / "studies" / "README.md"]
 TOP = ("perfmodel", "serve", "train", "data_gen", "data", "models", "benchmarks", "docs", "tests", ".ci")
 # Files linked before they exist (written on another branch); empty once merged.
 PENDING: set[str] = set()
@@ -108,6 +108,18 @@ def test_named_paths_exist(doc):
     assert names, f"{doc.name} names no file at all: is the path pattern still right?"
     missing = sorted(n for n in names if n not in PENDING and not _resolve(doc, n))
     assert not missing, f"{doc.relative_to(ROOT)} names files that do not exist: {missing}"
+
+
+_MODULE = re.compile(r"python -m\s+(benchmarks(?:\.[a-z_]\w*)+)(?!\.?\w)")  # NAME: a placeholder
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_named_benchmark_modules_exist(doc):
+    """A `python -m benchmarks.NAME` (or benchmarks.studies.NAME) command in a page names a module of the
+    benchmarks package (benchmarks/NAME.py), code blocks included: those are the commands to rerun."""
+    missing = sorted(m for m in set(_MODULE.findall(doc.read_text()))
+                     if not (ROOT / (m.replace(".", "/") + ".py")).is_file())
+    assert not missing, f"{doc.relative_to(ROOT)} runs benchmark modules that do not exist: {missing}"
 
 
 def test_docs_pages_name_their_commands():

@@ -16,10 +16,11 @@ def test_max_autotune_hook_keeps_top_k_real_choices(space, tmp_path, monkeypatch
     import torch
     from torch._inductor import config as inductor_config
 
+    import perfmodel.serve.choices as sc
     import perfmodel.serve.inductor as si
 
     seen = []
-    real = si.filter_template_choices
+    real = sc.select
 
     def spy(choices, kernel_inputs, op_name, *a, **kw):
         kept = real(choices, kernel_inputs, op_name, *a, **kw)
@@ -28,7 +29,7 @@ def test_max_autotune_hook_keeps_top_k_real_choices(space, tmp_path, monkeypatch
         seen.append((op_name, si.problem_from_kernel_inputs(kernel_inputs), n_mm, kept_mm))
         return kept
 
-    monkeypatch.setattr(si, "filter_template_choices", spy)
+    monkeypatch.setattr(sc, "select", spy)
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # a fresh cache
     torch._dynamo.reset()
     a = torch.randn(512, 256, device="cuda", dtype=torch.float16)

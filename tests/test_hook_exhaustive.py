@@ -103,11 +103,13 @@ def test_pad_decision_weighs_only_the_configs_in_play(monkeypatch: pytest.Monkey
     pp = PadProblem(m=1024, k=768, n=50257, dtype="float16")
     pad = PadDecision(should_pad=True, orig_ms=0.45, padded_ms=0.27)
     stub = _ConfigRankStub(times)
-    monkeypatch.setattr(inductor_config, "max_autotune_gemm_search_space", "DEFAULT")
-    assert si.unpadded_triton_instead(stub, pp, pad, si._configs_in_play()) is pad
-    monkeypatch.setattr(inductor_config, "max_autotune_gemm_search_space", "EXHAUSTIVE")
-    assert si._configs_in_play() is None
-    assert si.unpadded_triton_instead(stub, pp, pad, si._configs_in_play()) == PadDecision(False, 0.45, 0.27)
+    # inductor_config.patch, not monkeypatch: monkeypatch's undo deletes the option from Inductor's config module
+    # (its __delattr__), and every later read of it (the pad hook's _configs_in_play) then raises AttributeError
+    with inductor_config.patch(max_autotune_gemm_search_space="DEFAULT"):
+        assert si.unpadded_triton_instead(stub, pp, pad, si._configs_in_play()) is pad
+    with inductor_config.patch(max_autotune_gemm_search_space="EXHAUSTIVE"):
+        assert si._configs_in_play() is None
+        assert si.unpadded_triton_instead(stub, pp, pad, si._configs_in_play()) == PadDecision(False, 0.45, 0.27)
 
 
 def test_hook_keeps_ranks_choice_with_the_shipped_model():

@@ -68,7 +68,7 @@ CHILD = textwrap.dedent("""
     if spec["grid_only"]:
         print("RESULTS" + json.dumps(results))
         sys.exit(0)
-    # The previous dataset kernel (benchmarks/archive/kernel_fidelity.py compares it), and sizes divisible by 8
+    # The previous dataset kernel (benchmarks/studies/kernel_fidelity.py compares it), and sizes divisible by 8
     # but not 16, which the v4 kernel passes divided by their power-of-two divisor.
     for tl_, tr in spec["layouts"]:
         for name, (m, n, k) in (("v3", (37, 29, 45)), ("div8", (40, 24, 56)), ("div2", (38, 18, 50)),

@@ -22,7 +22,9 @@ from tests._synthetic import write_synthetic_model
 triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 
+from perfmodel.serve import choices as sc  # noqa: E402
 from perfmodel.serve import inductor as si  # noqa: E402
+from perfmodel.serve import notices, pad_hook  # noqa: E402
 from perfmodel.serve.triton_hook import (config_to_gemm, perfmodel_perf_model, perfmodel_prune,  # noqa: E402
                                prune_configs_by)
 
@@ -297,7 +299,7 @@ def test_install_fails_soft_on_api_drift(pt: Predictor, monkeypatch: pytest.Monk
 
 def test_hook_falls_back_when_structures_change(pt: Predictor, monkeypatch: pytest.MonkeyPatch) -> None:
     """A choice object without .params (say, a renamed field): the handler returns Inductor's list."""
-    monkeypatch.setattr(si, "_warned", set())
+    monkeypatch.setattr(notices, "_warned", set())
     handler = si._handler_class()(pt, 2, si.MM_OPS, si.TRITON_MM_TEMPLATES, None)
     odd = [SimpleNamespace(template=_Template("triton::mm"))] * 3
     with pytest.warns(RuntimeWarning, match="default choices"):
@@ -308,13 +310,13 @@ def test_hook_falls_back_when_structures_change(pt: Predictor, monkeypatch: pyte
 def test_real_compile_calls_the_hook(pt: Predictor, monkeypatch: pytest.MonkeyPatch) -> None:
     """torch.compile on the CPU: the installed handler sees the real MMKernelInputs (aten-only on CPU)."""
     seen = []
-    real = si.filter_template_choices
+    real = sc.select
 
     def spy(choices, kernel_inputs, op_name, *a, **kw):
         seen.append((op_name, si.problem_from_kernel_inputs(kernel_inputs)))
         return real(choices, kernel_inputs, op_name, *a, **kw)
 
-    monkeypatch.setattr(si, "filter_template_choices", spy)
+    monkeypatch.setattr(sc, "select", spy)
     torch._dynamo.reset()
     a, b = torch.randn(64, 32), torch.randn(48, 32).t()
     from torch._inductor import config as inductor_config
@@ -351,8 +353,8 @@ def test_pad_hook_decides_pad_mm_with_the_model(pt: Predictor, monkeypatch: pyte
         pp = PadProblem(m=63, k=65, n=33, dtype="float16", transpose_right=True, prepadded_right=True)
         assert got is pt.pad(pp).should_pad
         assert si.pad_decisions() == [(pp, pt.pad(pp))]
-        monkeypatch.setattr(si, "PAD_LOG_SIZE", 2)  # the log keeps the most recent decisions only
-        si._installed.pop("pad_decisions")
+        monkeypatch.setattr(pad_hook, "PAD_LOG_SIZE", 2)  # the log keeps the most recent decisions only
+        pad_hook.clear_log()
         for _ in range(3):
             hooked(None, a, b, torch.ops.aten.mm)
         assert si.pad_decisions() == [(pp, pt.pad(pp))] * 2

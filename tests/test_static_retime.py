@@ -3,7 +3,6 @@ the figures docs/data.md quotes come out of the committed rows and the shipped m
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,11 +14,8 @@ RESULTS = REPO / "benchmarks" / "results" / "static_retime_h100"
 @pytest.mark.skipif(not (RESULTS / "static_rows.jsonl.gz").is_file(), reason="no committed static re-time")
 @pytest.mark.slow
 def test_static_retime_compare_reproduces_the_documented_figures(tmp_path, capsys):
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        import static_retime
-    finally:
-        sys.path.remove(str(REPO / "benchmarks"))
+    from benchmarks import static_retime
+
     out = tmp_path / "compare.json"
     assert static_retime.main(["--compare", str(RESULTS), str(RESULTS / "test2"), str(RESULTS / "test3"),
                                "--data", str(REPO / "data" / "h100"), "--out", str(out)]) == 0

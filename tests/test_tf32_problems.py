@@ -12,6 +12,7 @@ import torch
 from perfmodel import GemmProblem, Predictor
 from perfmodel.configs import inductor_default_configs
 from perfmodel.serve import compile as pc
+from perfmodel.serve import gemm_decisions as gd
 from perfmodel.serve import inductor as si
 from tests._inductor import MMInputs, choice
 from tests._synthetic import write_synthetic_model
@@ -76,8 +77,8 @@ def test_the_max_autotune_hook_ranks_the_problem_its_configs_compile(pred, preci
     Inductor left it off."""
     precision("tf32")
     seen = []
-    rank = si.rank_positions
-    monkeypatch.setattr(si, "rank_positions", lambda p, prob, *a, **k: (seen.append(prob), rank(p, prob, *a, **k))[1])
+    rank = gd.rank_positions
+    monkeypatch.setattr(gd, "rank_positions", lambda p, prob, *a, **k: (seen.append(prob), rank(p, prob, *a, **k))[1])
     out = si.filter_template_choices(_mm_call(tf32), _inputs(), "mm", pred, top_k=3)
     assert seen == [want]
     kept = [c for c in out if c.template.uid == "triton::mm"]

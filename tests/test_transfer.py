@@ -1,26 +1,19 @@
-"""benchmarks/transfer.py --quick on SYNTHETIC datasets of two devices (tests/_synthetic.py: formula
+"""benchmarks/studies/transfer.py --quick on SYNTHETIC datasets of two devices (tests/_synthetic.py: formula
 timings in the real shard format, written under tmp_path): the table's structure and the learning
 curve's bookkeeping, not its numbers (a few batches per fit)."""
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
 from tests._synthetic import write_synthetic_dataset, write_synthetic_model
 
-ROOT = Path(__file__).resolve().parent.parent
-
 
 @pytest.mark.slow
 def test_transfer_quick(tmp_path, isolated):  # isolated (conftest): restores torch's determinism flag after Lightning
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import transfer
-    finally:
-        sys.path.pop(0)
+    from benchmarks.studies import transfer
+
     base = write_synthetic_dataset(tmp_path / "h100", device="h100-sxm", n_problems=40)
     new = write_synthetic_dataset(tmp_path / "h200", device="h200", n_problems=40)
     shipped = write_synthetic_model(tmp_path / "shipped", onnx=False)
@@ -50,11 +43,7 @@ def test_transfer_quick(tmp_path, isolated):  # isolated (conftest): restores to
 
 def test_average_over_seeds():
     # made-up results of two seeds (synthetic numbers, only the averaging is tested)
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import transfer
-    finally:
-        sys.path.pop(0)
+    from benchmarks.studies import transfer
 
     def result(seed: int, top1: float, n_train: int) -> dict:
         point = {"fraction": 1.0, "new_train_problems": n_train, "new": {"all/top1_eff": top1},

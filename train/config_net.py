@@ -8,7 +8,7 @@ regression plus within-group ranking loss) on both modes' rows together, each mo
 group of their own. It replaces the gemm head and the static head (a correction added to the gemm head's
 score, fitted afterwards): one network, one fit. A model folder stores it as its gemm head with metadata
 "kernel_mode_input"; a loaded model serves each mode with the flag held at its value
-(perfmodel/artifact.py config_heads). benchmarks/config_net_arms.py measured it against the two heads.
+(perfmodel/artifact.py config_heads). benchmarks/studies/config_net_arms.py measured it against the two heads.
 """
 from __future__ import annotations
 

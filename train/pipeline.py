@@ -266,7 +266,7 @@ def device_metadata(d: TrainData) -> dict[str, Any]:
 
 
 def fit_untracked(settings: TrainSettings, d: TrainData) -> artifact.ModelBundle:
-    """fit_heads without MLflow or a Lightning logger (benchmarks/transfer.py's many small fits); no
+    """fit_heads without MLflow or a Lightning logger (benchmarks/studies/transfer.py's many small fits); no
     model folder is written."""
     torch.manual_seed(settings.seed)
     return fit_heads(settings, d, logger=False)

@@ -1,5 +1,5 @@
 """Plots of a model's held-out predictions: one copy, used by `perfmodel train` (logged to MLflow) and
-`perfmodel eval --plots DIR` (written to a folder; `python benchmarks/plots.py` writes docs/img/).
+`perfmodel eval --plots DIR` (written to a folder; `python -m benchmarks.plots` writes docs/img/).
 
 matplotlib is imported here only (an optional dependency: the `bench` extra); without it no plot is made.
 """
