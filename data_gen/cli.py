@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from perfmodel.locations import default_data_dir
 
@@ -214,26 +215,7 @@ def _multi_gpu(args: argparse.Namespace) -> int | None:
 
 def run(args: argparse.Namespace) -> int:
     if args.command == "data":
-        from .info import dataset_info
-        from .shards import compress_parts
-
-        if args.data_cmd == "compress":
-            for p in compress_parts(args.path):
-                print(p)
-            return 0
-        path = args.path or default_data_dir()
-        if not path.is_dir():
-            raise FileNotFoundError(f"path: no dataset folder at {path}")
-        info = dataset_info(path)
-        if not info["parts"] and not info["bmm_parts"]:  # zero counts of nothing read: not a dataset
-            raise ValueError(f"path: {path} holds no dataset shard files (<kind>-*.jsonl or .jsonl.gz, kind gemm, pad, "
-                             "cublas, cublas_only, gemm_static or bmm)")
-        if args.json:
-            print(json.dumps(info, indent=2))
-        else:
-            for k, v in info.items():
-                print(f"{k:28s} {v}")
-        return 0
+        return _data(args)
     if args.gen_kind == "static":  # no GPU: rows already timed
         from .static_gen import write_static
 
@@ -258,37 +240,53 @@ def run(args: argparse.Namespace) -> int:
     slow = ({"slow_factor": args.slow_factor or None, "slow_min_ms": args.slow_min_ms} if args.gen_kind == "gemm"
             else {"slow_factor": None})
     timing = TimingSettings(budget_ms=args.budget_ms, pre_sleep_us=args.pre_sleep_us, **slow)
+    stats = _sweep(args, timing, bmm)
+    print(json.dumps(stats, indent=2))
+    if args.stats:
+        args.stats.write_text(json.dumps(stats, indent=2))
+    return 0
+
+
+def _data(args: argparse.Namespace) -> int:
+    """`perfmodel data`: compress a folder's parts, or print its summary."""
+    from .info import dataset_info
+    from .shards import compress_parts
+
+    if args.data_cmd == "compress":
+        for p in compress_parts(args.path):
+            print(p)
+        return 0
+    path = args.path or default_data_dir()
+    if not path.is_dir():
+        raise FileNotFoundError(f"path: no dataset folder at {path}")
+    info = dataset_info(path)
+    if not info["parts"] and not info["bmm_parts"]:  # zero counts of nothing read: not a dataset
+        raise ValueError(f"path: {path} holds no dataset shard files (<kind>-*.jsonl or .jsonl.gz, kind gemm, pad, "
+                         "cublas, cublas_only, gemm_static or bmm)")
+    if args.json:
+        print(json.dumps(info, indent=2))
+    else:
+        for k, v in info.items():
+            print(f"{k:28s} {v}")
+    return 0
+
+
+def _sweep(args: argparse.Namespace, timing: Any, bmm: Any) -> dict[str, Any]:
+    """One GPU sweep of `perfmodel gen` (gemm, bmm, cublas, cublas-only, pad) on this process's GPU: its stats."""
     if args.gen_kind == "gemm":
         from .gemm_sweep import run as run_gemm
-        from .settings import GemmSweepSettings
 
-        only = None
-        if args.problems_from is not None:
-            from .cublas_sweep import dataset_problems
-
-            if not args.problems_from.is_dir():
-                raise FileNotFoundError(f"--problems-from: no dataset folder at {args.problems_from}")
-            only = frozenset(unit for unit, _ in dataset_problems(args.problems_from))
-            if not only:
-                raise ValueError(f"--problems-from: {args.problems_from} has no gemm rows")
-            if args.problems_spec is None:
-                args.problems_spec = _dataset_spec(args.problems_from)
-        settings = GemmSweepSettings(n_random=args.n_random, only_units=only, configs_per_group=args.configs, seed=args.seed,
-                                     compile_workers=args.workers, max_problems=args.max_problems, timing=timing,
-                                     configs_unaligned=args.configs_unaligned, max_per_group=args.max_per_group,
-                                     configs_large=args.configs_large,
-                                     modes=tuple(args.modes.split(',')) if args.modes else None, time_limit_s=args.time_limit,
-                                     problem_spec=args.problems_spec)
-        stats = run_gemm(args.out, args.device_spec, settings, args.shard, progress=not args.no_progress)
-    elif args.gen_kind == "bmm":
+        return run_gemm(args.out, args.device_spec, _gemm_settings(args, timing), args.shard,
+                        progress=not args.no_progress)
+    if args.gen_kind == "bmm":
         from .bmm_sweep import run as run_bmm
 
-        stats = run_bmm(args.out, args.device_spec, bmm, progress=not args.no_progress)
-    elif args.gen_kind == "cublas":
+        return run_bmm(args.out, args.device_spec, bmm, progress=not args.no_progress)
+    if args.gen_kind == "cublas":
         from .cublas_sweep import run as run_cublas
 
-        stats = run_cublas(args.out, args.source or args.out, args.device_spec, timing, progress=not args.no_progress)
-    elif args.gen_kind == "cublas-only":
+        return run_cublas(args.out, args.source or args.out, args.device_spec, timing, progress=not args.no_progress)
+    if args.gen_kind == "cublas-only":
         from .cublas_sweep import run_only
 
         if args.n < 1:
@@ -298,15 +296,33 @@ def run(args: argparse.Namespace) -> int:
             exclude = args.out
         elif exclude is not None and not exclude.is_dir():
             raise FileNotFoundError(f"--exclude-from: no dataset folder at {exclude}")
-        stats = run_only(args.out, args.n, args.seed, args.device_spec, timing, progress=not args.no_progress,
-                         exclude_from=exclude, time_limit_s=args.time_limit)
-    else:
-        from .pad_sweep import run as run_pad
+        return run_only(args.out, args.n, args.seed, args.device_spec, timing, progress=not args.no_progress,
+                        exclude_from=exclude, time_limit_s=args.time_limit)
+    from .pad_sweep import run as run_pad
 
-        stats = run_pad(args.out, args.n, args.seed, args.device_spec, args.shard, timing,
-                        progress=not args.no_progress, max_problems=args.max_problems, n_large=args.n_large,
-                        problem_spec=args.problems_spec)
-    print(json.dumps(stats, indent=2))
-    if args.stats:
-        args.stats.write_text(json.dumps(stats, indent=2))
-    return 0
+    return run_pad(args.out, args.n, args.seed, args.device_spec, args.shard, timing,
+                   progress=not args.no_progress, max_problems=args.max_problems, n_large=args.n_large,
+                   problem_spec=args.problems_spec)
+
+
+def _gemm_settings(args: argparse.Namespace, timing: Any) -> Any:
+    """The GEMM sweep's settings from `perfmodel gen gemm`'s arguments (--problems-from: that folder's problems)."""
+    from .settings import GemmSweepSettings
+
+    only = None
+    if args.problems_from is not None:
+        from .cublas_sweep import dataset_problems
+
+        if not args.problems_from.is_dir():
+            raise FileNotFoundError(f"--problems-from: no dataset folder at {args.problems_from}")
+        only = frozenset(unit for unit, _ in dataset_problems(args.problems_from))
+        if not only:
+            raise ValueError(f"--problems-from: {args.problems_from} has no gemm rows")
+        if args.problems_spec is None:
+            args.problems_spec = _dataset_spec(args.problems_from)
+    return GemmSweepSettings(n_random=args.n_random, only_units=only, configs_per_group=args.configs, seed=args.seed,
+                             compile_workers=args.workers, max_problems=args.max_problems, timing=timing,
+                             configs_unaligned=args.configs_unaligned, max_per_group=args.max_per_group,
+                             configs_large=args.configs_large,
+                             modes=tuple(args.modes.split(',')) if args.modes else None, time_limit_s=args.time_limit,
+                             problem_spec=args.problems_spec)

@@ -113,19 +113,13 @@ def run(out_dir: Path, spec_name: str | None = None, settings: GemmSweepSettings
         shard: tuple[int, int] = (0, 1), progress: bool = True) -> dict[str, Any]:
     from tqdm import tqdm
 
+    from perfmodel.devices import ClockReader, get_spec
+
+    from .shards import ShardWriter
+
     device = torch.device("cuda", torch.cuda.current_device())
     spec, live = resolve_spec(spec_name)
-    from perfmodel.devices import get_spec
-
     draw = get_spec(settings.problem_spec) if settings.problem_spec else spec  # problems and config samples
-    header = device_header(live, spec) | {"schema_version": SCHEMA_VERSION, "kernel_hash": kernel.kernel_source_hash(),
-                                          "kernel_mode": kernel.kernel_mode(),
-                                          "sweep": {"seed": settings.seed, "n_random": settings.n_random,
-                                                    "configs_large": settings.configs_large, "large_ms": settings.large_ms,
-                                                    "configs_per_group": settings.configs_per_group,
-                                                    "timing": vars(settings.timing),
-                                                    "only_units": units_digest(settings.only_units),
-                                                    "problem_spec": draw.name}}
     problems = gemm_problems(settings.n_random, draw, settings.seed, settings.budget)
     if settings.only_units is not None:
         missing = settings.only_units - {problem_id(p) for p in problems}
@@ -134,9 +128,60 @@ def run(out_dir: Path, spec_name: str | None = None, settings: GemmSweepSettings
                              f"sweep's problem list (was it made with another --n-random or --seed?)")
     i, n = shard
     problems = [p for j, p in enumerate(problems) if j % n == i]
-    from .shards import ShardWriter
+    writer = ShardWriter(out_dir, KIND, _header(live, spec, draw, settings), shard=f"{i:02d}of{n:02d}")
+    todo, groups, order = _plan_groups(problems, writer, settings)
+    stats = {"problems": 0, "rows": 0, "ok_rows": 0, "failed_rows": 0, "rejected_rows": 0,
+             "kernels_compiled": 0, "compile_s": 0.0, "timing_s": 0.0, "timed_configs": 0,
+             "resumed_existing_rows": writer.n_existing_rows, "host_stalls": 0,
+             # Seconds the timing loop waited for compiles (about 0 where timing sets the pace)
+             "compile_wait_s": 0.0,
+             # Configs kept at their first run, far slower than their problem's fastest (TimingSettings.slow_factor)
+             "slow_single_run": 0}
+    if not todo:
+        writer.close()
+        return stats
+    bench = Bench(device, live.get("l2_bytes") or spec.l2_bytes, settings.timing)
+    clock = ClockReader(torch.cuda.current_device())
+    # Niced, so that the timing process keeps a core and its launches are not delayed by compiles.
+    pool = cf.ProcessPoolExecutor(settings.compile_workers, mp_context=mp.get_context("spawn"),
+                                  initializer=os.nice, initargs=(10,))
+    t_compile0 = time.perf_counter()
+    # One compile per kernel key (kernel_key): a group submits only the kernels no earlier group did.
+    plan = compile_plan(order, groups, draw, settings)
+    futures, done_at = _submit_compiles(pool, order, groups, plan)
+    stats["kernels_to_compile"] = len(futures)
+    results: dict[cf.Future, dict[GemmConfig, str]] = {}
+    bar = tqdm(total=len(todo), desc=f"gemm sweep {i}/{n}", unit="problem", disable=not progress, smoothing=0.05)
+    timing = _Timing(settings, draw, spec, bench, clock, writer, bar, stats, t_compile0)
+    try:
+        for key in order:
+            if stats.get("stopped_at_time_limit"):
+                break
+            compile_errors = _compiled(groups[key][0], plan[key], futures, results, stats)
+            stats["compile_s"] = time.perf_counter() - t_compile0  # until the last group needed is ready
+            timing.group(groups[key], compile_errors, set(large_subset(plan[key], settings.configs_large)))
+    finally:
+        bar.close()
+        writer.close()
+        pool.shutdown(cancel_futures=True)
+    return _throughput(stats, results, done_at, t_compile0)
 
-    writer = ShardWriter(out_dir, KIND, header, shard=f"{i:02d}of{n:02d}")
+
+def _header(live: dict[str, Any], spec: DeviceSpec, draw: DeviceSpec, settings: GemmSweepSettings) -> dict[str, Any]:
+    """The shard header: the device, the schema and kernel versions and the sweep's settings."""
+    return device_header(live, spec) | {"schema_version": SCHEMA_VERSION, "kernel_hash": kernel.kernel_source_hash(),
+                                        "kernel_mode": kernel.kernel_mode(),
+                                        "sweep": {"seed": settings.seed, "n_random": settings.n_random,
+                                                  "configs_large": settings.configs_large, "large_ms": settings.large_ms,
+                                                  "configs_per_group": settings.configs_per_group,
+                                                  "timing": vars(settings.timing),
+                                                  "only_units": units_digest(settings.only_units),
+                                                  "problem_spec": draw.name}}
+
+
+def _plan_groups(problems: list[GemmProblem], writer: Any, settings: GemmSweepSettings
+                 ) -> tuple[list[GemmProblem], dict[tuple, list[GemmProblem]], list[tuple]]:
+    """(the problems left to time, them by compile group, the groups' timing order)."""
     todo = [p for p in problems if problem_id(p) not in writer.done
             and (settings.modes is None or mode_name(p) in settings.modes)]
     if settings.only_units is not None:
@@ -156,30 +201,16 @@ def run(out_dir: Path, spec_name: str | None = None, settings: GemmSweepSettings
     rest = iter(unaligned)
     order = [k for chunk in itertools.zip_longest(aligned, rest, rest, rest) for k in chunk if k]
     assert len(order) == len(set(order)) == len(groups)
+    return todo, groups, order
 
-    stats = {"problems": 0, "rows": 0, "ok_rows": 0, "failed_rows": 0, "rejected_rows": 0,
-             "kernels_compiled": 0, "compile_s": 0.0, "timing_s": 0.0, "timed_configs": 0,
-             "resumed_existing_rows": writer.n_existing_rows, "host_stalls": 0,
-             # Seconds the timing loop waited for compiles (about 0 where timing sets the pace)
-             "compile_wait_s": 0.0,
-             # Configs kept at their first run, far slower than their problem's fastest (TimingSettings.slow_factor)
-             "slow_single_run": 0}
-    if not todo:
-        writer.close()
-        return stats
-    bench = Bench(device, live.get("l2_bytes") or spec.l2_bytes, settings.timing)
-    from perfmodel.devices import ClockReader
 
-    clock = ClockReader(torch.cuda.current_device())
-    # Niced, so that the timing process keeps a core and its launches are not delayed by compiles.
-    pool = cf.ProcessPoolExecutor(settings.compile_workers, mp_context=mp.get_context("spawn"),
-                                  initializer=os.nice, initargs=(10,))
-    t_compile0 = time.perf_counter()
-    # One compile per kernel key (kernel_key): a group submits only the kernels no earlier group did.
-    plan = compile_plan(order, groups, draw, settings)
+def _submit_compiles(pool: cf.ProcessPoolExecutor, order: list[tuple], groups: dict[tuple, list[GemmProblem]],
+                     plan: dict[tuple, list[GemmConfig]]) -> tuple[dict[tuple, cf.Future], dict[cf.Future, float]]:
+    """Every kernel the plan needs submitted to the pool, in timing order, four configs a task: ({kernel key: its
+    task}, {task: when it finished}, filled by its done callback)."""
     futures: dict[tuple, cf.Future] = {}
     done_at: dict[cf.Future, float] = {}  # when each compile task finished (its done callback)
-    for key in order:  # in timing order, four configs a task
+    for key in order:
         p0 = groups[key][0]
         new = [c for c in plan[key] if kernel_key(p0, c) not in futures]
         for j in range(0, len(new), 4):
@@ -188,54 +219,64 @@ def run(out_dir: Path, spec_name: str | None = None, settings: GemmSweepSettings
             fut.add_done_callback(lambda f: done_at.__setitem__(f, time.perf_counter()))
             for c in new[j:j + 4]:
                 futures[kernel_key(p0, c)] = fut
-    stats["kernels_to_compile"] = len(futures)
-    results: dict[cf.Future, dict[GemmConfig, str]] = {}
-    bar = tqdm(total=len(todo), desc=f"gemm sweep {i}/{n}", unit="problem", disable=not progress, smoothing=0.05)
-    try:
-        for key in order:
-            if stats.get("stopped_at_time_limit"):
+    return futures, done_at
+
+
+def _compiled(p0: GemmProblem, cfgs: list[GemmConfig], futures: dict[tuple, cf.Future],
+              results: dict[cf.Future, dict[GemmConfig, str]], stats: dict[str, Any]) -> dict[GemmConfig, str]:
+    """{config: its compile error ('' none)} of a group's configs, waiting for their compile tasks."""
+    compile_errors: dict[GemmConfig, str] = {}
+    for cfg in cfgs:
+        fut = futures[kernel_key(p0, cfg)]
+        if fut not in results:
+            t_wait = time.perf_counter()
+            results[fut] = {GemmConfig(**c): err for c, err in fut.result()}
+            stats["compile_wait_s"] += time.perf_counter() - t_wait
+            stats["kernels_compiled"] += len(results[fut])
+        compile_errors[cfg] = results[fut][cfg]
+    return compile_errors
+
+
+class _Timing:
+    """The timing loop's state: times a compiled group's problems, writes their units, counts into stats."""
+
+    def __init__(self, settings: GemmSweepSettings, draw: DeviceSpec, spec: DeviceSpec, bench: Bench, clock: Any,
+                 writer: Any, bar: Any, stats: dict[str, Any], t_compile0: float) -> None:
+        self.settings, self.draw, self.spec, self.bench, self.clock = settings, draw, spec, bench, clock
+        self.writer, self.bar, self.stats, self.t_compile0 = writer, bar, stats, t_compile0
+
+    def group(self, problems: list[GemmProblem], compile_errors: dict[GemmConfig, str], keep_large: set) -> None:
+        stats, settings = self.stats, self.settings
+        for p in problems:
+            if settings.time_limit_s is not None and time.perf_counter() - self.t_compile0 > settings.time_limit_s:
+                stats["stopped_at_time_limit"] = True
                 break
-            p0 = groups[key][0]
-            compile_errors: dict[GemmConfig, str] = {}
-            for cfg in plan[key]:
-                fut = futures[kernel_key(p0, cfg)]
-                if fut not in results:
-                    t_wait = time.perf_counter()
-                    results[fut] = {GemmConfig(**c): err for c, err in fut.result()}
-                    stats["compile_wait_s"] += time.perf_counter() - t_wait
-                    stats["kernels_compiled"] += len(results[fut])
-                compile_errors[cfg] = results[fut][cfg]
-            stats["compile_s"] = time.perf_counter() - t_compile0  # until the last group needed is ready
-            keep_large = set(large_subset(plan[key], settings.configs_large))
-            for p in groups[key]:
-                if settings.time_limit_s is not None and time.perf_counter() - t_compile0 > settings.time_limit_s:
-                    stats["stopped_at_time_limit"] = True
-                    break
-                cfgs = list(compile_errors.items())
-                if estimated_ms(p, draw) > settings.large_ms:
-                    cfgs = [(c, e) for c, e in cfgs if c in keep_large]
-                t0 = time.perf_counter()
-                rows = measure_problem(p, cfgs, bench, spec, clock)
-                stats["timing_s"] += time.perf_counter() - t0
-                writer.write_unit(problem_id(p), rows)
-                stats["problems"] += 1
-                stats["rows"] += len(rows)
-                stats["host_stalls"] += sum(r.get("host_stalls", 0) for r in rows)
-                stats["slow_single_run"] += sum(bench.last_single_run)
-                for r in rows:
-                    if r["kind"] != "triton":
-                        continue
-                    stats["timed_configs"] += r["status"] in ("ok", "rejected_peak")
-                    stats["ok_rows"] += r["status"] == "ok"
-                    stats["failed_rows"] += r["status"].startswith("fail")
-                    stats["rejected_rows"] += r["status"] == "rejected_peak"
-                bar.update(1)
-                bar.set_postfix(rows_s=f"{stats['timed_configs'] / max(stats['timing_s'], 1e-9):.0f}",
-                                rows=stats["rows"], single=stats["slow_single_run"])
-    finally:
-        bar.close()
-        writer.close()
-        pool.shutdown(cancel_futures=True)
+            cfgs = list(compile_errors.items())
+            if estimated_ms(p, self.draw) > settings.large_ms:
+                cfgs = [(c, e) for c, e in cfgs if c in keep_large]
+            t0 = time.perf_counter()
+            rows = measure_problem(p, cfgs, self.bench, self.spec, self.clock)
+            stats["timing_s"] += time.perf_counter() - t0
+            self.writer.write_unit(problem_id(p), rows)
+            stats["problems"] += 1
+            stats["rows"] += len(rows)
+            stats["host_stalls"] += sum(r.get("host_stalls", 0) for r in rows)
+            stats["slow_single_run"] += sum(self.bench.last_single_run)
+            for r in rows:
+                if r["kind"] != "triton":
+                    continue
+                stats["timed_configs"] += r["status"] in ("ok", "rejected_peak")
+                stats["ok_rows"] += r["status"] == "ok"
+                stats["failed_rows"] += r["status"].startswith("fail")
+                stats["rejected_rows"] += r["status"] == "rejected_peak"
+            self.bar.update(1)
+            self.bar.set_postfix(rows_s=f"{stats['timed_configs'] / max(stats['timing_s'], 1e-9):.0f}",
+                                 rows=stats["rows"], single=stats["slow_single_run"])
+
+
+def _throughput(stats: dict[str, Any], results: dict[cf.Future, Any], done_at: dict[cf.Future, float],
+                t_compile0: float) -> dict[str, Any]:
+    """stats with the run's throughputs added."""
     stats["timed_configs_per_s"] = stats["timed_configs"] / max(stats["timing_s"], 1e-9)
     stats["wall_s"] = time.perf_counter() - t_compile0
     # Throughput over the whole run, compiles included (timed_configs_per_s counts timing time only).

@@ -26,16 +26,31 @@ def build_parser() -> argparse.ArgumentParser:
     from perfmodel.serve.commands import add_parsers as add_serve
 
     add_serve(sub)
+    m = sub.add_parser("migrate", help="convert a model folder written in an older layout into the current one, "
+                       "in place (perfmodel/migrate.py)")
+    m.add_argument("folder", help="the model folder")
+    m.add_argument("--drop", action="append", default=[], choices=("screen", "static"),
+                   help="drop this head of the older layout, which has no exact conversion (serving changes: the "
+                        "migration says how)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    # a removed command (train/cli.py REMOVED) takes any arguments, and says what replaces it
+    args, extra = parser.parse_known_args(argv)
+    if extra and not getattr(args, "removed", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
+        if args.command == "migrate":
+            from perfmodel.migrate import migrate
+
+            migrate(args.folder, tuple(args.drop))
+            return 0
         if args.command in ("gen", "data"):
             from perfmodel.data_gen.cli import run
-        elif args.command in ("train", "build", "eval", "distill", "static-head", "call-head", "cublas-head",
-                              "problem-head", "bmm-head"):
+        elif args.command in ("build", "eval", "train", "distill", "static-head", "call-head", "cublas-head",
+                              "problem-head", "bmm-head"):  # the last seven removed: train/cli.py says what replaces each
             from perfmodel.train.cli import run
         else:
             from perfmodel.serve.commands import run

@@ -146,6 +146,7 @@ class FeatureEncoder:
     # needs ~150. Only concatenation, no in-place writes, so the ONNX exporter traces it with dynamic
     # shapes. tests/test_features.py checks every feature against a feature-by-feature reference.
     def _build_maps(self) -> None:
+        """The problem features' maps (every kind), then the GEMM encoders' (_build_gemm_maps)."""
         s, f64 = self.spec, torch.float64
         L = math.log
         # Problem: basis [log m, log n, log k, log dtype_bytes, log(mn + nk + km), log peak FLOP/s,
@@ -196,8 +197,12 @@ class FeatureEncoder:
         flag_map[3, 6], flag_map[5, 6] = 2 / 8, 1 / 8
         self._flag_map = flag_map
         self._rotate = torch.tensor([1, 2, 0])
-        if self._base_kind != "gemm":
-            return
+        if self._base_kind == "gemm":
+            self._build_gemm_maps()
+
+    def _build_gemm_maps(self) -> None:
+        """The GEMM encoders' maps (gemm, bmm): the config features as linear maps of a few logs."""
+        s, f64, L, npf = self.spec, torch.float64, math.log, self._np
         # GEMM, three linear parts summed into the 20 config features:
         # cross  [log tiles_m, log tiles_n, log k_iters, log tiled load bytes, log full waves, log grouped rows,
         #         last wave fill, smem fraction]

@@ -174,7 +174,8 @@ def _record_export(meta: dict[str, Any], args: argparse.Namespace, seconds: floa
 def _export_onnx(args: argparse.Namespace) -> int:
     import time
 
-    from perfmodel.artifact import METADATA, export_onnx, export_onnx_all, load, onnx_file
+    from perfmodel.artifact import METADATA, load, onnx_file
+    from perfmodel.onnx_export import export_onnx, export_onnx_all
 
     from perfmodel.locations import default_model_dir
 
@@ -218,7 +219,8 @@ def _export_keeps(args: argparse.Namespace, folder: Path, bundle: Any, t0: float
     import os
     import time
 
-    from perfmodel.artifact import METADATA, check_lead_keep, export_onnx, onnx_file
+    from perfmodel.artifact import METADATA, check_lead_keep, onnx_file
+    from perfmodel.onnx_export import export_onnx
 
     flag = "--screen-keep" if args.screen_keep is not None else "--lead-keep"
     if args.screen_keep is not None and args.screen_keep < 1:

@@ -22,9 +22,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from perfmodel.artifact import (PREDICT_OUTPUTS, PREDICT_STATIC_OUTPUTS, RANK_INPUTS, RANK_OUTPUTS, RANK_STATIC_OUTPUTS,
-                                INDUCTOR_GEMM, STATIC, ArtifactError, ModelBundle, inductor_head, predict_head,
-                                with_static)
+from perfmodel.artifact import INDUCTOR_GEMM, STATIC, ArtifactError, ModelBundle, inductor_head, predict_head, with_static
+from perfmodel.onnx_export import (PREDICT_OUTPUTS, PREDICT_STATIC_OUTPUTS, RANK_INPUTS, RANK_OUTPUTS,
+                                   RANK_STATIC_OUTPUTS)
 from perfmodel.configs import pruned_space
 from perfmodel.features import configs_tensor
 from perfmodel.model import GroupedNet
@@ -193,7 +193,7 @@ class _OnnxRunner(Runner):
     <head>_log_ms and <head>_score) and, per kernel mode, predict's graph and (with a screen head) the
     screened ranking graph (traced from perfmodel.ranking.screened_rank; the inductor mode's with the
     static head's output added, perfmodel.artifact.with_static). It serves the "inductor" mode where the
-    graph has that mode's graphs (perfmodel.artifact.export_onnx writes them for a model with a static
+    graph has that mode's graphs (perfmodel.onnx_export.export_onnx writes them for a model with a static
     head); a mode's graphs are cut from the file, given sessions and checked against the weights by
     prepare(kernel), when a Predictor for the mode is built. InferenceSession.run is thread-safe."""
 
@@ -228,7 +228,7 @@ class _OnnxRunner(Runner):
         self._has_rank = {k for k, names in _RANK_GRAPHS.items() if set(names) <= outputs}
         self._has_predict = {k for k, names in _PREDICT_GRAPHS.items() if set(names) <= outputs}
         if self._has_rank:
-            self.rank_keep = bundle.screen_keep  # traced with it (perfmodel.artifact.export_onnx)
+            self.rank_keep = bundle.screen_keep  # traced with it (perfmodel.onnx_export.export_onnx)
             # the columns it ranks: lead_keep with a lead, else screen_keep (checked on load)
             lead_keep = bundle.lead_keep
             self.rank_width = lead_keep if refines(lead_keep, self.rank_keep, lead_keep) else self.rank_keep

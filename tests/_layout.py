@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from perfmodel import artifact
+from perfmodel import artifact, onnx_export
 from perfmodel.model import PerfMLP
 
 
@@ -29,7 +29,7 @@ def old_layout_copy(src: Path, dst: Path) -> Path:
     for key in ("problem_outputs", "problem_settings"):
         bundle.metadata.pop(key, None)
     artifact.save(bundle, Path(dst))
-    artifact.export_onnx_all(bundle, Path(dst))
+    onnx_export.export_onnx_all(bundle, Path(dst))
     card = Path(src) / "MODEL_CARD.md"
     if card.is_file():
         (Path(dst) / "MODEL_CARD.md").write_text(card.read_text())

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import torch
 
-from perfmodel.artifact import (KERNEL_MODE_VALUES, ModelBundle, config_heads, config_network, export_onnx_all,
+from perfmodel.onnx_export import export_onnx_all
+from perfmodel.artifact import (KERNEL_MODE_VALUES, ModelBundle, config_heads, config_network,
                                 save)
 from perfmodel.configs import exhaustive_space, pruned_space
 from perfmodel.devices import DEFAULT_DEVICE, get_spec

@@ -16,13 +16,13 @@ from perfmodel import GemmConfig, GemmProblem
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _shards_sha256(folder: Path, bmm: bool = True) -> tuple[str, int]:
-    """The hash over every shard file of a data folder (without its bmm shards unless bmm: a build without a
-    [bmm] step reads none), recomputed here (not through train.folder): sorted paths relative to the folder,
-    then each file's bytes; and how many files."""
+def _shards_sha256(folder: Path, bmm: bool = True, grouped: bool = False) -> tuple[str, int]:
+    """The hash over every shard file of a data folder (without its bmm shards unless bmm, its grouped shards unless
+    grouped: a build without a [bmm] / [grouped] step reads none), recomputed here (not through train.folder):
+    sorted paths relative to the folder, then each file's bytes; and how many files."""
     h = hashlib.sha256()
     files = sorted(p for p in folder.iterdir() if p.name.endswith((".jsonl", ".jsonl.gz"))
-                   and (bmm or not p.name.startswith("bmm-")))
+                   and (bmm or not p.name.startswith("bmm-")) and (grouped or not p.name.startswith("grouped-")))
     for p in files:
         h.update(p.name.encode())
         h.update(p.read_bytes())
@@ -121,31 +121,56 @@ def test_the_build_record(built):
 
 
 @pytest.mark.slow
-def test_a_refit_appends_its_step(built, tmp_path, capsys):
+def test_build_only_fits_one_head_into_the_folder(built, tmp_path, capsys, monkeypatch):
+    """`build --only problem` refits the problem network of a built folder with the recipe's [problem] section,
+    appends its step to the record and rewrites the folder; a head of the train step is refused, and a failed fit
+    leaves the folder as it was."""
     import shutil
 
     from perfmodel.cli import main
+    from perfmodel.train import refit
 
     folder = tmp_path / "m"
     shutil.copytree(built, folder)
     before = json.loads((folder / "metadata.json").read_text())["build"]["steps"]
-    mp = pytest.MonkeyPatch()
-    mp.chdir(REPO)
-    try:
-        # a static head is refused on a config network (its inductor mode serves kernel="inductor"), the folder as it was
-        assert main(["static-head", "--model", str(folder), "--data", "data/h100", "--epochs", "1"]) != 0
-        assert "config network" in capsys.readouterr().err
-        assert json.loads((folder / "metadata.json").read_text())["build"]["steps"] == before
-        assert main(["problem-head", "--model", str(folder), "--data", "data/h100", "--hidden", "8", "--epochs", "2",
-                     "--threads", "2"]) == 0
-    finally:
-        mp.undo()
+    recipe = tmp_path / "r.toml"
+    recipe.write_text((REPO / "recipes" / "ci-small.toml").read_text().replace(
+        "[problem]                    # the problem network: torch.mm's time and the cuBLAS-or-Triton calls, one MLP\n"
+        "hidden = [16]", "[problem]\nhidden = [8]"))
+    monkeypatch.chdir(REPO)
+    files = {p.name: p.read_bytes() for p in folder.iterdir()}
+    assert main(["build", "--recipe", str(recipe), "--out", str(folder), "--only", "gemm"]) == 2
+    assert "rebuild the folder" in capsys.readouterr().err
+
+    def fail(*a, **k):
+        raise RuntimeError("the problem fit failed")
+
+    with monkeypatch.context() as m:
+        m.setattr(refit, "problem_step", fail)
+        assert main(["build", "--recipe", str(recipe), "--out", str(folder), "--only", "problem"]) == 2
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == files
+    assert main(["build", "--recipe", str(recipe), "--out", str(folder), "--only", "problem"]) == 0
     meta = json.loads((folder / "metadata.json").read_text())
     steps = meta["build"]["steps"]
     assert steps[:-1] == before and steps[-1]["step"] == "problem-head" and steps[-1]["refit"] is True
+    assert "--only problem" in steps[-1]["command"]
     assert steps[-1]["settings"]["hidden"] == [8] and meta["problem_settings"]["hidden"] == [8]
     card = (folder / "MODEL_CARD.md").read_text()
     assert "perfmodel build --recipe recipes/ci-small.toml" in card and "Refitted after the build" in card
+    # the refit read a slice in a temporary folder, gone now: the record and the card name data/h100
+    text = (folder / "metadata.json").read_text()
+    assert "perfmodel-build-" not in text and "perfmodel-build-" not in card
+    assert meta["problem_settings"]["data"] == ["data/h100"] and "nan" not in card.lower()
+
+
+def test_the_removed_head_commands_say_what_replaces_them(capsys):
+    from perfmodel.cli import main
+
+    for name, instead in (("distill", "--only student"), ("problem-head", "--only problem"), ("bmm-head", "--only bmm"),
+                          ("train", "perfmodel build --recipe"), ("static-head", "config_net")):
+        assert main([name, "--model", "x", "--epochs", "1"]) == 2
+        err = capsys.readouterr().err
+        assert f"perfmodel {name}: removed; use" in err and instead in err
 
 
 def test_recipe_errors_name_the_key(tmp_path):
@@ -241,7 +266,8 @@ def test_the_shipped_folders_are_their_recipes_builds(name, data):
     """models/<name> is `perfmodel build --recipe recipes/<name>.toml`: its record holds that recipe's text, the
     command on its card, and the sha256 over every shard file of today's data folders (recomputed here);
     one speed head (the student screens); besides the bmm heads, four heads: gemm (models/h100: the config
-    network, serving both kernel modes), student, problem, pad."""
+    network, serving both kernel modes), student, problem, pad -- and the grouped head where the record has its
+    refit step (`build --only grouped`, after the build)."""
     meta = json.loads((REPO / "models" / name / "metadata.json").read_text())
     b = meta["build"]
     assert b["command"] == f"perfmodel build --recipe recipes/{name}.toml" and b["out"] == f"models/{name}"
@@ -256,5 +282,43 @@ def test_the_shipped_folders_are_their_recipes_builds(name, data):
     card = (REPO / "models" / name / "MODEL_CARD.md").read_text()
     assert f"Regenerate with:\n\n    {b['command']}\n" in card
     assert meta["screen_head"] == "student" and "screen" not in meta["heads"]
-    assert set(meta["heads"]) - {"bmm", "bmm_call"} == {"gemm", "student", "problem", "pad"}, sorted(meta["heads"])
+    refits = {s["step"] for s in b["steps"] if s.get("refit")}
+    grouped = {"grouped"} if "grouped-head" in refits else set()
+    assert set(meta["heads"]) - {"bmm", "bmm_call"} == {"gemm", "student", "problem", "pad"} | grouped, \
+        sorted(meta["heads"])
     assert ("kernel_mode_input" in meta) == (name == "h100")
+
+
+@pytest.mark.slow
+def test_build_only_grouped_fits_the_registered_grouped_head(tmp_path, monkeypatch):
+    """The grouped head is one registered spec (perfmodel/heads/grouped.py) and one build step: `build --only
+    grouped` refits it into a copy of models/h200 with the recipe's [grouped] section, every other head's weights
+    bit for bit, and the folder serves."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    from perfmodel import Predictor
+    from perfmodel.cli import main
+
+    folder = shutil.copytree(REPO / "models" / "h200", tmp_path / "m")
+    recipe = tmp_path / "r.toml"
+    recipe.write_text((REPO / "recipes" / "h200.toml").read_text()
+                      + "\n[grouped]\nhidden = [8]\nmembers = 1\nepochs = 1\nbmm_share = 0.0\n")
+    monkeypatch.chdir(REPO)
+    before = load_file(str(folder / "model.safetensors"))
+    assert main(["build", "--recipe", str(recipe), "--out", str(folder), "--only", "grouped"]) == 0
+    meta = json.loads((folder / "metadata.json").read_text())
+    assert meta["heads"]["grouped"]["mlp"]["hidden"] == [8] and meta["grouped_settings"]["epochs"] == 1
+    assert meta["build"]["steps"][-1]["step"] == "grouped-head" and meta["build"]["steps"][-1]["refit"] is True
+    after = load_file(str(folder / "model.safetensors"))
+    kept = [k for k in before if not k.startswith("grouped.")]
+    assert kept and all(torch_equal(before[k], after[k]) for k in kept)
+    assert "- grouped head (" in (folder / "MODEL_CARD.md").read_text()
+    assert "grouped" in Predictor.load(folder, backend="torch").bundle.heads
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return torch.equal(a, b)

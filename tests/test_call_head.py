@@ -148,24 +148,23 @@ def test_fit_call_learns_a_known_sign():
 
 
 @pytest.mark.slow
-def test_cli_call_head_rewrites_a_copy(repo_root, tmp_path, capsys):
+def test_call_step_rewrites_a_copy(repo_root, tmp_path):
     from perfmodel import artifact
-    from perfmodel.cli import main
+    from perfmodel.train.call_head import CallHeadSettings
+    from perfmodel.train.refit import refit_call
 
-    model = old_layout_copy(repo_root / "models" / "h100", tmp_path / "m")  # call-head refuses a problem network
-    assert main(["call-head", "--model", str(model), "--data", str(repo_root / "data" / "h100"),
-                 "--members", "1", "--epochs", "2", "--threads", "2"]) == 0
-    text = capsys.readouterr().out  # the fit's log lines, then the metrics as JSON
-    out = json.loads(text[text.index("\n{") + 1:])
+    model = old_layout_copy(repo_root / "models" / "h100", tmp_path / "m")  # the call step refuses a problem network
+    out = refit_call(CallHeadSettings(model=model, data=repo_root / "data" / "h100", members=1, epochs=2, threads=2),
+                     log=lambda *a: None)
     assert out["call/test/problems"] == 173 and out["call_static/test/problems"] == 173
     b = artifact.load(model)
     assert b.heads[CALL].cfg.members == 1 and CALL_STATIC in b.heads
     assert "cuBLAS call heads" in (model / "MODEL_CARD.md").read_text()
     assert Predictor.load(model, backend="onnx").candidates(GemmProblem(m=64, n=64, k=64, dtype="float16")).cublas_ms > 0
-    assert main(["call-head", "--model", str(model), "--members", "0"]) == 2
-    assert "members" in capsys.readouterr().err
-    assert main(["call-head", "--model", str(model), "--data", str(repo_root / "data" / "h200")]) == 2
-    assert "data:" in capsys.readouterr().err  # an H200 folder for a model of the H100
+    with pytest.raises(ValueError, match="members"):
+        refit_call(CallHeadSettings(model=model, data=repo_root / "data" / "h100", members=0), log=lambda *a: None)
+    with pytest.raises(ValueError, match="^data:"):  # an H200 folder for a model of the H100
+        refit_call(CallHeadSettings(model=model, data=repo_root / "data" / "h200"), log=lambda *a: None)
 
 
 @pytest.mark.slow

@@ -113,16 +113,15 @@ def test_refit_rewrites_only_the_cublas_head(tmp_path, repo_root):
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
 
 
-def test_refit_errors_name_the_field(tmp_path, repo_root, capsys):
-    from perfmodel.cli import main
+def test_refit_errors_name_the_field(tmp_path, repo_root):
+    from perfmodel.train.cublas_head import CublasHeadSettings
+    from perfmodel.train.refit import refit_cublas as run
 
-    assert main(["cublas-head", "--model", str(tmp_path / "none"), "--members", "0"]) == 2
-    assert "members: must be >= 1" in capsys.readouterr().err
-    assert main(["cublas-head", "--model", str(tmp_path / "none"), "--hidden", "0"]) == 2
+    with pytest.raises(ValueError, match="members: must be >= 1"):
+        run(CublasHeadSettings(model=tmp_path / "none", members=0))
+    with pytest.raises(ValueError, match="hidden"):
+        run(CublasHeadSettings(model=tmp_path / "none", hidden=(0,)))
     with pytest.raises(FileNotFoundError):
-        from perfmodel.train.cublas_head import CublasHeadSettings
-        from perfmodel.train.refit import refit_cublas as run
-
         run(CublasHeadSettings(model=tmp_path / "none", data=repo_root / "data" / "h100"))
 
 

@@ -97,7 +97,7 @@ def joint_dir(tmp_path_factory):
 
 
 def test_joint_folder_has_one_onnx_file_per_device(joint_dir):
-    from perfmodel import artifact
+    from perfmodel import artifact, onnx_export
 
     assert (joint_dir / "model.onnx").is_file() and (joint_dir / "model.h200.onnx").is_file()
     b = artifact.load(joint_dir)
@@ -157,12 +157,12 @@ def test_joint_model_stale_device_onnx_is_refused(joint_dir, tmp_path):
     constants; the load-time check meets the predict graph first)."""
     import shutil
 
-    from perfmodel import artifact
+    from perfmodel import artifact, onnx_export
 
     folder = tmp_path / "m"
     shutil.copytree(joint_dir, folder)
     b = artifact.load(folder)
-    artifact.export_onnx(b, folder / "model.h200.onnx")  # the H100 graph under the H200 name
+    onnx_export.export_onnx(b, folder / "model.h200.onnx")  # the H100 graph under the H200 name
     with pytest.raises(artifact.ArtifactError, match="(predict|ranking) graph disagrees"):
         Predictor.load(folder, backend="onnx", device="h200")
     Predictor.load(folder, backend="onnx", device="h100-sxm")  # its own file is fine
@@ -180,7 +180,7 @@ def test_inductor_hook_says_when_the_predictor_is_for_another_known_device(joint
 
 
 def test_saving_a_bundle_for_another_device_is_refused(joint_dir, tmp_path):
-    from perfmodel import artifact
+    from perfmodel import artifact, onnx_export
 
     b = artifact.load(joint_dir)
     with pytest.raises(artifact.ArtifactError, match="default device"):
@@ -192,7 +192,7 @@ def test_export_onnx_screen_keep_rewrites_every_devices_file(joint_dir, tmp_path
     re-traced with it (neither left stale); --out and a single --device are refused, the folder unchanged."""
     import shutil
 
-    from perfmodel import artifact
+    from perfmodel import artifact, onnx_export
     from perfmodel.cli import main
 
     folder = tmp_path / "m"

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from perfmodel import GemmConfig, GemmProblem, artifact
+from perfmodel import GemmConfig, GemmProblem, artifact, onnx_export
 from perfmodel.configs import pruned_space
 from perfmodel.serve import Predictor
 from tests._synthetic import write_synthetic_model
@@ -31,15 +31,16 @@ def data_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def distilled(tmp_path_factory, data_dir: Path) -> tuple[Path, Path, dict]:
-    """(a synthetic model folder, the same folder after perfmodel distill, its metrics)."""
-    from perfmodel.cli import main
+    """(a synthetic model folder, the same folder after the student step (`build --only student`), its metrics)."""
+    from perfmodel.train.distill import DistillSettings
+    from perfmodel.train.refit import refit_student
 
     tmp = tmp_path_factory.mktemp("distilled")
     before = write_synthetic_model(tmp / "before", seed=3, members=3, hidden=(32, 32), screen="random")
     after = tmp / "after"
     shutil.copytree(before, after)
-    assert main(["distill", "--model", str(after), "--data", str(data_dir), "--hidden", "24,24", "--epochs", "2",
-                 "--random-problems", "16", "--random-configs", "32"]) == 0
+    refit_student(DistillSettings(model=after, data=data_dir, hidden=(24, 24), epochs=2, random_problems=16,
+                                  random_configs=32), log=lambda *a: None)
     return before, after, json.loads((after / "metadata.json").read_text())["student_metrics"]
 
 
@@ -54,7 +55,7 @@ def test_distill_adds_a_student_and_keeps_the_rest(distilled) -> None:
             assert torch.equal(v, new.heads[name].state_dict()[k]), (name, k)
     assert 0 < metrics["student/median_abs_log_diff"] and 0 < metrics["gemm/member_spread_median"]
     assert metrics["student/test_problems"] >= 1
-    # the command line's settings (the fixture's `perfmodel distill`) are what the fit ran with
+    # the settings (the fixture's student step) are what the fit ran with
     settings = new.metadata["student_settings"]
     assert (settings["hidden"], settings["epochs"], settings["random_problems"], settings["random_configs"]) == \
         ([24, 24], 2, 16, 32)
@@ -134,7 +135,7 @@ def test_onnx_written_before_the_predict_graph_still_serves(distilled, tmp_path:
     folder = tmp_path / "m"
     shutil.copytree(after, folder)
     model = onnx.load(str(folder / "model.onnx"))
-    outputs = [o.name for o in model.graph.output if o.name not in artifact.PREDICT_OUTPUTS]
+    outputs = [o.name for o in model.graph.output if o.name not in onnx_export.PREDICT_OUTPUTS]
     old = Extractor(model).extract_model([i.name for i in model.graph.input], outputs)
     onnx.save(old, str(folder / "model.onnx"))
     p = Predictor.load(folder, backend="onnx")
@@ -165,14 +166,15 @@ def test_stale_student_export_is_refused(distilled, tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def screening(tmp_path_factory, distilled) -> Path:
     """The distilled folder refitted with `perfmodel distill --screens`: the student screens, no screen head."""
-    from perfmodel.cli import main
+    from perfmodel.train.distill import DistillSettings
+    from perfmodel.train.refit import refit_student
 
     _, after, _ = distilled
     folder = tmp_path_factory.mktemp("screening") / "m"
     shutil.copytree(after, folder)
     data = json.loads((after / "metadata.json").read_text())["student_settings"]["data"]
-    assert main(["distill", "--model", str(folder), "--data", data, "--hidden", "24,24", "--epochs", "2",
-                 "--random-problems", "16", "--random-configs", "32", "--screens"]) == 0
+    refit_student(DistillSettings(model=folder, data=Path(data), hidden=(24, 24), epochs=2, random_problems=16,
+                                  random_configs=32, screens=True), log=lambda *a: None)
     return folder
 
 

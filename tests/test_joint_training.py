@@ -134,19 +134,6 @@ def test_parse_device_fractions_refuses(text):
         parse_device_fractions(text)
 
 
-def test_train_cli_takes_several_data_folders():
-    import argparse
-    from pathlib import Path
-
-    from perfmodel.train.cli import add_settings_arguments, settings_from_args
-
-    parser = argparse.ArgumentParser()
-    add_settings_arguments(parser)
-    s = settings_from_args(parser.parse_args(["--data", "data/h100", "--data", "data/h200", "--device-fraction",
-                                              "h200=0.1"]))
-    assert s.data == (Path("data/h100"), Path("data/h200")) and s.device_fraction == "h200=0.1"
-
-
 # ---- a model of two devices, end to end (tiny epochs)
 
 @pytest.fixture(scope="module")
@@ -240,22 +227,26 @@ def test_joint_model_student_serves_each_device(joint, two):
 
 
 @pytest.mark.slow
-def test_distill_cli_on_a_model_of_two_devices(joint, two, tmp_path, capsys):
-    """perfmodel distill on a two-device model takes both datasets in the model's order (the joint split),
-    and refuses one folder or the wrong order."""
+def test_student_step_on_a_model_of_two_devices(joint, two, tmp_path):
+    """The student step (`build --only student`) on a two-device model takes both datasets in the model's order
+    (the joint split), and refuses one folder or the wrong order."""
     import shutil
 
     from perfmodel import artifact
-    from perfmodel.cli import main
+    from perfmodel.train.distill import DistillSettings
+    from perfmodel.train.refit import refit_student
 
     folder = tmp_path / "m"
     shutil.copytree(joint["out"], folder)
-    args = ["distill", "--model", str(folder), "--hidden", "8", "--epochs", "1", "--random-problems", "4",
-            "--random-configs", "8"]
+
+    def settings(data):
+        return DistillSettings(model=folder, data=tuple(data), hidden=(8,), epochs=1, random_problems=4,
+                               random_configs=8)
+
     for data in ([two["h100"]], [two["h200"], two["h100"]]):
-        assert main(args + [a for d in data for a in ("--data", str(d))]) == 2
-        assert "data: this model was trained for h100-sxm, h200" in capsys.readouterr().err
-    assert main(args + ["--data", str(two["h100"]), "--data", str(two["h200"])]) == 0
+        with pytest.raises(ValueError, match="data: this model was trained for h100-sxm, h200"):
+            refit_student(settings(data), log=lambda *a: None)
+    refit_student(settings([two["h100"], two["h200"]]), log=lambda *a: None)
     b = artifact.load(folder)
     assert b.heads["student"].cfg.hidden == (8,) and set(b.metadata["student_metrics_by_device"]) == {"h100-sxm", "h200"}
     # the same held-out problems as training's evaluation

@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch import nn
 
-from perfmodel import GemmProblem, PadProblem, artifact
+from perfmodel import GemmProblem, PadProblem, artifact, onnx_export
 from perfmodel.artifact import ArtifactError, ModelBundle
 from perfmodel.configs import exhaustive_space
 from perfmodel.devices import get_spec
@@ -78,7 +78,7 @@ def saved(tmp_path_factory) -> tuple[ModelBundle, dict[str, torch.Tensor], Path]
     bundle, feats = make_bundle(seed=3)
     folder = tmp_path_factory.mktemp("artifact") / "model"
     artifact.save(bundle, folder)
-    artifact.export_onnx(bundle, folder / artifact.ONNX)
+    onnx_export.export_onnx(bundle, folder / artifact.ONNX)
     return bundle, feats, folder
 
 
@@ -214,9 +214,9 @@ def test_onnx_matches_torch_per_head(saved):
     bundle, feats, folder = saved
     sess = ort.InferenceSession(str(folder / artifact.ONNX), providers=["CPUExecutionProvider"])
     # no screen head: the heads, and predict's graph (encoding included) on RANK_INPUTS, no ranking graph
-    assert {i.name for i in sess.get_inputs()} == {"gemm_x", "cublas_x", "pad_x", *artifact.RANK_INPUTS}
+    assert {i.name for i in sess.get_inputs()} == {"gemm_x", "cublas_x", "pad_x", *onnx_export.RANK_INPUTS}
     assert {o.name for o in sess.get_outputs()} == {f"{h}_{o}" for h in ("gemm", "cublas", "pad")
-                                                    for o in ("log_ms", "score")} | set(artifact.PREDICT_OUTPUTS)
+                                                    for o in ("log_ms", "score")} | set(onnx_export.PREDICT_OUTPUTS)
     want = _predict(bundle, feats)
     enc = bundle.encoders["gemm"]
     problems = torch.tensor([[300.0, 77, 4096, 2, 1, 0, 0, 1], [8192, 8192, 64, 4, 0, 1, 1, 0]], dtype=torch.float64)

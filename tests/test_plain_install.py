@@ -65,7 +65,7 @@ def plain(repo_root: Path, tmp_path_factory) -> dict:
         "pad": ["pad", "--m", "4095", "--k", "4097", "--n", "1000", "--dtype", "bfloat16", "--json"],
         "eval": ["eval", "--data", str(synthetic), "--json"],
         "eval --log-mlflow": ["eval", "--data", str(synthetic), "--log-mlflow"],
-        "train": ["train", "--data", str(synthetic)],
+        "build": ["build", "--recipe", str(repo_root / "recipes" / "ci-small.toml")],
     }
     env = {**os.environ, "PYTHONPATH": str(repo_root), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps([BLOCKED, list(commands.values())])], env=env,
@@ -129,8 +129,8 @@ def test_eval(plain):
 
 
 def test_extras_missing_are_named(plain):
-    # --log-mlflow and training need the train extra: a one-line error naming what is missing, exit 2
-    for name, missing in (("eval --log-mlflow", "mlflow"), ("train", "lightning and mlflow")):
+    # --log-mlflow and building need the train extra: a one-line error naming what is missing, exit 2
+    for name, missing in (("eval --log-mlflow", "mlflow"), ("build", "lightning")):
         run = plain[name]
         assert run["rc"] == 2 and run["out"] == ""
         assert f"needs {missing}, not installed" in run["err"] and "perfmodel[train]" in run["err"]

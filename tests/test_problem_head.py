@@ -54,15 +54,16 @@ def test_the_one_cycle_schedule_runs_ten_steps():
 @pytest.fixture(scope="module")
 def refitted(tmp_path_factory, repo_root):
     """A copy of models/h100 whose cublas, call and call_static heads are replaced by a problem network of a
-    tiny fit (2 members of 16 wide, 3 epochs), by the CLI."""
-    from perfmodel.cli import main
+    tiny fit (2 members of 16 wide, 3 epochs), by the problem step (`build --only problem`)."""
+    from perfmodel.train.problem_head import ProblemHeadSettings
+    from perfmodel.train.refit import refit_problem
 
     folder = tmp_path_factory.mktemp("problem") / "m"
     shutil.copytree(repo_root / "models" / "h100", folder)
     threads = torch.get_num_threads()
     try:
-        assert main(["problem-head", "--model", str(folder), "--data", str(repo_root / "data" / "h100"),
-                     "--hidden", "16", "--members", "2", "--epochs", "3", "--threads", "2"]) == 0
+        refit_problem(ProblemHeadSettings(model=folder, data=repo_root / "data" / "h100", hidden=(16,), members=2,
+                                          epochs=3, threads=2), log=lambda *a: None)
     finally:
         torch.set_num_threads(threads)
     return folder

@@ -116,7 +116,7 @@ def test_lead_keep_is_checked(tmp_path, capsys) -> None:
     folder is refused and export-onnx --lead-keep fails naming the flag, leaving the folder as it was."""
     import json
 
-    from perfmodel import artifact
+    from perfmodel import artifact, onnx_export
     from perfmodel.cli import main
 
     folder = _lead_model(tmp_path)
@@ -188,7 +188,7 @@ def test_cross_parts_by_tile() -> None:
     """The ONNX graph's cross columns, computed once per distinct (block_m, block_n, block_k, group_m) and
     gathered to the configs, are the encoder's bit for bit; every config its own group when the four are
     no small non-negative integers (no exact key)."""
-    from perfmodel import artifact
+    from perfmodel import artifact, onnx_export
     from perfmodel.configs import pruned_space, stratified_sample
     from perfmodel.devices import get_spec
 
@@ -206,9 +206,9 @@ def test_cross_parts_by_tile() -> None:
         for ct in (configs_tensor(space), configs_tensor(stratified_sample(space, 368, 0)), odd, big):
             part = enc.config_part(ct)
             want = enc.cross_parts(probs, ct, part)
-            got = artifact._cross_parts_by_tile(enc, probs, ct, *part)
+            got = onnx_export._cross_parts_by_tile(enc, probs, ct, *part)
             assert all(torch.equal(w, g) for w, g in zip(want, got))
-            first, inverse = artifact._distinct_tiles(ct)
+            first, inverse = onnx_export._distinct_tiles(ct)
             assert torch.equal(ct[first][inverse][:, :4], ct[:, :4])
             if ct is odd or ct is big:
                 assert len(first) == len(ct)

@@ -278,7 +278,7 @@ def test_synthetic_dataset_loads(trained):
 
 @pytest.mark.slow
 def test_training_writes_a_loadable_model_folder(trained):
-    from perfmodel import artifact
+    from perfmodel import artifact, onnx_export
 
     out = trained["tmp"] / "model"
     assert Path(trained["res"]["out"]) == out
@@ -344,7 +344,7 @@ def _snapshot(folder: Path) -> dict[str, str]:
 def test_failed_run_leaves_the_previous_model(trained, tmp_path, monkeypatch):
     from mlflow import MlflowClient
 
-    from perfmodel import artifact
+    from perfmodel import artifact, onnx_export
 
     out = tmp_path / "models" / "h100"
     out.mkdir(parents=True)
@@ -356,7 +356,7 @@ def test_failed_run_leaves_the_previous_model(trained, tmp_path, monkeypatch):
     def broken_export(*args, **kwargs):
         raise RuntimeError("synthetic failure while exporting ONNX")
 
-    monkeypatch.setattr(artifact, "export_onnx", broken_export)
+    monkeypatch.setattr(onnx_export, "export_onnx", broken_export)
     monkeypatch.chdir(trained["tmp"])
     from perfmodel.train.pipeline import run
 
@@ -375,26 +375,7 @@ def test_failed_run_leaves_the_previous_model(trained, tmp_path, monkeypatch):
 
 # ---------------------------------------------------------------- (f) the CLI
 
-def test_train_flags_are_the_settings_fields():
-    """`perfmodel train` has one flag per TrainSettings field; no flags give the defaults."""
-    import argparse
-    import dataclasses
-
-    from perfmodel.train.cli import add_settings_arguments, settings_from_args
-    from perfmodel.train.pipeline import TrainSettings
-
-    parser = argparse.ArgumentParser()
-    add_settings_arguments(parser)
-    assert settings_from_args(parser.parse_args([])) == TrainSettings()
-    dests = {a.dest for a in parser._actions} - {"help"}
-    assert dests == {f.name for f in dataclasses.fields(TrainSettings)} - {"command"}
-    s = settings_from_args(parser.parse_args(["--pad-hidden", "64,32", "--screen-hidden", "", "--devices", "2",
-                                              "--register-name", "", "--no-baselines", "--fast-dev-run"]))
-    assert (s.pad_hidden, s.screen_hidden, s.devices, s.register_name) == ((64, 32), (), 2, None)
-    assert (s.baselines, s.fast_dev_run, s.progress) == (False, True, True)
-
-
-@pytest.mark.parametrize("command, option", [("train", "--epochs"), ("eval", "--model")])
+@pytest.mark.parametrize("command, option", [("build", "--only"), ("eval", "--model")])
 def test_cli_help(command, option):
     proc = subprocess.run([sys.executable, "-m", "perfmodel.serve.cli", command, "--help"], cwd=REPO,
                           capture_output=True, text=True, timeout=120)

@@ -39,16 +39,17 @@ import numpy as np
 import torch
 
 from perfmodel import artifact
-from perfmodel.features import BMM_PROBLEM_COLUMNS, FeatureEncoder
+from perfmodel.features import FeatureEncoder
 from perfmodel.locations import default_model_dir
 from perfmodel.model import MLPConfig, PerfMLP
 
-from .data import _mode, _problem_row, split_problems
+from .bmm_data import (BmmTable, bmm_data_record, has_bmm_rows, load_bmm, load_bmm_checked,  # noqa: F401  (re-exported)
+                       split_by_shape, static_table, table_from_rows)
+from .bmm_figures import MODES, _log_figures, bmm_metrics, problem_figures, zero_shot_figures  # noqa: F401  (re-exported)
 from .losses import within_problem_loss
 from .loop import fit_ensemble, fit_plain, one_cycle
 
 BMM, BMM_ATEN, BMM_CALL = artifact.BMM, artifact.BMM_ATEN, artifact.BMM_CALL
-MODES = ("float16", "bfloat16", "tf32", "float32")
 CV_BY = ("shape", "problem")  # what a cross-validation fold holds out
 
 
@@ -99,110 +100,6 @@ class BmmHeadSettings:
     cv_by: str = "shape"
     seed: int = 0
     threads: int = 0               # torch CPU threads (0: torch's default)
-
-
-@dataclass
-class BmmTable:
-    """A folder's bmm rows. Per problem: problems (P, 9) BMM_PROBLEM_COLUMNS, modes, families, shape (an id
-    shared by problems that differ only in batch), aten_ms (nan where not timed). Per Triton row:
-    problem_idx, configs (R, 6), ms, inductor (a config of Inductor's DEFAULT list, not an extra one)."""
-
-    problems: np.ndarray
-    modes: np.ndarray
-    families: np.ndarray
-    shape: np.ndarray
-    aten_ms: np.ndarray
-    problem_idx: np.ndarray
-    configs: np.ndarray
-    ms: np.ndarray
-    inductor: np.ndarray
-
-
-def has_bmm_rows(folder: Path) -> bool:
-    """Whether the dataset folder has bmm shards (`perfmodel gen bmm`)."""
-    from perfmodel.data_gen.bmm import KIND
-    from perfmodel.data_gen.shards import part_files
-
-    return bool(part_files(Path(folder), KIND))
-
-
-def table_from_rows(rows: list[dict[str, Any]]) -> BmmTable:
-    """The BmmTable of bmm shard rows (ok Triton rows and aten rows; failures and aten_pad rows left out)."""
-    index: dict[str, int] = {}
-    probs, modes, fams, shapes, aten = [], [], [], [], []
-    shape_ids: dict[tuple, int] = {}
-    tri: list[tuple[int, list[int], float, bool]] = []
-    for r in rows:
-        if r.get("status") != "ok" or r.get("kind") not in ("triton", "aten"):
-            continue
-        if r["unit"] not in index:
-            index[r["unit"]] = len(probs)
-            probs.append(_problem_row(r) + [r["batch"]])
-            modes.append(_mode(r))
-            fams.append(r.get("family", ""))
-            key = tuple(_problem_row(r))
-            shapes.append(shape_ids.setdefault(key, len(shape_ids)))
-            aten.append(np.nan)
-        i = index[r["unit"]]
-        if r["kind"] == "aten":
-            aten[i] = r["ms"]
-        else:
-            cfg = [r[c] for c in ("block_m", "block_n", "block_k", "group_m", "num_stages", "num_warps")]
-            tri.append((i, cfg, r["ms"], str(r.get("source", "")).startswith("default")))
-    if not tri:
-        raise ValueError("data: no timed Triton bmm rows")
-    return BmmTable(np.array(probs, dtype=np.float64).reshape(-1, len(BMM_PROBLEM_COLUMNS)), np.array(modes),
-                    np.array(fams), np.array(shapes), np.array(aten, dtype=np.float64),
-                    np.array([t[0] for t in tri]), np.array([t[1] for t in tri], dtype=np.float64),
-                    np.array([t[2] for t in tri], dtype=np.float64), np.array([t[3] for t in tri]))
-
-
-def load_bmm(folder: Path) -> BmmTable:
-    """The folder's bmm shards as a BmmTable; FileNotFoundError naming data where it has none."""
-    from perfmodel.data_gen.bmm import KIND
-    from perfmodel.data_gen.shards import read_dataset
-
-    rows, _ = read_dataset(Path(folder), KIND)
-    if not rows:
-        raise FileNotFoundError(f"data: no {KIND} shards in {folder} (perfmodel gen bmm)")
-    return table_from_rows(rows)
-
-
-def load_bmm_checked(folder: Path, device: str) -> BmmTable:
-    """load_bmm, ValueError naming data where the shards were timed on another device than `device` (a spec name)."""
-    from perfmodel.data_gen.bmm import KIND
-    from perfmodel.data_gen.shards import read_dataset
-
-    rows, headers = read_dataset(Path(folder), KIND)
-    timed = {h.get("device_spec") for h in headers}
-    if timed != {device}:
-        raise ValueError(f"data: the bmm shards of {folder} were timed on {', '.join(map(str, sorted(timed, key=str)))}; "
-                         f"the model's bmm heads are fitted for its default device {device}")
-    if not rows:
-        raise FileNotFoundError(f"data: no {KIND} shards in {folder} (perfmodel gen bmm)")
-    return table_from_rows(rows)
-
-
-def bmm_data_record(folder: Path) -> dict[str, Any]:
-    """The folder and the sha256 of its bmm shard files (in name order), for the build record."""
-    import hashlib
-
-    from perfmodel.data_gen.bmm import KIND
-    from perfmodel.data_gen.shards import part_files
-
-    h = hashlib.sha256()
-    files = sorted(part_files(Path(folder), KIND), key=lambda p: p.name)
-    for f in files:
-        h.update(f.name.encode())
-        h.update(f.read_bytes())
-    return {"path": Path(folder).as_posix(), "files": [f.name for f in files], "sha256": h.hexdigest()}
-
-
-def split_by_shape(table: BmmTable, seed: int) -> np.ndarray:
-    """0/1/2 (train/val/test) per problem: split_problems over the shapes (stratified by dtype mode), each
-    problem in its shape's set."""
-    first = np.unique(table.shape, return_index=True)[1]           # one problem of each shape, by shape id
-    return split_problems(table.modes[first], seed)[table.shape]
 
 
 def new_head(n_inputs: int, hidden: tuple[int, ...], seed: int, floor: int) -> PerfMLP:
@@ -292,19 +189,6 @@ def encode(table: BmmTable, spec: Any, version: int) -> tuple[torch.Tensor, torc
 
 def floor_column(kind: str, spec: Any, version: int) -> int:
     return FeatureEncoder(spec, kind, version).names.index("log_bmm_roofline_ms")
-
-
-def static_table(folder: Path) -> BmmTable | None:
-    """The folder's gemm_static rows (train/static_head.py load_static) as batch-1 bmm rows, family "mm"; None
-    where it has none."""
-    from .static_head import has_static_rows, load_static
-
-    if not has_static_rows(folder):
-        return None
-    st = load_static(folder)
-    n = len(st.problems)
-    return BmmTable(np.concatenate([st.problems, np.ones((n, 1))], 1), st.modes, np.full(n, "mm"), np.arange(n),
-                    np.full(n, np.nan), st.problem_idx, st.configs, st.ms, np.zeros(len(st.ms), dtype=bool))
 
 
 def fit_bmm_heads(table: BmmTable, split: np.ndarray, spec: Any, version: int, s: BmmHeadSettings,
@@ -412,90 +296,6 @@ def check_settings(s: BmmHeadSettings) -> None:
             raise ValueError(f"{name}: expected one or more widths >= 1, got {getattr(s, name)}")
 
 
-def problem_figures(table: BmmTable, pred: np.ndarray, pred_aten: np.ndarray,
-                    rows: np.ndarray | None = None) -> dict[str, np.ndarray]:
-    """Per problem of table: top-1 and top-5 efficiency of the ranking by pred (over the rows `rows`, a bool
-    mask of the Triton rows; default all), the call by the times (aten predicted below the predicted best
-    config's time) and its truth (aten measured below the best measured config). nan where a problem has no
-    such row."""
-    n = len(table.problems)
-    top1, top5 = np.full(n, np.nan), np.full(n, np.nan)
-    best_pred, best_true = np.full(n, np.inf), np.full(n, np.inf)
-    sel = np.ones(len(table.ms), bool) if rows is None else rows
-    order = np.lexsort((pred, table.problem_idx))                      # by problem, then predicted time
-    order = order[sel[order]]
-    starts = np.flatnonzero(np.r_[True, table.problem_idx[order][1:] != table.problem_idx[order][:-1]])
-    for a, b in zip(starts, np.r_[starts[1:], len(order)]):
-        rows_p = order[a:b]
-        i = table.problem_idx[rows_p[0]]
-        t = table.ms[rows_p]
-        best_true[i], best_pred[i] = t.min(), pred[rows_p[0]]
-        top1[i], top5[i] = t.min() / t[0], t.min() / t[:5].min()
-    call_ok = np.isfinite(table.aten_ms) & np.isfinite(best_true)
-    return {"top1": top1, "top5": top5, "call": pred_aten < best_pred, "truth": table.aten_ms < best_true,
-            "call_ok": call_ok}
-
-
-def _geomean(v: np.ndarray) -> float:
-    return float(np.exp(np.log(v).mean()))
-
-
-def bmm_metrics(table: BmmTable, split: np.ndarray, pred: np.ndarray, pred_aten: np.ndarray,
-                pred_call: np.ndarray) -> dict[str, Any]:
-    """Figures per split (train, val, test) of the heads' log ms pred (Triton rows) and pred_aten (problems)
-    and the call head's output pred_call (problems): top-1 / top-5 efficiency over each problem's timed
-    configs (all, per dtype mode, per family; `inductor_list/`: over Inductor's DEFAULT list alone, against
-    its own best), the aten-or-Triton call by the call head (`call/accuracy`, per family too) and by the two
-    heads' times (`call/accuracy_times`), the fits' mean |log error|."""
-    out: dict[str, Any] = {}
-    figs = problem_figures(table, pred, pred_aten)
-    listed = problem_figures(table, pred, pred_aten, table.inductor)
-    err = np.abs(pred - np.log(table.ms))
-    aerr = np.abs(pred_aten - np.log(table.aten_ms))
-    for name, which in (("train", 0), ("val", 1), ("test", 2)):
-        part = (split == which) & np.isfinite(figs["top1"])
-        if not part.any():
-            continue
-        out[f"{name}/problems"] = int(part.sum())
-        groups = [("all", part)] + [(m, part & (table.modes == m)) for m in MODES] + \
-            [(f"family/{f}", part & (table.families == f)) for f in sorted(set(table.families))]
-        for g, sel in groups:
-            if sel.any():
-                out[f"{name}/{g}/problems"] = int(sel.sum())
-                out[f"{name}/{g}/top1_eff"] = _geomean(figs["top1"][sel])
-                out[f"{name}/{g}/top5_eff"] = _geomean(figs["top5"][sel])
-        lp = part & np.isfinite(listed["top1"])
-        if lp.any():
-            out[f"{name}/inductor_list/top1_eff"] = _geomean(listed["top1"][lp])
-        c = part & figs["call_ok"]
-        if c.any():
-            out[f"{name}/call/problems"] = int(c.sum())
-            right = (pred_call < 0) == figs["truth"]
-            out[f"{name}/call/accuracy"] = float(right[c].mean())
-            out[f"{name}/call/accuracy_times"] = float((figs["call"] == figs["truth"])[c].mean())
-            out[f"{name}/call/accuracy_always_triton"] = float((~figs["truth"])[c].mean())
-            for f in sorted(set(table.families)):
-                if (c & (table.families == f)).any():
-                    out[f"{name}/family/{f}/call_accuracy"] = float(right[c & (table.families == f)].mean())
-            out[f"{name}/call/aten_wins_frac"] = float(figs["truth"][c].mean())
-            out[f"{name}/aten/mean_abs_log_err"] = float(aerr[c].mean())
-        out[f"{name}/triton/mean_abs_log_err"] = float(err[part[table.problem_idx]].mean())
-    return out
-
-
-def _log_figures(m: dict[str, Any], log: Any) -> None:
-    for split in ("val", "test"):
-        if f"{split}/all/top1_eff" not in m:
-            continue
-        per = ", ".join(f"{k} {m[f'{split}/{k}/top1_eff']:.4f}/{m[f'{split}/{k}/top5_eff']:.4f}"
-                        for k in ("all",) + MODES if f"{split}/{k}/top1_eff" in m)
-        call = m.get(f"{split}/call/accuracy")
-        log(f"bmm-head: {split} problems ({m[f'{split}/problems']}): top-1/top-5 {per}"
-            + (f"; aten-or-Triton call right on {call:.4f} (the two heads' times: "
-               f"{m[f'{split}/call/accuracy_times']:.4f}, always Triton: {m[f'{split}/call/accuracy_always_triton']:.4f})"
-               if call is not None else ""))
-
-
 def shape_folds(table: BmmTable, folds: int, seed: int, by: str = "shape") -> np.ndarray:
     """Per problem, its fold (0 .. folds - 1): the shapes dealt out round-robin in a seeded order within each
     dtype mode, each problem in its shape's fold; by="problem": the problems themselves dealt out so."""
@@ -539,21 +339,3 @@ def cross_validate(table: BmmTable, spec: Any, version: int, s: BmmHeadSettings,
     return out
 
 
-def zero_shot_figures(bundle: artifact.ModelBundle, table: BmmTable, split: np.ndarray) -> dict[str, float]:
-    """The test problems ranked by the model's mm heads on one matrix of the batch (the gemm head, plus the
-    static head where the model has one: the kernel as Inductor compiles it), beside the bmm head's figures."""
-    test = split == 2
-    P = torch.from_numpy(table.problems[table.problem_idx][:, :8])
-    with torch.inference_mode():
-        x = bundle.encoders["gemm"].encode(P, torch.from_numpy(table.configs))
-        score = bundle.heads["gemm"].score(x)
-        if artifact.STATIC in bundle.heads:
-            score = artifact.with_static(score, bundle.heads[artifact.STATIC].score(x))
-    figs = problem_figures(table, score.double().numpy(), np.zeros(len(table.problems)))
-    out = {}
-    for g in ("all",) + MODES:
-        sel = test & np.isfinite(figs["top1"]) & ((table.modes == g) if g != "all" else True)
-        if sel.any():
-            out[f"test/{g}/top1_eff"] = _geomean(figs["top1"][sel])
-            out[f"test/{g}/top5_eff"] = _geomean(figs["top5"][sel])
-    return out

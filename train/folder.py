@@ -20,7 +20,10 @@ from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from perfmodel.artifact import METADATA, ModelBundle, append_step, export_onnx_all, load, save, step_record
+from perfmodel import onnx_export
+from perfmodel.heads import REGISTRY
+from perfmodel.heads.spec import figure
+from perfmodel.artifact import METADATA, ModelBundle, append_step, load, save, step_record
 from perfmodel.locations import checkout_root
 from perfmodel.validation import follow_umask
 
@@ -31,12 +34,7 @@ TABLE_KEYS = ["float16/top1_eff", "float16/top5_eff", "bfloat16/top1_eff", "bflo
 SHARD_KINDS = ("gemm", "cublas", "pad", "gemm_static", "cublas_only", "bmm")
 
 
-def _fmt(v: Any, digits: int) -> str:
-    """A figure of the card with `digits` decimals; "-" for one not recorded or not a number (a NaN of a slice
-    too small to have, say, a float32 test problem): the card never prints "nan"."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        return "-"
-    return f"{v:.{digits}f}"
+_fmt = figure  # a card figure: "-" for a missing or NaN one, never "nan"
 
 
 def device_label(name: str) -> str:
@@ -150,11 +148,6 @@ def _provenance_md(meta: dict[str, Any]) -> str:
     return text
 
 
-def _has_before(m: dict[str, Any]) -> bool:
-    return any(k.startswith("before/") for k in m) or any(
-        any(k.startswith("before/") for k in d) for d in (m.get("by_device") or {}).values())
-
-
 def model_card(meta: dict[str, Any]) -> str:
     """The model card, built from the folder's metadata alone (so it can be regenerated from it)."""
     results = {"perfmodel": meta["metrics"], **meta.get("baselines", {})}
@@ -180,7 +173,7 @@ def model_card(meta: dict[str, Any]) -> str:
   {_screen_md(meta)}
   Networks (hidden widths): {'; '.join(nets) or '-'}.
   Output layer `logsumexp(f(x), log overhead)`; learned overhead {_fmt(meta['learned_overhead_ms'], 5)} ms.
-{_student_line(meta)}{_static_line(meta)}{_cublas_line(meta)}{_call_line(meta)}{_bmm_line(meta)}- Schema version {meta['schema_version']}, encoder version {meta['encoder_version']}; weights `model.safetensors`
+{_head_lines(meta)}- Schema version {meta['schema_version']}, encoder version {meta['encoder_version']}; weights `model.safetensors`
   (loaded with safetensors, no pickle) and `model.onnx` (single file, BatchNorm folded).
 - Training time on the training machine's CPU: {meta['train_seconds']:.0f} s.
 - Trained with perfmodel {meta.get('package_version', '(version not recorded)')}.
@@ -202,6 +195,11 @@ Efficiency = geomean over problems of (fastest measured config / the best of the
   measured config, not the best of the whole space.
 - cuBLAS times are the dataset's quiet re-time (`perfmodel gen cublas`) where it has one.
 """
+
+
+def _head_lines(meta: dict[str, Any]) -> str:
+    """Each registered head's lines on the card (perfmodel/heads/: HeadSpec.card), in the registry's order."""
+    return "".join(spec.card(meta) for spec in REGISTRY.values() if spec.card is not None)
 
 
 def _devices_md(meta: dict[str, Any]) -> str:
@@ -237,115 +235,10 @@ def _screen_md(meta: dict[str, Any]) -> str:
             "than twice as many).")
 
 
-def _student_line(meta: dict[str, Any]) -> str:
-    """The model card's line on the student head (what predict serves), if the folder has one."""
-    m = meta.get("student_metrics")
-    if not m:
-        return "- No student head: `predict` runs the gemm head.\n"
-    # a gemm head of one member has no spread around its members' mean to compare with
-    spread = m.get("gemm/member_spread_median")
-    spread = "" if spread is None else f"; the gemm head's own members, around their mean: {_fmt(spread, 4)}"
-    role = ("what `predict` serves and what screens `rank`" if meta.get("screen_head") == "student" else
-            "what `predict` serves; `rank` keeps the gemm head")
-    return (f"- Student head ({role}): one MLP distilled from the gemm "
-            f"head by `perfmodel distill`. On the test problems' whole config spaces its log ms are a median "
-            f"{_fmt(m['student/median_abs_log_diff'], 4)} from the gemm head's (90th percentile "
-            f"{_fmt(m['student/p90_abs_log_diff'], 4)}){spread}{_student_by_device(meta)}.\n")
-
-
-def _static_line(meta: dict[str, Any]) -> str:
-    """The model card's line on kernel="inductor": the static head's, or the config network's, if the folder has one
-    (a figure its test problems have no rows for, as a small slice's, written "-")."""
-    m = meta.get("static_metrics")
-    if not m:
-        return "- No static head: the model predicts `kernel=\"autotune\"` only.\n"
-
-    def f(mode: str, key: str) -> str:
-        v = m.get(f"test_static/{mode}/{key}")
-        return _fmt(v, 3)
-
-    def top1(mode: str) -> str:
-        return " / ".join(f(mode, f"{d}/top1_eff") for d in ("float16", "bfloat16", "fp32_all"))
-
-    if m.get("source") == "config_net":
-        return (f"- Config network (the gemm head with a kernel-mode input, trained on the dataset's rows and "
-                f"{m['problems/train']} train problems' static rows; `kernel=\"inductor\"`, the kernel as Inductor "
-                f"compiles it): on the {m['test_static/problems']} test problems timed statically, the ranking's top-1 "
-                f"fp16 / bf16 / fp32 {top1('static_head')} in the inductor mode (the autotune mode "
-                f"{top1('without')}), top-5 {f('static_head', 'all/top5_eff')}.\n")
-    return (f"- Static head (`kernel=\"inductor\"`, the kernel as Inductor compiles it; `perfmodel static-head`): on "
-            f"the {m['test_static/problems']} test problems timed statically, the ranking's top-1 fp16 / bf16 / fp32 "
-            f"{top1('static_head')} (without the head {top1('without')}), top-5 {f('static_head', 'all/top5_eff')}; "
-            f"fitted on {m['problems/train']} train problems' static rows.\n")
-
-
 def _problem_heads(meta: dict[str, Any]) -> str:
     """The card's name of the heads on the problem features: the cublas head, or the problem network's outputs."""
     outs = meta.get("problem_outputs")
     return "cublas (torch.mm runtime)" if not outs else f"problem (one network: {', '.join(outs)})"
-
-
-def _cublas_line(meta: dict[str, Any]) -> str:
-    """The model card's line on a cuBLAS head refitted on every torch.mm time (`perfmodel cublas-head`)."""
-    m = meta.get("cublas_head_metrics")
-    if not m:
-        return ""
-
-    def errors(d: dict[str, Any]) -> str:
-        def one(k: str) -> str:  # a head fitted in a build has no previous head to compare with
-            was = d.get(f"before/{k}/test/mean_abs_log_err")
-            return (f"{_fmt(was, 3)} -> " if was is not None else "") + f"{_fmt(d[k + '/test/mean_abs_log_err'], 3)}"
-
-        return "; ".join(f"{what} {one(k)}" for k, what in (("gemm", "GEMM problems"), ("cublas_only", "cuBLAS-only problems"),
-                                                            ("pad_orig", "pad rows' unpadded problems"))
-                         if f"{k}/test/mean_abs_log_err" in d)
-
-    by = m.get("by_device") or {}
-    n = sum(sum(d.get("rows", {}).values()) for d in by.values()) if by else sum(m.get("rows", {}).values())
-    per = " ".join(f"{dev}: {errors(d)}." for dev, d in by.items()) if by else errors(m) + "."
-    head = ("problem network's cuBLAS output (`perfmodel problem-head`)" if "problem_outputs" in meta
-            else "cuBLAS head (`perfmodel cublas-head`)")
-    return (f"- {head}: fitted on {n} torch.mm times{f' of {len(by)} devices' if by else ''} "
-            f"(GEMM problems, problems of every alignment class and layout timed for cuBLAS alone, pad rows' unpadded "
-            f"times); mean |log error| on each kind's test rows{' (the head before it -> this one)' if _has_before(m) else ''}: "
-            f"{per}\n")
-
-
-def _call_line(meta: dict[str, Any]) -> str:
-    """The model card's line on the cuBLAS call heads (`perfmodel call-head`), if the folder has them."""
-    m = meta.get("call_metrics")
-    if not m:
-        return ""
-
-    def right(d: dict[str, Any]) -> str:
-        parts = []
-        for name, what in (("call", "`kernel=\"autotune\"`, against the dataset's times"),
-                           ("call_static", "`kernel=\"inductor\"`, against the static times")):
-            if f"{name}/test/choice_accuracy" in d:
-                parts.append(f"{_fmt(d[name + '/test/choice_accuracy'], 3)} ({what}; the cuBLAS head against the gemm "
-                             f"head's best: {_fmt(d[name + '/test/choice_accuracy_times'], 3)})")
-        return f"{' and '.join(parts)} of the {d.get('call/test/problems', '-')} test problems"
-
-    by = m.get("by_device") or {}
-    where = "; ".join(f"{dev}: {right(d)}" for dev, d in by.items()) if by else right(m)
-    head = ("problem network's call outputs (`perfmodel problem-head`" if "problem_outputs" in meta
-            else "cuBLAS call heads (`perfmodel call-head`")
-    return (f"- {head}; `prefer_cublas`): the call whether cuBLAS beats the best "
-            f"Triton config is right on {where}.\n")
-
-
-def _bmm_line(meta: dict[str, Any]) -> str:
-    """The model card's line on the bmm heads (`perfmodel bmm-head`), if the folder has them."""
-    m = meta.get("bmm_metrics")
-    if not m or "test/all/top1_eff" not in m:
-        return ""
-    data = (meta.get("bmm_settings") or {}).get("data") or {}
-    data = data if isinstance(data, list) else [data]  # one record per device's folder fitted on
-    where = " and ".join(f"`{d.get('path', '-')}`'s bmm rows (sha256 `{d.get('sha256', '-')}`)" for d in data)
-    return (f"- bmm heads (`perfmodel bmm-head`; `GemmProblem(batch > 1)`): Inductor's bmm template configs and "
-            f"aten::bmm, fitted on {where}, split by "
-            f"shape (seed {(meta.get('bmm_settings') or {}).get('split_seed', '-')}): train {m.get('train/problems', '-')}, "
-            f"val {m.get('val/problems', '-')}, test {m.get('test/problems', '-')} problems; table below.\n")
 
 
 def _bmm_md(meta: dict[str, Any]) -> str:
@@ -381,15 +274,6 @@ def _bmm_md(meta: dict[str, Any]) -> str:
     return "## Batched GEMMs (held-out problems)\n\n" + "\n".join(rows) + "\n" + call_md + "\n"
 
 
-def _student_by_device(meta: dict[str, Any]) -> str:
-    """A model of several devices: the student's median distance from the gemm head on each device's test problems."""
-    by = meta.get("student_metrics_by_device") or {}
-    if len(by) < 2:
-        return ""
-    return " (" + "; ".join(f"{dev}: median {_fmt(m['student/median_abs_log_diff'], 4)}" for dev, m in by.items()) \
-        + ", each device's test problems, its own features)"
-
-
 def _portable(path: Path) -> str:
     """A path as recorded in the model's metadata: relative to the working directory when inside it."""
     try:
@@ -418,7 +302,7 @@ def write_model_folder(bundle: ModelBundle, meta: dict[str, Any], out: Path, rec
     try:
         bundle.metadata = meta
         save(bundle, tmp)
-        export_onnx_all(bundle, tmp)  # model.onnx, and model.<device>.onnx for each other device
+        onnx_export.export_onnx_all(bundle, tmp)  # model.onnx, and model.<device>.onnx for each other device
         if record_step is not None:  # the write's own time, into the metadata just written
             bundle.metadata = append_step(bundle.metadata, step_record(record_step, {"onnx": True},
                                                                        time.perf_counter() - t0))

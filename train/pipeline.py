@@ -209,9 +209,10 @@ def fit_cublas_head(settings: TrainSettings, d: TrainData, cenc: FeatureEncoder)
     return fit_cublas_rows(x, rows, d.devices, cs, floor_features(cenc.names, 1), log)
 
 
-def fit_heads(settings: TrainSettings, d: TrainData, logger) -> artifact.ModelBundle:
+def fit_heads(settings: TrainSettings, d: TrainData, logger, cublas: bool = True) -> artifact.ModelBundle:
     """The served heads (gemm, screen, cublas, pad) as a bundle, its metadata not yet written (but for
-    the devices and their specs, which the evaluation's for_device needs)."""
+    the devices and their specs, which the evaluation's for_device needs). cublas False: no cuBLAS head (a build
+    whose problem step fits torch.mm's time: the problem features' encoder is set all the same)."""
     enc, x, gemm = d.enc, d.x, d.gemm
     net = fit_config_head(settings, d, logger) if settings.config_net else None
     gemm_head = artifact.config_heads(net, artifact.KERNEL_MODE_VALUES)["gemm"] if net is not None else fit_members(
@@ -229,7 +230,9 @@ def fit_heads(settings: TrainSettings, d: TrainData, logger) -> artifact.ModelBu
                                d.row_split, gemm.problem_idx, settings, logger, settings.screen_epochs, "screen_", 1.0)
 
     cenc = FeatureEncoder(d.spec, "cublas")
-    heads["cublas"], cublas_fit = fit_cublas_head(settings, d, cenc)
+    cublas_fit = None
+    if cublas:
+        heads["cublas"], cublas_fit = fit_cublas_head(settings, d, cenc)
     encoders["cublas"] = cenc
 
     penc = FeatureEncoder(d.spec, "pad")
@@ -247,7 +250,8 @@ def fit_heads(settings: TrainSettings, d: TrainData, logger) -> artifact.ModelBu
     # What the evaluation reads from the metadata before the folder's own is written.
     bundle = artifact.ModelBundle(d.spec, heads, encoders, {"screen_keep": settings.screen_keep, "pad_threshold": 1.0,
                                                             "lead_keep": effective_lead_keep(settings, heads),
-                                                            "cublas_head_metrics": cublas_fit, **device_metadata(d)})
+                                                            **({"cublas_head_metrics": cublas_fit} if cublas else {}),
+                                                            **device_metadata(d)})
     return bundle if net is None else artifact.config_network(bundle, net)
 
 

@@ -6,7 +6,8 @@ The steps, in the order the heads depend on each other:
 1. data     -- the dataset folders (a slice of them, for a small model), the sha256 of every shard file the
                build reads (bmm shards only where a [bmm] step reads them);
 2. train    -- the gemm head (with [train].config_net, the config network: both kernel modes, in place of
-               the gemm head and the static head), the screen, the cuBLAS head and the pad head, the PR 156851
+               the gemm head and the static head), the screen, the cuBLAS head (not with a [problem] step, whose
+               network fits torch.mm's time) and the pad head, the PR 156851
                baseline (train/pipeline.py fit_heads; screen_keep and lead_keep are set here: the static
                figures depend on them);
 3. distill  -- the student head, from the gemm head ([student].screens: it screens the ranking too, in place
@@ -18,16 +19,20 @@ The steps, in the order the heads depend on each other:
    bmm      -- the bmm heads (Inductor's bmm template and aten::bmm), on every data folder's bmm rows (each
                encoded for its device; the first folder's split by shape holds a shape out on every device);
                skipped, with a message, where the first folder has none;
+   grouped  -- the grouped-GEMM head (train/grouped_head.py), on the first data folder with grouped rows;
 6. evaluate -- the held-out evaluation with every head in place (the cuBLAS figures use the call head);
 7. write    -- weights, metadata with the build record, the ONNX export, the model card; atomically: a
                failed build leaves the previous folder in place.
 
-The recipe's sections: [build] (data, out, seed, threads, slice_problems, mlflow), [train] (TrainSettings,
-the flags of `perfmodel train`), [student] (DistillSettings), [static] (StaticHeadSettings), [call]
-(CallHeadSettings), [problem] (ProblemHeadSettings; not with [call]), [bmm] (BmmHeadSettings); a head
-section left out is a head the model does not have. Paths are relative to the
-working directory. The metadata's `build` record keeps the recipe's text, the command, the code commit,
-the data hashes, the threads, the seed and each step with its settings and wall time (train/folder.py).
+Steps 3 to 5 are one table (HEAD_STEPS) run in one loop. `perfmodel build --recipe R --only HEAD` runs one
+registered head's step (perfmodel/heads/: HeadSpec.step; ONLY_STEPS) on the built folder (run_only).
+
+The recipe's sections: [build] (data, out, seed, threads, slice_problems, mlflow), [train] (TrainSettings),
+[student] (DistillSettings), [static] (StaticHeadSettings), [call] (CallHeadSettings), [problem]
+(ProblemHeadSettings; not with [call]), [bmm] (BmmHeadSettings), [grouped] (GroupedSettings); a head
+section left out is a head the model does not have ([static] and [call]: the older layout's heads). Paths are
+relative to the working directory. The metadata's `build` record keeps the recipe's text, the command, the code
+commit, the data hashes, the threads, the seed and each step with its settings and wall time (train/folder.py).
 """
 from __future__ import annotations
 
@@ -49,6 +54,7 @@ from .bmm_head import BmmHeadSettings
 from .call_head import CallHeadSettings
 from .data import slice_dataset
 from .distill import DistillSettings
+from .grouped_head import GroupedSettings
 from .folder import (SHARD_KINDS, data_sha256, dataset_path, setting_value, settings_record, step_record,
                      write_model_folder)
 from .pipeline import (TrainData, TrainSettings, effective_lead_keep, evaluate_devices, fit_baselines, fit_heads,
@@ -59,7 +65,7 @@ from .static_head import StaticHeadSettings
 
 # Recipe section -> its settings dataclass; the fields [build] sets for every step are not theirs to set.
 SECTIONS = {"train": TrainSettings, "student": DistillSettings, "static": StaticHeadSettings, "call": CallHeadSettings,
-            "problem": ProblemHeadSettings, "bmm": BmmHeadSettings}
+            "problem": ProblemHeadSettings, "bmm": BmmHeadSettings, "grouped": GroupedSettings}
 BUILD_KEYS = {"data": list, "out": str, "seed": int, "threads": int, "slice_problems": int, "mlflow": bool}
 _SET_BY_BUILD = {"data", "out", "model", "seed", "threads", "command"}
 
@@ -81,6 +87,7 @@ class Recipe:
     call: CallHeadSettings | None = None
     problem: ProblemHeadSettings | None = None
     bmm: BmmHeadSettings | None = None
+    grouped: GroupedSettings | None = None
 
 
 def _tomllib():
@@ -193,16 +200,89 @@ def run_build(path: Path, out: Path | None = None, log: Any = print) -> dict[str
             return res
 
 
+# The build steps that `--only` runs on an existing folder (perfmodel/heads/: HeadSpec.step), each with the
+# recipe's section for it: the step's fit on the folder's split, the folder rewritten atomically (train/refit.py).
+# The train step is not among them: the heads fitted from the gemm head (the student, the problem network's calls)
+# would no longer match it -- a new gemm or pad head is a new build.
+ONLY_STEPS = ("student", "problem", "bmm", "grouped")
+
+
+def run_only(path: Path, heads: tuple[str, ...], out: Path | None = None, command: str = "",
+             log: Any = print) -> dict[str, Any]:
+    """`perfmodel build --recipe R --only HEAD ...`: fit the named registered heads into the existing folder (out,
+    default the recipe's), each by its build step with the recipe's section, on the recipe's data (sliced as the
+    build slices it) and the folder's split; each step appended to the folder's build record and the folder
+    rewritten atomically (a failed fit leaves it in place). Returns each step's held-out figures."""
+    from perfmodel.artifact import METADATA
+    from perfmodel.heads import head_spec
+
+    from . import refit
+
+    recipe = load_recipe(path)
+    folder = Path(out) if out is not None else recipe.out
+    steps = list(dict.fromkeys(head_spec(h).step for h in heads))  # ValueError naming an unknown head
+    for step in steps:
+        if step not in ONLY_STEPS:
+            raise ValueError(f"only: {', '.join(h for h in heads if head_spec(h).step == step)} is fitted by the "
+                             f"{step} step, with the heads fitted from it; rebuild the folder (perfmodel build "
+                             f"--recipe {recipe.path.as_posix()})")
+        if getattr(recipe, step) is None:  # the step's defaults (recorded with the step, as every setting is)
+            log(f"build --only: the recipe {recipe.path.as_posix()} has no [{step}] section: the step's defaults")
+            recipe = replace(recipe, **{step: SECTIONS[step](seed=recipe.seed)})
+    if not (folder / METADATA).is_file():
+        raise FileNotFoundError(f"out: no model folder at {folder} to fit {', '.join(heads)} into "
+                                "(build it first: perfmodel build --recipe)")
+    if recipe.threads > 0:
+        torch.set_num_threads(recipe.threads)
+    def with_folder(fit: Any) -> Any:  # a step's refit of settings that name the folder and its data
+        return lambda s, folders: fit(replace(s, model=folder, data=folders[0] if len(folders) == 1 else folders),
+                                      log=log, command=command)
+
+    fits = {"student": with_folder(refit.refit_student), "problem": with_folder(refit.refit_problem),
+            "bmm": with_folder(refit.refit_bmm),
+            "grouped": lambda s, folders: refit.refit_grouped(s, folder, folders, log=log, command=command)}
+    command = command or f"{build_command(recipe)} --only {' --only '.join(heads)}"
+    res = {}
+    with tempfile.TemporaryDirectory(prefix="perfmodel-build-") as tmp:
+        folders, data, _ = _prepare_data(recipe, Path(tmp))
+        for step in steps:
+            res[step] = fits[step](getattr(recipe, step), folders)
+    if tuple(folders) != tuple(recipe.data):  # slices: the refits recorded their temporary folders, gone now
+        _record_as_given(folder, recipe.data, folders, data)
+    return {"out": str(folder), "steps": res}
+
+
+def _record_as_given(folder: Path, given: tuple[Path, ...], read: tuple[Path, ...], data: list[dict[str, Any]]) -> None:
+    """The folder's metadata (and its card, regenerated from it) with the paths of the slices a refit read recorded
+    as the recipe's folders (as_given); each file written beside and renamed over the old one."""
+    import json
+    import os
+
+    from perfmodel.artifact import METADATA
+
+    from .folder import model_card
+
+    meta = as_given(json.loads((folder / METADATA).read_text()), given, read, data)
+    files = {METADATA: json.dumps(meta, indent=2, sort_keys=True)}
+    if (folder / "MODEL_CARD.md").is_file() and ("training_command" in meta or "build" in meta) and "metrics" in meta:
+        files["MODEL_CARD.md"] = model_card(meta)
+    for name, text in files.items():
+        tmp = folder / f".{name}.tmp"
+        tmp.write_text(text)
+        os.replace(tmp, folder / name)
+
+
 def _prepare_data(recipe: Recipe, tmp: Path) -> tuple[tuple[Path, ...], list[dict[str, Any]], float]:
     """The folders the build reads (the recipe's, or slices of them in tmp) and the data record: each
     recipe folder's hash over every shard file the build reads (data_sha256: the bmm shards only with a [bmm]
-    step, which alone reads them), and the slice taken."""
+    step, the grouped shards only with a [grouped] step, which alone read them), and the slice taken."""
     t0 = time.perf_counter()
     record, folders = [], []
     for i, folder in enumerate(recipe.data):
         if not folder.is_dir():
             raise FileNotFoundError(f"data: no dataset folder {folder} (recipe [build].data)")
-        read = SHARD_KINDS if recipe.bmm is not None else tuple(k for k in SHARD_KINDS if k != "bmm")
+        read = (SHARD_KINDS if recipe.bmm is not None else tuple(k for k in SHARD_KINDS if k != "bmm")) \
+            + (("grouped",) if recipe.grouped is not None else ())
         rec = data_sha256(folder, read)
         if recipe.slice_problems:
             # the slice keeps the folder's name (the device it stands for: train/data.py folder_name_device)
@@ -212,6 +292,67 @@ def _prepare_data(recipe: Recipe, tmp: Path) -> tuple[tuple[Path, ...], list[dic
         record.append(rec)
         folders.append(folder)
     return tuple(folders), record, time.perf_counter() - t0
+
+
+def _student(recipe: Recipe, train: TrainSettings, bundle: Any, d: TrainData, s: Any, log: Any) -> None:
+    add_student(bundle, d.gemm, s, log, d.split, d.problem_device)
+    if s.screens:  # the student screens: the lead (set by the train step, which had no screen) now fits
+        bundle.metadata["lead_keep"] = effective_lead_keep(train, bundle.heads, bundle.screen_name)
+
+
+def _inductor_figures(recipe: Recipe, train: TrainSettings, bundle: Any, d: TrainData, s: Any, log: Any) -> None:
+    inductor_figures_step(bundle, d.datasets[0], d.split, log)  # through the screen and lead now set
+
+
+def _static(recipe: Recipe, train: TrainSettings, bundle: Any, d: TrainData, s: Any, log: Any) -> None:
+    if len(d.datasets) > 1:
+        raise ValueError("recipe [static]: the static head is fitted to one device's timings (one data folder)")
+    static_step(bundle, d.datasets[0], s, log, d.split)
+
+
+def _splits(d: TrainData) -> list:
+    """Each dataset's part of the run's split (by problem or by family)."""
+    return [d.split[d.problem_device == ds.device] for ds in d.datasets]
+
+
+def _call(recipe: Recipe, train: TrainSettings, bundle: Any, d: TrainData, s: Any, log: Any) -> None:
+    call_step(bundle, d.datasets, s, log, _splits(d))
+
+
+def _problem(recipe: Recipe, train: TrainSettings, bundle: Any, d: TrainData, s: Any, log: Any) -> None:
+    problem_step(bundle, d.datasets, s, log, _splits(d))
+
+
+def _bmm(recipe: Recipe, train: TrainSettings, bundle: Any, d: TrainData, s: Any, log: Any) -> None:
+    bmm_step(bundle, [ds.folder for ds in d.datasets], s, log)  # every device's folder (a slice may hold no bmm rows)
+
+
+def _grouped(recipe: Recipe, train: TrainSettings, bundle: Any, d: TrainData, s: Any, log: Any) -> None:
+    from .grouped_head import grouped_step
+    from .refit import grouped_folder
+
+    folder = grouped_folder([ds.folder for ds in d.datasets])
+    if folder is None:
+        log("grouped-head: skipped: no data folder has grouped rows (perfmodel gen grouped)")
+        return
+    grouped_step(bundle, folder, s, log)
+
+
+def _wants_section(name: str) -> Any:
+    """A step the recipe wants where it has the section `name`: its settings (None: no such step)."""
+    return lambda recipe, bundle: getattr(recipe, name)
+
+
+# The steps after the train step, in the order the heads depend on each other: (its name in the build record,
+# wants(recipe, bundle) -> the step's settings, () for a step without any, None to skip it; the function that adds
+# its heads to the bundle). A registered head's build step (perfmodel/heads/: HeadSpec.step) is one row here, one
+# entry in SECTIONS, and, for `--only`, one in ONLY_STEPS. The config network's inductor-mode figures: a step of
+# every build whose gemm head is one.
+HEAD_STEPS = (("distill", _wants_section("student"), _student),
+              ("inductor-figures", lambda recipe, bundle: () if bundle.config_net is not None else None, _inductor_figures),
+              ("static-head", _wants_section("static"), _static), ("call-head", _wants_section("call"), _call),
+              ("problem-head", _wants_section("problem"), _problem), ("bmm-head", _wants_section("bmm"), _bmm),
+              ("grouped-head", _wants_section("grouped"), _grouped))
 
 
 def _build(recipe: Recipe, train: TrainSettings, record: dict[str, Any], logger: Any, run_id: str | None,
@@ -230,27 +371,13 @@ def _build(recipe: Recipe, train: TrainSettings, record: dict[str, Any], logger:
 
     torch.manual_seed(train.seed)
     d = timed("load", None, lambda: load_data(train))
-    bundle = timed("train", train, lambda: fit_heads(train, d, logger))
+    # no cuBLAS head where the problem step fits torch.mm's time (the problem network replaces it)
+    bundle = timed("train", train, lambda: fit_heads(train, d, logger, cublas=recipe.problem is None))
     baselines = timed("baselines", None, lambda: fit_baselines(train, d, logger))
-    if recipe.student is not None:
-        s = recipe.student
-        timed("distill", s, lambda: add_student(bundle, d.gemm, s, log, d.split, d.problem_device))
-        if s.screens:  # the student screens: the lead (set by the train step, which had no screen) now fits
-            bundle.metadata["lead_keep"] = effective_lead_keep(train, bundle.heads, bundle.screen_name)
-    if bundle.config_net is not None:  # its inductor mode's figures, through the screen and lead now set
-        timed("inductor-figures", None, lambda: inductor_figures_step(bundle, d.datasets[0], d.split, log))
-    if recipe.static is not None:
-        if len(d.datasets) > 1:
-            raise ValueError("recipe [static]: the static head is fitted to one device's timings (one data folder)")
-        timed("static-head", recipe.static, lambda: static_step(bundle, d.datasets[0], recipe.static, log, d.split))
-    if recipe.call is not None:
-        splits = [d.split[d.problem_device == ds.device] for ds in d.datasets]  # the run's (problem or family)
-        timed("call-head", recipe.call, lambda: call_step(bundle, d.datasets, recipe.call, log, splits))
-    if recipe.problem is not None:
-        splits = [d.split[d.problem_device == ds.device] for ds in d.datasets]
-        timed("problem-head", recipe.problem, lambda: problem_step(bundle, d.datasets, recipe.problem, log, splits))
-    if recipe.bmm is not None:  # every device's folder (slices hold no bmm rows: the step is skipped)
-        timed("bmm-head", recipe.bmm, lambda: bmm_step(bundle, [ds.folder for ds in d.datasets], recipe.bmm, log))
+    for name, wants, fn in HEAD_STEPS:  # each step the recipe and the bundle want, with its settings
+        s = wants(recipe, bundle)
+        if s is not None:
+            timed(name, s or None, lambda: fn(recipe, train, bundle, d, s, log))
     evaluation = timed("evaluate", None, lambda: evaluate_devices(bundle, d, train.seed, baselines))
     return _write(recipe, train, d, bundle, evaluation, record, run_id, time.perf_counter() - t_start)
 

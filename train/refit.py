@@ -373,3 +373,31 @@ def refit_bmm(s: BmmHeadSettings, log: Any = print, command: str = "") -> dict[s
         return {}
     _rewrite(bundle, s, "bmm-head", t0, command)
     return metrics
+
+
+def grouped_folder(folders: Sequence[Path]) -> Path | None:
+    """The first of a model's data folders with grouped rows (`perfmodel gen grouped`), None where none has."""
+    from perfmodel.data_gen.shards import part_files
+
+    from .grouped_head import KIND
+
+    return next((Path(f) for f in folders if part_files(Path(f), KIND)), None)
+
+
+def refit_grouped(s: Any, model: Path, data: Sequence[Path], log: Any = print, command: str = "") -> dict[str, Any]:
+    """`perfmodel build --only grouped`: the grouped head of the folder `model` (train/grouped_head.py grouped_step),
+    on the first of `data` with grouped rows, added in place; nothing is written (a message says why) where none
+    has them."""
+    from .grouped_head import grouped_step
+
+    t0 = time.perf_counter()
+    bundle = load_model(model, 0)
+    folder = grouped_folder(data)
+    metrics = None if folder is None else grouped_step(bundle, folder, s, log)
+    if metrics is None:
+        log(f"grouped-head: skipped: none of {', '.join(map(str, data))} has grouped rows")
+        return {}
+    step = step_record("grouped-head", settings_record(s), time.perf_counter() - t0, refit=True, command=command)
+    bundle.metadata = append_step(bundle.metadata, step)
+    write_model_folder(bundle, bundle.metadata, model)
+    return metrics
