@@ -57,8 +57,12 @@ class _OnnxRunner(Runner):
         self.predict_graphs: dict[str, _Staged] = {}
         self._prepared: set[str] = set()
         self._prepare_lock = threading.Lock()
+        data = path.read_bytes()
+        if not data:  # parsed, 0 bytes are an empty graph: say what is wrong, not which head is missing
+            raise ArtifactError(f"{path}: the file is empty (0 bytes: corrupt or truncated); re-write it with "
+                                f"`perfmodel export-onnx --model {path.parent}`, or load backend='torch'")
         try:
-            head_graphs, self._cut, outputs = _split_graphs(path.read_bytes())
+            head_graphs, self._cut, outputs = _split_graphs(data)
             # One session per head (small batches: a few threads, no inter-op pool), so that a call runs
             # only its head's nodes and never feeds the others an empty batch (onnxruntime on an H100
             # host died of SIGFPE on zero-row inputs).

@@ -27,6 +27,7 @@ def static_test(repo_root, shipped):
     return table, split_static(table, static, split)
 
 
+@pytest.mark.slow
 def test_metrics_reproduce_from_the_data(shipped, static_test):
     # the metadata's test figures are recomputed here from the shipped weights and the committed rows, to
     # the tolerance of float32 outputs on another CPU (tests/_tolerance.py: one problem's pick may flip)
@@ -137,6 +138,7 @@ def test_cli_rank_kernel(repo_root, capsys):
     assert "kernel" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_eval_reports_both_kernel_modes(repo_root, shipped, static_test):
     # `perfmodel eval` ranks the statically timed test problems per kernel mode, as `perfmodel static-head` did
     from perfmodel.train.data import load_device_datasets
