@@ -10,8 +10,8 @@ where something differs, the workload needs measuring again on the GPU before th
 The replay ranks Inductor's default config list for each problem (perfmodel.configs.inductor_default_configs);
 in the graph Inductor offers that list filtered by the problem's size, so `--check` first replays the measured
 folder and reports how often it reproduces the recorded decisions. The pad decisions of the GEMMs given with
---pad (m,k,n,dtype[,tl][,tr]) are compared as well (the pad hook's decision with Triton in play, as
-under the set-up). Exit status 1 when anything differs.
+--pad (m,k,n,dtype[,tl][,tr]) are compared as well (the pad hook's decision with Triton in play and
+Inductor's default configs offered, as under the set-up). Exit status 1 when anything differs.
 
     python -m benchmarks.replay_decisions --measured models/h100 --candidate /tmp/new_h100 \
         [--results benchmarks/results/model_bench_h100.json] [--pad 4096,768,50257,float16]
@@ -84,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if not args.results.is_file():
         ap.error(f"--results: no such file {args.results}")
+    from perfmodel.configs import inductor_default_configs
     from perfmodel.serve.compile import Policy
     from perfmodel.serve.decisions import hook_pad_decision
 
@@ -104,8 +105,10 @@ def main(argv: list[str] | None = None) -> int:
           f"recorded decisions; the candidate decides {diff} of them differently")
     for text in args.pad:
         pp = _pad_problem(text)
-        # the set-up compiles with Inductor's mm templates on: Triton is in play for the pad hook
-        a, b = hook_pad_decision(old, pp, True), hook_pad_decision(new, pp, True)
+        # the set-up compiles with Inductor's mm templates on: Triton is in play for the pad hook, which weighs
+        # the configs autotuning offers (DEFAULT search space: Inductor's default list; serve.inductor)
+        offered = list(inductor_default_configs())
+        a, b = hook_pad_decision(old, pp, True, offered), hook_pad_decision(new, pp, True, offered)
         print(f"pad {text}: measured pad={a.should_pad} candidate pad={b.should_pad}" + (" (differs)" if a.should_pad != b.should_pad else ""))
         diff += a.should_pad != b.should_pad
     return 1 if diff else 0

@@ -1,9 +1,9 @@
 """Serving latency: our Predictor (torch and onnxruntime backends) vs PR 156851's serving path, on the CPU.
 
 Ranks 368 configs (a stratified sample of the H100 fp16 pruned space) for one problem, and for 100
-problems (rank / rank_many, top 5), and predicts the time of every one of them (predict /
-predict_many; the PR path: its encoding and network without the sort), and reports p50/p90 wall time
-of each path and the speed-ups, plus the model's load time.
+problems (rank / rank_many, top 5; and the screened fast path, rank(screened=True)), and predicts the time of
+every one of them (predict / predict_many; the PR path: its encoding and network without the sort), and
+reports p50/p90 wall time of each path and the speed-ups, plus the model's load time.
 
 The PR 156851 path is reproduced from its torch/_inductor/models/mm_kernel_prediction_model.py
 (shared/seeds/004): per request a pandas DataFrame of the 9 raw columns built from each config's
@@ -237,6 +237,11 @@ def run(model: Path, repeats: int, seed: int, block: int = 10) -> dict[str, Any]
                         lambda p: p.predict(one, configs)),
         "predict_many": (lambda: [pr.predict(p.m, p.n, p.k, torch.float16, tconfigs) for p in problems],
                          lambda p: p.predict_many(problems, configs)),
+        # the named fast path: the screen (the student) on every config, the gemm head on its best
+        "one_screened": (lambda: pr.rank(one.m, one.n, one.k, torch.float16, tconfigs),
+                         lambda p: p.rank(one, configs, top_k=5, screened=True)),
+        "many_screened": (lambda: [pr.rank(p.m, p.n, p.k, torch.float16, tconfigs) for p in problems],
+                          lambda p: p.rank_many(problems, configs, top_k=5, screened=True)),
     }
     before = _cpu_times()
     # Each backend is interleaved with the PR path on its own: a process serves with one backend, and
@@ -291,7 +296,8 @@ def markdown(res: dict[str, Any]) -> str:
              + (f"alternating in blocks of {res['block']} calls" if res.get("block", 1) > 1 else "alternating call by call")
              + f"; {res['n_problems']} problems: call by call. Speed-up: the PR path's p50 / ours, and the median "
                "over rounds of the same ratio", ""]
-    for title, one, many in (("rank (top 5)", "one", "many"), ("predict (every config)", "predict_one", "predict_many")):
+    for title, one, many in (("rank (top 5)", "one", "many"), ("predict (every config)", "predict_one", "predict_many"),
+                             ("rank(screened=True), the fast path (top 5)", "one_screened", "many_screened")):
         lines += [f"| {title} | 1 problem p50 ms | p90 ms | speed-up (p50s) | (per round) | {res['n_problems']} "
                   "problems p50 ms | p90 ms | speed-up (p50s) | (per round) |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for name, r in res["results"].items():

@@ -80,11 +80,21 @@ def _check_choice(name: str, value: Any, choices: tuple[int, ...], what: str) ->
 MAX_DIM = 2**31 - 1
 
 
+def _ignore_tf32_off_float32(problem: Any) -> None:
+    """allow_tf32 set to False on a float16 / bfloat16 problem: TF32 is a mode of float32 matmuls only
+    (torch.backends.cuda.matmul.allow_tf32 and Triton's tl.dot leave half-precision inputs as they are), so the
+    flag means nothing there and is ignored -- the problem equals, and predicts as, the one without it. The
+    hooks read it the same way (a half-precision launch never carries it)."""
+    if problem.allow_tf32 and problem.dtype != "float32":
+        object.__setattr__(problem, "allow_tf32", False)
+
+
 # Problems are keyword-only: GemmProblem's sizes are (m, n, k) and PadProblem's (m, k, n) (as
 # AutoHeuristic's pad_mm data), so a positional call could silently swap n and k.
 @dataclass(frozen=True, kw_only=True)
 class GemmProblem:
     """C[m, n] = A[m, k] @ B[k, n]; transpose_left/right: A/B stored column-major. Keyword-only.
+    allow_tf32: float32 inputs on TF32 tensor cores; ignored (read back False) for float16 / bfloat16.
 
     batch > 1 is a bmm, C[b, m, n] = A[b, m, k] @ B[b, k, n] (Inductor's bmm template and aten::bmm),
     each of the b matrices in the layout the transpose flags give."""
@@ -104,6 +114,7 @@ class GemmProblem:
         object.__setattr__(self, "dtype", _norm_dtype(self.dtype))
         for name in ("allow_tf32", "transpose_left", "transpose_right"):
             _check_bool(name, getattr(self, name))
+        _ignore_tf32_off_float32(self)
 
     @property
     def dtype_bytes(self) -> int:
@@ -211,7 +222,8 @@ def check_problem(value: Any, name: str = "problem") -> GemmProblem:
 
 @dataclass(frozen=True, kw_only=True)
 class PadProblem:
-    """A GEMM whose operands Inductor's pad_mm pass may pad to the dtype's alignment. Keyword-only."""
+    """A GEMM whose operands Inductor's pad_mm pass may pad to the dtype's alignment. Keyword-only.
+    allow_tf32: as GemmProblem's (ignored for float16 / bfloat16)."""
 
     m: int
     k: int
@@ -229,6 +241,7 @@ class PadProblem:
         object.__setattr__(self, "dtype", _norm_dtype(self.dtype))
         for name in ("transpose_left", "transpose_right", "prepadded_left", "prepadded_right", "allow_tf32"):
             _check_bool(name, getattr(self, name))
+        _ignore_tf32_off_float32(self)
 
     @property
     def alignment(self) -> int:

@@ -3,10 +3,11 @@
 The model's bmm heads (perfmodel bmm-head, train/bmm_head.py) predict them: `bmm`, the log ms of a config of
 Inductor's bmm template (timed as Inductor compiles it, so the one kernel both kernel modes get: a batched
 problem is not ranked by the gemm head, its screen or the static head), with the physical floor of the whole
-batch (flops and bytes times the batch); and `bmm_call`, the aten-or-Triton call (Candidates.prefer_cublas,
-prefers_cublas_many, and the hooks through aten_call_ms): per problem log(aten::bmm ms / the best config's
-ms), below 0 aten::bmm wins. aten::bmm's time (predict_cublas, Candidates.cublas_ms) is what the call implies
-(aten_ms), or, in folders fitted with `--aten-head`, a `bmm_aten` head's log ms. The rows are
+batch (flops and bytes times the batch); and `bmm_call`, the aten-or-Triton call: per problem log(aten::bmm ms /
+the best config's ms), below 0 aten::bmm wins. aten::bmm's time (aten_ms: predict_cublas, Candidates.cublas_ms,
+and what both hooks weigh) is the one the call implies against the best config of the whole space
+(perfmodel.serve.decisions.implied_cublas_ms), or, in folders fitted with `--aten-head`, a `bmm_aten` head's log
+ms; aten is preferred where that time is below the best Triton config's, as for a plain GEMM. The rows are
 encoded here (the "bmm" / "bmm_aten" encoders) and scored by the Predictor's runner, so the torch and onnx
 backends serve them alike (model.onnx has each head's graph, bmm_x -> bmm_log_ms / bmm_score). Configs sort
 by the bmm head's score (its output before the floors, which never reorder a problem's configs), ties in
@@ -52,13 +53,14 @@ def scores(predictor: "Predictor", problems: Sequence[GemmProblem], configs: Any
     the model device's pruned space for the problems' dtype); log ms inf where the device cannot run a config."""
     require(predictor, BMM, problems[0].batch)
     cfgs, ct, ok = predictor.config_set(configs, problems)
+    seen = predictor.as_trained(problems, "bmm")  # the trained shapes (perfmodel.domain)
     with torch.inference_mode():
-        x = predictor.bundle.encoders[BMM].encode_cross(bmm_problems_tensor(problems), ct)     # (P * C, F)
+        x = predictor.bundle.encoders[BMM].encode_cross(bmm_problems_tensor(seen), ct)         # (P * C, F)
     z, log_ms = predictor.runner.score_log_ms(BMM, x)
     shape = (len(problems), len(cfgs))
     z = checked(z.numpy().astype(np.float64), "problems (bmm)").reshape(shape)
-    log_ms = log_ms.numpy().astype(np.float64).reshape(shape)
-    checked(np.exp(log_ms), "problems (bmm)", positive=True)
+    ms = checked(np.exp(log_ms.numpy().astype(np.float64)), "problems (bmm)", positive=True).reshape(shape)
+    log_ms = np.log(predictor.floored(problems, ms))  # the whole batch's roofline, in float64
     if ok is not None:
         log_ms = np.where(ok, log_ms, np.inf)
     return cfgs, z, log_ms
@@ -67,6 +69,11 @@ def scores(predictor: "Predictor", problems: Sequence[GemmProblem], configs: Any
 def predict(predictor: "Predictor", problems: Sequence[GemmProblem], configs: Any) -> np.ndarray:
     """(P, C) predicted ms of the bmm head."""
     return np.exp(scores(predictor, problems, configs)[2])
+
+
+def has_aten(predictor: "Predictor") -> bool:
+    """Whether the model predicts aten::bmm's time (a bmm_call or a bmm_aten head)."""
+    return BMM_ATEN in predictor.bundle.heads or BMM_CALL in predictor.bundle.heads
 
 
 def rank(predictor: "Predictor", problems: Sequence[GemmProblem], configs: Any,
@@ -87,32 +94,31 @@ def rank_scored(cfgs: list, z: np.ndarray, log_ms: np.ndarray, top_k: int) -> li
 
 
 def aten_ms(predictor: "Predictor", problems: Sequence[GemmProblem]) -> np.ndarray:
-    """Predicted ms of aten::bmm for each problem (1-D): the bmm_aten head's where the folder has one (folders
-    fitted with `perfmodel bmm-head --aten-head`), else the time the call head implies -- the best predicted
-    time over the model device's config space for the problem x exp(the call's output), aten_call_ms."""
+    """Predicted ms of aten::bmm for each problem (1-D; Predictor.predict_cublas of a bmm): the bmm_aten head's
+    where the folder has one (folders fitted with `--aten-head`), else the time the call head implies -- the
+    best predicted time over the model device's config space for the problem x exp(the call's output), floored
+    at the whole batch's roofline (implied_aten_ms)."""
     if BMM_ATEN not in predictor.bundle.heads and BMM_CALL in predictor.bundle.heads:
-        # each problem over its own dtype's space (scores takes one dtype a call)
-        best = np.array([np.min(scores(predictor, [p], None)[2]) for p in problems])
-        return implied_aten_ms(predictor, problems, best)
+        return implied_aten_ms(predictor, problems, np.log(predictor.space_best_ms(problems)))
     require(predictor, BMM_ATEN, problems[0].batch)
     with torch.inference_mode():
-        x = predictor.bundle.encoders[BMM_ATEN].encode(bmm_problems_tensor(problems))
-    return checked(np.exp(predictor.runner(BMM_ATEN, x)), "problems (aten::bmm)", positive=True)
+        x = predictor.bundle.encoders[BMM_ATEN].encode(bmm_problems_tensor(predictor.as_trained(problems, "bmm")))
+    return predictor.floored(problems, checked(np.exp(predictor.runner(BMM_ATEN, x)), "problems (aten::bmm)",
+                                               positive=True))
 
 
 def implied_aten_ms(predictor: "Predictor", problems: Sequence[GemmProblem], best_log_ms: np.ndarray,
                     call: np.ndarray | None = None) -> np.ndarray:
     """aten_ms() without a bmm_aten head, from each problem's best predicted log ms over the model device's
     config space (best_log_ms) and the call head's output (call; None: computed here): exp(best + call),
-    floored at the whole batch's roofline."""
+    floored at the whole batch's roofline (perfmodel.serve.decisions.implied_cublas_ms)."""
+    from .decisions import implied_cublas_ms
+
     if not np.all(np.isfinite(best_log_ms)):
         raise ValueError("problems (aten::bmm): no config of the model's space runs a problem on this device, so "
                          "the call head implies no aten::bmm time for it")
     call = call_scores(predictor, problems) if call is None else call
-    enc = predictor.bundle.encoders[BMM_CALL]  # the bmm_aten features: the whole batch's roofline, the floor
-    with torch.inference_mode():
-        floor = enc.encode(bmm_problems_tensor(problems))[:, enc.names.index("log_bmm_roofline_ms")]
-    return np.exp(np.maximum(best_log_ms + call, floor.double().numpy()))
+    return implied_cublas_ms(np.exp(best_log_ms), call, predictor.roofline_ms(problems))
 
 
 def call_scores(predictor: "Predictor", problems: Sequence[GemmProblem]) -> np.ndarray | None:
@@ -121,24 +127,24 @@ def call_scores(predictor: "Predictor", problems: Sequence[GemmProblem]) -> np.n
     if BMM_CALL not in predictor.bundle.heads:
         return None
     with torch.inference_mode():
-        x = predictor.bundle.encoders[BMM_CALL].encode(bmm_problems_tensor(problems))
+        x = predictor.bundle.encoders[BMM_CALL].encode(bmm_problems_tensor(predictor.as_trained(problems, "bmm")))
     return checked(predictor.runner.score(BMM_CALL, x).numpy().astype(np.float64).reshape(-1), "problems (bmm call)")
 
 
-def aten_call_ms(predictor: "Predictor", prob: GemmProblem, best_ms: float) -> float:
-    """The aten::bmm time the hooks weigh against the best ranked config's predicted time best_ms: what the
-    call head implies (best_ms x exp(its output): aten wins exactly where the call says so), else (a folder
-    with a bmm_aten head and no call head) the bmm_aten head's time. The hooks' rules
-    (decisions.triton_expected_gain, triton_dropped) take it as the aten kernel's time."""
-    score = call_scores(predictor, [prob])
-    return float(best_ms * np.exp(score[0])) if score is not None else float(aten_ms(predictor, [prob])[0])
+def aten_call_ms(predictor: "Predictor", prob: GemmProblem, best_ms: float | None = None) -> float:
+    """The aten::bmm time the hooks weigh against the best ranked (offered) config's predicted time: the one
+    time the model gives aten::bmm (aten_ms, Predictor.predict_cublas), whatever configs are offered (best_ms
+    is not used: the hooks once implied aten's time from the offered configs' best, which made it differ from
+    the one the API and the CLI show). The hooks' rules (decisions.triton_expected_gain, triton_dropped,
+    bmm_sure) take it as the aten kernel's time."""
+    return float(aten_ms(predictor, [prob])[0])
 
 
 def leave_unpadded(predictor: "Predictor", prob: GemmProblem,
                    configs: Sequence[Any] | None = None) -> tuple[bool, float, float]:
     """The pad hook's rule for a bmm that Inductor's pad_mm pass would pad, when the compile autotunes the
-    Triton bmm template: (leave it unpadded, the best config's predicted ms, aten::bmm's as the call implies
-    it). Unpadded where the model keeps Triton for it -- its best config (of `configs`, those autotuning
+    Triton bmm template: (leave it unpadded, the best config's predicted ms, aten::bmm's predicted ms,
+    aten_ms). Unpadded where the model keeps Triton for it -- its best config (of `configs`, those autotuning
     offers; None: the whole space) predicted faster than aten::bmm -- since the template runs the unaligned
     shape as it is and padding only adds the copies; elsewhere (aten::bmm predicted faster) Inductor's own
     benchmark decides. On the 1,771 problems of data/h100's bmm rows that pad_mm would pad, timed padded
@@ -148,5 +154,5 @@ def leave_unpadded(predictor: "Predictor", prob: GemmProblem,
     best = predictor.rank(prob, None if configs is None else list(configs), top_k=1)
     if not best or not np.isfinite(best[0][1]):
         return False, float("inf"), float("nan")
-    aten = aten_call_ms(predictor, prob, best[0][1])
+    aten = aten_call_ms(predictor, prob)
     return bool(best[0][1] < aten), float(best[0][1]), aten

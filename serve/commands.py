@@ -94,6 +94,31 @@ def _tflops(flops: float, ms: float) -> float:
     return flops / (ms * 1e-3) / 1e12
 
 
+def _tf32_note(args: argparse.Namespace, dtype: str) -> None:
+    """--allow-tf32 on float16 / bfloat16: ignored (TF32 is a mode of float32 matmuls; GemmProblem reads it
+    back False), said on stderr so that --json output stays JSON."""
+    if args.allow_tf32 and dtype != "float32":
+        print(f"note: --allow-tf32 ignored: TF32 applies to float32 only, not {dtype}", file=sys.stderr)
+
+
+def _noted(fn: Any) -> Any:
+    """fn() with the model's warnings that a problem is outside the shapes it was trained on
+    (perfmodel.domain.OutsideDomainWarning) printed as notes on stderr."""
+    import warnings
+
+    from perfmodel.domain import OutsideDomainWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", OutsideDomainWarning)
+        out = fn()
+    for w in caught:
+        if issubclass(w.category, OutsideDomainWarning):
+            print(f"note: {w.message}", file=sys.stderr)
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return out
+
+
 def _rank(args: argparse.Namespace) -> int:
     from perfmodel import GemmProblem
 
@@ -101,8 +126,10 @@ def _rank(args: argparse.Namespace) -> int:
 
     prob = GemmProblem(m=args.m, n=args.n, k=args.k, dtype=args.dtype, allow_tf32=args.allow_tf32,
                        transpose_left=args.transpose_left, transpose_right=args.transpose_right, batch=args.batch)
+    _tf32_note(args, prob.dtype)
     p = Predictor.load(args.model, backend=args.backend, device=args.device, kernel=args.kernel)
-    cand = p.candidates(prob, top_k=args.top_k, margin=0.0, max_k=args.top_k)
+    # the verdict is Candidates.prefer_cublas: cublas_ms below the best config's time, both printed below
+    cand = _noted(lambda: p.candidates(prob, top_k=args.top_k, margin=0.0, max_k=args.top_k))
     rows = [{"rank": i + 1, **c.as_dict(), "predicted_ms": ms, "tflops": _tflops(prob.flops, ms)}
             for i, (c, ms) in enumerate(zip(cand.configs, cand.predicted_ms))]
     if args.json:
@@ -141,8 +168,9 @@ def _pad(args: argparse.Namespace) -> int:
     pp = PadProblem(m=args.m, k=args.k, n=args.n, dtype=args.dtype, transpose_left=args.transpose_left,
                     transpose_right=args.transpose_right, prepadded_left=args.prepadded_left,
                     prepadded_right=args.prepadded_right, allow_tf32=args.allow_tf32)
+    _tf32_note(args, pp.dtype)
     p = Predictor.load(args.model, backend=args.backend, device=args.device)
-    d = p.pad(pp)
+    d = _noted(lambda: p.pad(pp))
     pm, pk, pn = pp.padded_dims()
     if args.json:
         print(json.dumps({"problem": pp.as_dict(), "padded_dims": {"m": pm, "k": pk, "n": pn},

@@ -1,25 +1,34 @@
 """The serving decisions, once: cuBLAS or Triton, pad or not, and the padded path's time.
 
-The Predictor (Candidates.prefer_cublas, prefers_cublas_many, pad), the Inductor hook
-(perfmodel.serve.inductor: its cublas_margin and its pad_mm replacement) and the Triton autotuner hook
-(perfmodel.serve.triton_hook: which ranked configs it keeps) call these functions; none of them decides
-on its own. Two cuBLAS rules live here, for two questions:
+The Predictor (Candidates.prefer_cublas, prefers_cublas_many, predict_cublas, pad), the Inductor hook
+(perfmodel.serve.inductor: its cublas_margin and its pad_mm replacement), the whole-model set-up
+(perfmodel.serve.compile) and the Triton autotuner hook (perfmodel.serve.triton_hook: which ranked configs it
+keeps) call these functions; none of them decides on its own.
 
-- the call (`cublas_preferred`): is cuBLAS faster than the best Triton config? The model's call head for
-  the kernel mode when it has one (fitted to log(cuBLAS ms / best Triton ms): right more often than the
-  times, docs/model.md "The cuBLAS call"), else the cuBLAS head's time against the best ranked config's.
-  What Candidates.prefer_cublas and Predictor.prefers_cublas_many answer.
+One cuBLAS time and one call (docs/design.md, "One answer per question"). cuBLAS's predicted time is
+`cublas_time` (Predictor.predict_cublas): with the model's call head for the kernel mode (fitted to log(cuBLAS
+ms / best Triton ms)) and a problem of the shapes it was fitted on, the cuBLAS head's time where it agrees with
+the call -- below the best predicted Triton time of the whole config space exactly where the call is below 0
+-- and the time the call implies where it does not (`implied_cublas_ms`: that best time x exp(the call),
+floored at the roofline); otherwise the cuBLAS head's time. aten::bmm's is the time its call implies
+(perfmodel.serve.bmm). Every rule below weighs that time against the predicted Triton times, so what the CLI
+prints, the API answers and the hooks decide agree:
+
+- the call (`cublas_preferred`): is cuBLAS faster than the best Triton config? Its time below the best
+  config's (Candidates.prefer_cublas, Predictor.prefers_cublas_many, the `perfmodel rank` verdict). Over the
+  whole space that is the call head's call (below 0: cuBLAS), right on more held-out problems than the
+  cuBLAS head's time against the best config's (0.948 against 0.925 on models/h100's test problems), with
+  the cuBLAS head's more accurate times wherever the two agree (benchmarks/studies/cublas_call_rules.py); against a
+  list of configs it is also wherever cuBLAS beats the list's best.
 - the hook's trade (`triton_dropped`, install(cublas_margin=...)): is Triton worth compiling and
-  benchmarking? Predicted times only -- the cuBLAS head's time x (1 + margin) against the best ranked
-  config among those Inductor offers -- with a margin tuned for compile time against kernel time
-  (benchmarks/studies/cublas_margin.py). It never asks the call head: margin 0 is the times' call, not the call
-  head's.
+  benchmarking? cuBLAS's time x (1 + margin) against the best ranked config among those Inductor offers,
+  with a margin tuned for compile time against kernel time (benchmarks/studies/cublas_margin.py).
 - the whole-model set-up's trade (`triton_expected_gain`, perfmodel.serve.compile): keep Triton beside
   default mode's aten kernel only where the best ranked config is predicted at least `gain` faster than
   cuBLAS; elsewhere the GEMM lowers as default mode lowers it, with no benchmark.
-- a bmm the model is sure of (`bmm_sure`, both hooks): where the aten::bmm time the call implies is at
-  least `sure_gain` slower than the best ranked config's, that config is kept alone -- no aten choice, so
-  Inductor has one choice and benchmarks nothing (BMM_SURE_GAIN).
+- a bmm the model is sure of (`bmm_sure`, both hooks): where aten::bmm's time is at least `sure_gain` slower
+  than the best ranked config's, that config is kept alone -- no aten choice, so Inductor has one choice and
+  benchmarks nothing (BMM_SURE_GAIN).
 
 Imports neither Lightning, nor MLflow, nor pandas.
 """
@@ -29,14 +38,17 @@ import math
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Sequence
 
+import numpy as np
+
 from perfmodel.schema import DTYPE_BYTES, GemmConfig, PadDecision, PadProblem
 
 if TYPE_CHECKING:  # the Predictor calls this module: no import cycle at run time
     from .predictor import Predictor
 
 __all__ = ["BMM_SURE_GAIN", "CUBLAS_MARGIN", "PAD_TRITON_MARGIN", "bmm_sure", "check_bmm_sure_gain",
-           "cublas_preferred", "gain_from_margin", "hook_pad_decision", "kept_positions", "pad_copy_floor_ms", "pad_decision",
-           "padded_path_ms", "triton_dropped", "triton_expected_gain", "unpadded_triton_instead"]
+           "cublas_preferred", "cublas_time", "gain_from_margin", "hook_pad_decision", "implied_cublas_ms",
+           "kept_positions", "pad_copy_floor_ms", "pad_decision", "padded_path_ms", "triton_dropped",
+           "triton_expected_gain", "unpadded_triton_instead"]
 
 # install()'s default cublas_margin: keep the Triton mm choices only where the model's best config is
 # predicted more than 5 % faster than cuBLAS. benchmarks/studies/cublas_margin.py on the 173 held-out problems:
@@ -65,28 +77,37 @@ PAD_TRITON_MARGIN = 0.1
 
 
 # ----------------------------------------------------------------------------------- cuBLAS or Triton
-def cublas_preferred(call_score: Any, cublas_ms: Any, best_ms: Any, given_best_ms: Any = None) -> Any:
-    """The call: whether cuBLAS is predicted faster than the best Triton config (bool, or a bool array for
-    array inputs).
+def implied_cublas_ms(best_space_ms: Any, call_score: Any, roofline_ms: Any) -> Any:
+    """cuBLAS's (aten::bmm's) predicted time where the model has a call head: the best predicted Triton time
+    over the whole config space x exp(the call head's output, log(cuBLAS ms / best Triton ms)), floored at the
+    problem's roofline. Below best_space_ms exactly where the call is below 0 (cuBLAS wins), unless the
+    floor lifts it: a Triton time at the roofline is not beaten. Floats or arrays (float64)."""
+    return np.maximum(np.asarray(best_space_ms, dtype=np.float64) * np.exp(np.asarray(call_score, dtype=np.float64)),
+                      roofline_ms)
 
-    call_score: the call head's output (log(cuBLAS ms / best Triton ms); below 0 cuBLAS wins) or None when
-        the model has no call head for the kernel mode: then cuBLAS's predicted time below best_ms, the
-        best ranked config's.
-    given_best_ms: with a call head and a config list of the caller's own, the best given config's
-        predicted time: cuBLAS is preferred also where it beats that (cuBLAS that beats the whole space
-        beats any list of it; a short list may be slower than the space's best)."""
-    if call_score is None:
-        return cublas_ms < best_ms
-    prefer = call_score < 0.0
-    if given_best_ms is not None:
-        prefer = prefer | (cublas_ms < given_best_ms)
-    return prefer
+
+def cublas_time(head_ms: Any, best_space_ms: Any, call_score: Any, roofline_ms: Any) -> Any:
+    """The one cuBLAS time of a problem the call head covers: the cuBLAS head's time (head_ms) where it agrees
+    with the call -- below the whole space's best predicted Triton time (best_space_ms) exactly where the call
+    is below 0 -- else the call's implied time (implied_cublas_ms). So cuBLAS is below best_space_ms exactly
+    where the call says it wins (but at the floor), and its time is the head's wherever the head says so too.
+    Floats or arrays (float64)."""
+    head = np.asarray(head_ms, dtype=np.float64)
+    agree = (head < best_space_ms) == (np.asarray(call_score) < 0.0)
+    return np.where(agree, head, implied_cublas_ms(best_space_ms, call_score, roofline_ms))
+
+
+def cublas_preferred(cublas_ms: Any, best_ms: Any) -> Any:
+    """The call: whether cuBLAS is predicted faster than the best Triton config -- its predicted time
+    (Predictor.predict_cublas: cublas_time with a call head) below best_ms, the best Triton config's
+    predicted time (of the whole space, or of the configs given). bool, or a bool array for arrays."""
+    return cublas_ms < best_ms
 
 
 def triton_dropped(cublas_ms: float, best_triton_ms: float, margin: float | None) -> bool:
-    """The hook's cublas_margin, said as a drop: Triton's choices go when cuBLAS's predicted time x (1 + margin)
-    is below the best ranked (offered) config's; never with margin None. Predicted times only (not the call head:
-    see the module docstring). The handler applies it as the one rule, triton_expected_gain with
+    """The hook's cublas_margin, said as a drop: Triton's choices go when cuBLAS's predicted time
+    (Predictor.predict_cublas, the one cuBLAS time) x (1 + margin) is below the best ranked (offered) config's;
+    never with margin None. The handler applies it as the one rule, triton_expected_gain with
     gain_from_margin(margin)."""
     return margin is not None and cublas_ms * (1.0 + margin) < best_triton_ms
 
@@ -157,8 +178,8 @@ def pad_copy_floor_ms(pp: PadProblem, dram_bw_gbs: float) -> float:
 
 def padded_path_ms(predictor: "Predictor", pp: PadProblem, decision: PadDecision) -> float:
     """The padded cuBLAS path's predicted time as Inductor runs it: the pad head's padded_ms or, where the
-    model has a cuBLAS head, that head's time on the padded problem plus the pad copies at DRAM bandwidth
-    (pad_copy_floor_ms), whichever is less. The pad head learned from padding timed with eager F.pad;
+    model has a cuBLAS head, cuBLAS's predicted time on the padded problem (Predictor.predict_cublas) plus the
+    pad copies at DRAM bandwidth (pad_copy_floor_ms), whichever is less. The pad head learned from padding timed with eager F.pad;
     Inductor pads each operand with one generated kernel. GPT-2's lm head (1024x768x50257 fp16, NN) on
     the H100: pad head 0.273 ms, cuBLAS head 0.138 + copies 0.046 = 0.184 ms; Inductor's padded path ran
     0.193 ms."""

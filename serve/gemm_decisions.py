@@ -58,8 +58,8 @@ def sure(aten_ms: float | None, best_ms: float, sure_gain: float | None) -> bool
 
 def rank_positions(predictor: "Predictor", prob: GemmProblem, cfgs: Sequence[GemmConfig],
                    top_k: int) -> list[tuple[int, float]]:
-    """Predictor.rank's top_k of cfgs -- the project's one ranking rule (the screen, then the gemm head;
-    unrunnable configs last at inf) -- as (position in cfgs, predicted ms), fastest first. A config
+    """Predictor.rank's top_k of cfgs -- the project's one ranking rule (the gemm head on every config, predict's
+    times; unrunnable configs last at inf) -- as (position in cfgs, predicted ms), fastest first. A config
     listed twice is two positions."""
     where: dict[GemmConfig, list[int]] = {}
     for i, c in enumerate(cfgs):
@@ -68,21 +68,22 @@ def rank_positions(predictor: "Predictor", prob: GemmProblem, cfgs: Sequence[Gem
 
 
 def aten_times(predictor: "Predictor", problems: Sequence[GemmProblem], best_ms: Sequence[float]) -> np.ndarray | None:
-    """aten's predicted ms per problem (1-D), or None where the model has none: cuBLAS's (the cuBLAS head) for an
-    mm; for a bmm, the aten::bmm time the model's call implies against the best ranked config's best_ms
-    (bmm.aten_call_ms; None where a problem's best is unrunnable)."""
+    """aten's predicted ms per problem (1-D), or None where the model has none: Predictor.predict_cublas_many, the
+    one cuBLAS time the API and the CLI show (perfmodel.serve.decisions.cublas_time) for an mm; for a bmm,
+    aten::bmm's (the time the model's call implies against the whole bmm space's best: bmm.aten_call_ms; None where
+    the model has no aten time or a problem's best ranked config, best_ms, is unrunnable)."""
     if problems[0].batch > 1:
-        if not all(math.isfinite(b) for b in best_ms):
+        if not bmm.has_aten(predictor) or not all(math.isfinite(b) for b in best_ms):
             return None
-        return np.array([bmm.aten_call_ms(predictor, p, b) for p, b in zip(problems, best_ms)])
+        return np.array([bmm.aten_call_ms(predictor, p) for p in problems])
     return predictor.predict_cublas_many(list(problems)) if predictor.has_cublas else None
 
 
 def decide(predictor: "Predictor", prob: GemmProblem, configs: Sequence[GemmConfig] | None,
            policy: "Policy") -> tuple[bool, list[tuple[int, float]], float | None]:
     """(keep Triton, the top k (position in configs, predicted ms), aten's predicted ms) for one static GEMM.
-    configs: the Triton configs Inductor offers (None: Inductor's default list). aten's time: cuBLAS's (the
-    model's cuBLAS head; None without one), for a bmm aten::bmm's as the model's call implies it."""
+    configs: the Triton configs Inductor offers (None: Inductor's default list). aten's time: aten_times (the
+    model's one cuBLAS time, Predictor.predict_cublas; None without a cuBLAS head), for a bmm aten::bmm's."""
     cfgs = list(configs) if configs is not None else list(inductor_default_configs())
     best = rank_positions(predictor, prob, cfgs, policy.k_for(prob)) if cfgs else []
     if not best:

@@ -131,9 +131,9 @@ def install(top_k: int = HOOK_TOP_K, predictor: Predictor | None = None, *, mode
     missing model fails here, not inside a compile).
     kernel: the kernel mode to rank for (Predictor.with_kernel); None: "inductor" -- the mm template as
     Inductor compiles it -- when the model has a config network or a static head, else the predictor's own.
-    cublas_margin: drop the Triton mm choices when cuBLAS's predicted time (the cuBLAS head's) x
-    (1 + cublas_margin) is below the best ranked config's among those Inductor offers: predicted times only,
-    never the call head behind Candidates.prefer_cublas -- 0 drops Triton wherever cuBLAS is predicted faster, a
+    cublas_margin: drop the Triton mm choices when cuBLAS's predicted time (Predictor.predict_cublas, the one
+    Candidates and the CLI show) x (1 + cublas_margin) is below the best ranked config's among those Inductor
+    offers -- 0 drops Triton wherever cuBLAS is predicted faster, a
     positive margin keeps Triton unless cuBLAS is predicted that much faster, a negative one (> -1) drops it
     unless Triton is predicted that much faster. None always keeps the top_k Triton configs. Default
     CUBLAS_MARGIN (-0.05); docs/benchmarks.md measures the trade.

@@ -81,16 +81,20 @@ def test_the_physical_floor_is_the_whole_batchs(pred):
 
 
 def test_candidates_and_the_aten_call(pred):
+    """aten::bmm's time is the one the call implies against the whole space's best config: below it exactly
+    where the call says aten wins; every caller (candidates, prefers_cublas_many, the hooks) weighs that one
+    time against the best config it shows or offers (SYNTHETIC model)."""
     c = pred.candidates(PROB, CFGS, top_k=2, margin=0.0)
     aten = pred.predict_cublas(PROB)
     call = float(sbmm.call_scores(pred, [PROB])[0])  # the bmm call head: below 0, aten::bmm wins
-    assert c.cublas_ms == pytest.approx(aten, rel=1e-6)
-    assert c.prefer_cublas == (call < 0 or aten < c.best_ms)  # a list of the caller's own: also its best's time
-    assert pred.candidates(PROB, top_k=2).prefer_cublas == (call < 0)
+    space = pred.candidates(PROB, top_k=2)
+    assert c.cublas_ms == aten == space.cublas_ms
+    assert aten == pytest.approx(space.best_ms * np.exp(call), rel=1e-12)
+    assert c.prefer_cublas == (aten < c.best_ms)                # a list of the caller's own: its best's time
+    assert space.prefer_cublas == (call < 0) == (aten < space.best_ms)
     assert list(c.configs) == [cfg for cfg, _ in pred.rank(PROB, CFGS, top_k=2)]
     assert pred.prefers_cublas_many([PROB]).tolist() == [call < 0]
-    # the hooks weigh the aten time the call implies: aten wins exactly where the call says so
-    assert (sbmm.aten_call_ms(pred, PROB, c.best_ms) < c.best_ms) == (call < 0)
+    assert sbmm.aten_call_ms(pred, PROB) == aten                 # the hooks weigh the same time
     assert pred.has_bmm
 
 
@@ -103,8 +107,8 @@ def test_candidates_of_a_bmm_score_the_space_once(pred, monkeypatch):
     c = pred.candidates(PROB, top_k=3)
     assert calls == [None]
     calls.clear()
-    assert c.cublas_ms == pytest.approx(pred.predict_cublas(PROB), rel=1e-12)
-    assert calls == [None]  # predict_cublas scores the space itself
+    assert c.cublas_ms == pred.predict_cublas(PROB)
+    assert calls == []  # the space's best is kept from candidates' pass (Predictor.space_best_ms)
     assert list(c.configs)[:3] == [cfg for cfg, _ in pred.rank(PROB, top_k=3)]
 
 
@@ -283,7 +287,8 @@ def test_a_bmm_the_model_is_sure_of_keeps_its_best_config_alone(model_dir, monke
     The call's aten time is set here as a ratio to the best config's (SYNTHETIC choices)."""
     pytest.importorskip("torch._inductor.choices")
     pred = Predictor.load(model_dir, backend="torch")
-    monkeypatch.setattr(sbmm, "aten_call_ms", lambda p, prob, best_ms: best_ms * ratio)
+    best = pred.rank(PROB, CFGS, top_k=1)[0][1]                   # of the configs the choices offer
+    monkeypatch.setattr(sbmm, "aten_call_ms", lambda p, prob, best_ms=None: best * ratio)
     top1 = str(pred.rank(PROB, CFGS, top_k=1)[0][0])
     assert si.BMM_SURE_GAIN == pc.BMM_SURE_GAIN == 0.2
 
@@ -353,12 +358,12 @@ def test_the_pad_hook_leaves_a_bmm_the_model_keeps_triton_for_unpadded(model_dir
     assert si.install(3, pred, pad=True)
     try:
         hooked = pad_mm._should_pad
+        best = pred.rank(prob, list(inductor_default_configs()), top_k=1)[0][1]   # of the configs offered
         for in_play, ratio, want in ((True, 1.5, False), (True, 0.8, "inductor's own"), (False, 1.5, "inductor's own")):
             monkeypatch.setattr(pad_hook, "_triton_mm_in_play", lambda: in_play)
-            monkeypatch.setattr(sbmm, "aten_call_ms", lambda p, q, best_ms: best_ms * ratio)
+            monkeypatch.setattr(sbmm, "aten_call_ms", lambda p, q, best_ms=None: best * ratio)
             assert hooked(None, a, b, torch.ops.aten.bmm) == want
         (logged,) = si.bmm_pad_decisions()
-        best = pred.rank(prob, list(inductor_default_configs()), top_k=1)[0][1]
         assert logged[:2] == (prob, False) and logged[2] == pytest.approx(best) and logged[3] == pytest.approx(1.5 * best)
         assert len(calls) == 2
     finally:

@@ -1,7 +1,6 @@
-"""The student head (train/distill.py, `perfmodel distill`) and how the Predictor serves it: predict and
-predict_many run it on both backends (onnx: the predict graph, encoding included), rank keeps the gemm
-head, and a folder without a student (or with a model.onnx written before the predict graph) still
-serves predict with the gemm head."""
+"""The student head (train/distill.py, `perfmodel distill`) and how the Predictor serves it: only as the screen
+of the fast path, rank(screened=True). predict, predict_many and rank serve the gemm head on every config, with
+a student or without one (and with a model.onnx written before the predict graph), on both backends."""
 from __future__ import annotations
 
 import json
@@ -77,10 +76,12 @@ def test_member_spread_is_measured_around_the_ensemble(distilled) -> None:
 
 
 @pytest.mark.parametrize("backend", ["torch", "onnx"])
-def test_predict_serves_the_student_rank_the_gemm_head(distilled, backend: str) -> None:
+def test_predict_and_rank_serve_the_gemm_head_beside_a_student(distilled, backend: str) -> None:
+    """predict returns the gemm head's times, not the student's, and rank orders by them: its picks and their
+    times are predict's."""
     _, after, _ = distilled
     p = Predictor.load(after, backend=backend)
-    assert p.predict_head == "student"
+    assert p.predict_head == "gemm"
     bundle = artifact.load(after)
     cfgs = list(pruned_space("float16", bundle.spec))[:300]
     enc = bundle.encoders["gemm"]
@@ -91,18 +92,18 @@ def test_predict_serves_the_student_rank_the_gemm_head(distilled, backend: str) 
         student = bundle.heads["student"](x).double().numpy().reshape(len(PROBS), -1)
         gemm = bundle.heads["gemm"](x).double().numpy().reshape(len(PROBS), -1)
     got = np.log(p.predict_many(PROBS, cfgs))
-    assert np.allclose(got, student, atol=1e-3) and not np.allclose(got, gemm, atol=1e-3)
-    assert np.allclose(np.log(p.predict(PROBS[1], cfgs)), student[1], atol=1e-3)
-    # the physical floor is in the student's output too
+    assert np.allclose(got, gemm, atol=1e-3) and not np.allclose(got, student, atol=1e-3)
+    assert np.allclose(np.log(p.predict(PROBS[1], cfgs)), gemm[1], atol=1e-3)
     floor = x[:, enc.names.index("log_roofline_ms")].double().numpy().reshape(len(PROBS), -1)
     assert np.all(got >= floor - 1e-4)
-    # rank: the gemm head's times for its picks
-    best = p.rank(PROBS[0], cfgs, top_k=3)
-    idx = [cfgs.index(c) for c, _ in best]
-    assert np.allclose(np.log([ms for _, ms in best]), gemm[0][idx], atol=1e-3)
+    # rank: predict's order and times
+    for i, prob in enumerate(PROBS):
+        best = p.rank(prob, cfgs, top_k=3)
+        ms = p.predict(prob, cfgs)
+        assert best[0][0] == cfgs[int(np.argmin(ms))] and [t for _, t in best] == sorted(ms)[:3]
 
 
-def test_both_backends_agree_on_the_student(distilled) -> None:
+def test_both_backends_agree_on_predict_beside_a_student(distilled) -> None:
     _, after, _ = distilled
     pt, ox = Predictor.load(after, backend="torch"), Predictor.load(after, backend="onnx")
     assert ox._run.predict_session is not None
@@ -192,12 +193,13 @@ def test_distill_screens_drops_the_screen_head(distilled, screening: Path) -> No
 
 @pytest.mark.parametrize("backend", ["torch", "onnx"])
 def test_the_student_screens_the_ranking(screening: Path, backend: str) -> None:
-    """rank with screen_head = student: the gemm head's times, only for configs among the student's best
-    screen_keep (the screen's rule, the student in its place); both backends give the same picks."""
+    """rank(screened=True) with screen_head = student: the gemm head's times, only for configs among the
+    student's best screen_keep (the screen's rule, the student in its place); both backends give the same
+    picks."""
     from perfmodel.features import configs_tensor, problems_tensor
 
     p = Predictor.load(screening, backend=backend)
-    assert p.has_screen and p.predict_head == "student"
+    assert p.has_screen and p.predict_head == "gemm"
     bundle = artifact.load(screening)
     cfgs = list(pruned_space("float16", bundle.spec))[:300]
     keep = bundle.screen_keep
@@ -207,13 +209,14 @@ def test_the_student_screens_the_ranking(screening: Path, backend: str) -> None:
         student = bundle.heads["student"].score(x).double().numpy().reshape(len(PROBS), -1)
         gemm = bundle.heads["gemm"](x).double().numpy().reshape(len(PROBS), -1)
     for i, prob in enumerate(PROBS):
-        best = p.rank(prob, cfgs, top_k=3)
+        best = p.rank(prob, cfgs, top_k=3, screened=True)
         idx = [cfgs.index(c) for c, _ in best]
         allowed = set(np.argsort(student[i], kind="stable")[:keep].tolist())
         assert set(idx) <= allowed
         assert np.allclose(np.log([ms for _, ms in best]), gemm[i][idx], atol=1e-3)
     other = Predictor.load(screening, backend="onnx" if backend == "torch" else "torch")
-    assert [c for c, _ in p.rank(PROBS[0], cfgs, top_k=3)] == [c for c, _ in other.rank(PROBS[0], cfgs, top_k=3)]
+    assert [c for c, _ in p.rank(PROBS[0], cfgs, top_k=3, screened=True)] == \
+        [c for c, _ in other.rank(PROBS[0], cfgs, top_k=3, screened=True)]
 
 
 def test_bad_screen_head_is_refused(screening: Path, distilled, tmp_path: Path) -> None:

@@ -161,9 +161,12 @@ INDUCTOR_H100, INDUCTOR_H200 = ("benchmarks/results/inductor_bench_h100_unseen_v
 
 
 def _serve_latency() -> list[float]:
-    """p50 ms of the onnx backend (the default): rank one problem / 100; predict one / 100."""
-    ours = _json("benchmarks/results/serve_latency_cpu2_v15.json")["results"]["ours, onnx"]
-    return [ours[k]["p50_ms"] for k in ("one", "many", "predict_one", "predict_many")]
+    """p50 ms of the onnx backend (the default): rank one problem / 100; predict one / 100
+    (benchmarks/studies/one_answer_latency.py: every config scored, beside the paths served before)."""
+    res = _json("benchmarks/results/one_answer_latency_cpu2.json")
+    one, many = res["one"], res["many"]
+    return [one["rank, 1 problem, 368 configs"]["new_p50_ms"], many["rank_many, 100 problems, 368 configs"]["new_p50_ms"],
+            one["predict, 1 problem, 368 configs"]["new_p50_ms"], many["predict_many, 100 problems, 368 configs"]["new_p50_ms"]]
 
 
 def _family() -> dict[str, float]:
@@ -195,7 +198,8 @@ RESULTS: dict[str, Callable[[], list[float]]] = {
     "config ranking, top-1 efficiency": lambda: [_family()[f"{d}/top1_eff"] for d in MODES],
     "config ranking, top-5 efficiency": lambda: [_family()[f"{d}/top5_eff"] for d in MODES],
     "pad decisions, total time / the oracle's": lambda: [_meta("h100")["pad_metrics"]["pad/total_vs_oracle"]],
-    "cuBLAS or Triton": lambda: [_meta("h100")["call_metrics"][f"{h}/test/choice_accuracy"] for h in ("call", "call_static")],
+    "cuBLAS or Triton": lambda: [r["hybrid"]["call_right"] for r in _json("benchmarks/results/cublas_call_rules.json")
+                                 if r["model"] == "models/h100" and r["split"] == "test"],
     "H200 (`models/h200`": _h200,
     "config ranking for the kernel as Inductor compiles it":
         lambda: [_meta("h100")["static_metrics"][f"test_static/static_head/{d}/top1_eff"] for d in MODES],

@@ -82,9 +82,10 @@ def _lead_model(tmp_path, lead_keep: int = 3):
 
 
 def test_lead_keep_serves_alike_on_both_backends_and_in_the_evaluation(tmp_path) -> None:
-    """A model with a lead_keep: the torch backend, the ONNX ranking graph and the evaluation's rank_rows
-    rank as the rule does from the heads called directly -- the screen's best 8, the lead member's best 3
-    of them, the ensemble's order -- and a top_k above lead_keep ranks the screen's 8 with the ensemble."""
+    """A model with a lead_keep: on the fast path (rank(screened=True)) the torch backend, the ONNX ranking
+    graph and the evaluation's rank_rows rank as the rule does from the heads called directly -- the screen's
+    best 8, the lead member's best 3 of them, the ensemble's order -- and a top_k above lead_keep ranks the
+    screen's 8 with the ensemble. The default rank is the ensemble's order of every config."""
     from perfmodel.train.evaluate import head_outputs, lead_outputs, rank_rows
 
     folder = _lead_model(tmp_path)
@@ -102,13 +103,17 @@ def test_lead_keep_serves_alike_on_both_backends_and_in_the_evaluation(tmp_path)
         kept = np.sort(np.argsort(s, kind="stable")[:8])
         led = np.sort(kept[np.argsort(ld[kept], kind="stable")[:3]])
         want = [configs[i] for i in led[np.argsort(z[led], kind="stable")]]
-        assert [c for c, _ in pt.rank(prob, top_k=3)] == want, prob
-        assert [c for c, _ in po.rank(prob, top_k=3)] == want, prob
+        assert [c for c, _ in pt.rank(prob, top_k=3, screened=True)] == want, prob
+        assert [c for c, _ in po.rank(prob, top_k=3, screened=True)] == want, prob
         assert [configs[i] for i in rank_rows(z, g, s, 8, 3, ld, 3)[0]] == want
-        np.testing.assert_allclose([t for _, t in po.rank(prob, top_k=3)], [t for _, t in pt.rank(prob, top_k=3)], rtol=1e-4)
+        np.testing.assert_allclose([t for _, t in po.rank(prob, top_k=3, screened=True)],
+                                   [t for _, t in pt.rank(prob, top_k=3, screened=True)], rtol=1e-4)
         # longer than lead_keep: the ensemble on the screen's 8 (onnx's head sessions, torch alike)
         full = [configs[i] for i in kept[np.argsort(z[kept], kind="stable")][:5]]
-        assert [c for c, _ in pt.rank(prob, top_k=5)] == [c for c, _ in po.rank(prob, top_k=5)] == full
+        assert [c for c, _ in pt.rank(prob, top_k=5, screened=True)] == \
+            [c for c, _ in po.rank(prob, top_k=5, screened=True)] == full
+        every = [configs[i] for i in np.argsort(z, kind="stable")[:5]]          # the default: every config
+        assert [c for c, _ in pt.rank(prob, top_k=5)] == [c for c, _ in po.rank(prob, top_k=5)] == every
 
 
 def test_lead_keep_is_checked(tmp_path, capsys) -> None:
@@ -143,25 +148,41 @@ def shipped() -> tuple[Predictor, Predictor]:
 
 
 def test_torch_onnx_and_evaluation_rank_alike(shipped) -> None:
+    """The shipped model on both backends: the fast path (screened=True) as the evaluation's rank_rows ranks
+    it, and, on every fourth problem, the default rank as the gemm head orders every config (rank_rows
+    without a screen; the evaluation's "gemm head on every config")."""
+    import warnings
+
+    from perfmodel.domain import OutsideDomainWarning
     from perfmodel.train.evaluate import head_outputs, lead_outputs, rank_rows
 
+    warnings.simplefilter("ignore", OutsideDomainWarning)  # dims down to 1: below the trained ones
     pt, po = shipped
     bundle = pt.bundle
     rng = random.Random(0)
-    for _ in range(40):
+    for i in range(40):
         dtype = rng.choice(["float16", "bfloat16", "float32"])
         prob = GemmProblem(m=rng.randint(1, 2 ** rng.randint(4, 15)), n=rng.randint(1, 2 ** rng.randint(4, 15)),
                            k=rng.randint(1, 2 ** rng.randint(4, 15)), dtype=dtype, allow_tf32=rng.random() < 0.5)
         configs = pt.default_configs(dtype)
-        want = [c for c, _ in pt.rank(prob, top_k=5)]
-        assert [c for c, _ in po.rank(prob, top_k=5)] == want, prob
-        x = bundle.encoders["gemm"].encode_cross(problems_tensor([prob]), configs_tensor(configs))
+        want = [c for c, _ in pt.rank(prob, top_k=5, screened=True)]
+        assert [c for c, _ in po.rank(prob, top_k=5, screened=True)] == want, prob
+        seen = pt.domain.raised("gemm", prob)  # what the heads see (perfmodel.domain)
+        x = bundle.encoders["gemm"].encode_cross(problems_tensor([seen]), configs_tensor(configs))
         z, g = head_outputs(bundle.heads["gemm"], x)
         s = head_outputs(bundle.heads[bundle.screen_name], x)[0]
         lead = lead_outputs(bundle.heads["gemm"], x) if bundle.lead_keep else None
         idx, log_ms = rank_rows(z, g, s, bundle.screen_keep, 5, lead, bundle.lead_keep)
         assert [configs[i] for i in idx] == want, prob
-        np.testing.assert_allclose(np.exp(log_ms), [t for _, t in pt.rank(prob, top_k=5)], rtol=1e-4)
+        roof = pt.roofline_ms([prob])[0]
+        np.testing.assert_allclose(np.maximum(np.exp(log_ms), roof), [t for _, t in pt.rank(prob, top_k=5, screened=True)],
+                                   rtol=1e-4)
+        if i % 4 == 0:
+            idx, log_ms = rank_rows(z, g, None, bundle.screen_keep, 5)
+            for p in (pt, po):
+                got = p.rank(prob, top_k=5)
+                assert [c for c, _ in got] == [configs[j] for j in idx], prob
+                np.testing.assert_allclose([t for _, t in got], np.maximum(np.exp(log_ms), roof), rtol=1e-4)
 
 
 def test_onnx_ranking_graph_problem_stage_is_lean(shipped) -> None:

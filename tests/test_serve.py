@@ -514,8 +514,9 @@ def test_screen_identical_to_gemm_gives_the_full_ranking(pt: Predictor, ox: Pred
 
 
 def test_random_screen_keeps_the_gemm_best_of_what_it_kept(tmp_path: Path) -> None:
-    """With an unrelated (random) screen, rank returns the gemm head's best among the screen's best
-    screen_keep configs: checked against the heads called directly."""
+    """With an unrelated (random) screen, rank(screened=True) -- the fast path -- returns the gemm head's best
+    among the screen's best screen_keep configs, and rank the gemm head's best of all: checked against the
+    heads called directly."""
     folder = write_synthetic_model(tmp_path / "m", seed=4, onnx=False, screen="random")
     p = Predictor.load(folder)
     cfgs = p.default_configs("float16")
@@ -525,11 +526,14 @@ def test_random_screen_keeps_the_gemm_best_of_what_it_kept(tmp_path: Path) -> No
         gemm = p.bundle.heads["gemm"](x).double().numpy()
     kept = np.sort(np.argsort(screen, kind="stable")[:p.screen_keep])
     want = kept[np.argsort(gemm[kept], kind="stable")[:5]]
-    ranked = p.rank(PROB, top_k=5)
+    ranked = p.rank(PROB, top_k=5, screened=True)
     assert [c for c, _ in ranked] == [cfgs[i] for i in want]
     np.testing.assert_allclose([t for _, t in ranked], np.exp(gemm[want]), rtol=1e-5)
     # a top_k beyond screen_keep widens what the gemm head scores instead of truncating
-    assert len(p.rank(PROB, top_k=p.screen_keep + 10)) == p.screen_keep + 10
+    assert len(p.rank(PROB, top_k=p.screen_keep + 10, screened=True)) == p.screen_keep + 10
+    best = np.argsort(gemm, kind="stable")[:5]                      # the default: every config scored
+    assert [c for c, _ in p.rank(PROB, top_k=5)] == [cfgs[i] for i in best]
+    assert set(best) - set(kept), "the random screen dropped none of the gemm head's best: the check is vacuous"
 
 
 @pytest.mark.parametrize("average", ["before_floor", "after_floor"])
@@ -679,7 +683,8 @@ def test_onnx_staged_graphs_and_non_finite_rank(ox: Predictor, monkeypatch: pyte
         assert staged.computed and staged.config_session is not None
         assert not {"rank_configs", "rank_config_part"} & {i.name for i in staged.sessions.small.get_inputs()}
     cfgs = ox.default_configs("float16")
-    assert [c for c, _ in ox.rank(PROB, top_k=5)] == [c for c, _ in ox.rank_many([PROB], cfgs, top_k=5)[0]]
+    assert [c for c, _ in ox.rank(PROB, top_k=5, screened=True)] == \
+        [c for c, _ in ox.rank_many([PROB], cfgs, top_k=5, screened=True)[0]]
     real = run.rank
 
     def nan_rank(problems: np.ndarray, part, kernel) -> tuple[np.ndarray, np.ndarray]:
@@ -688,4 +693,4 @@ def test_onnx_staged_graphs_and_non_finite_rank(ox: Predictor, monkeypatch: pyte
 
     monkeypatch.setattr(run, "rank", nan_rank)
     with pytest.raises(RuntimeError, match="non-finite"):
-        ox.rank(PROB, top_k=1)
+        ox.rank(PROB, top_k=1, screened=True)

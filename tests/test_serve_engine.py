@@ -49,18 +49,23 @@ def test_each_runner_declares_its_heads_and_kernel_modes(engines) -> None:
 
 
 def test_backend_names_what_runs_and_onnx_serves_inductor(engines, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The onnx backend serves kernel="inductor" without a torch runner: predict and rank through the config
+    network's inductor mode (its head session), the fast path through the traced ranking graph."""
     po = engines[("onnx", "inductor")]
     assert po.backend == "onnx" and type(po._run) is onnx_runner._OnnxRunner
-    assert po._run.ranks("inductor", po.screen_keep, 5) and po._run.predicts("inductor")
+    assert po._run.ranks("inductor", po.screen_keep, 5) and po.predict_head == "gemm_inductor"
     calls = []
-    for name in ("rank", "predict"):
+    for name in ("rank", "score_log_ms"):
         real = getattr(po._run, name)
-        monkeypatch.setattr(po._run, name, lambda *a, real=real, name=name: calls.append((name, a[-1])) or real(*a))
+        monkeypatch.setattr(po._run, name,
+                            lambda *a, real=real, name=name: calls.append((name, a[-1] if name == "rank" else a[0]))
+                            or real(*a))
     # no torch runner anywhere: building one would mean a fallback
     monkeypatch.setattr(runners._TorchRunner, "__init__", lambda *a: pytest.fail("a torch runner was built"))
     po.rank(PROBLEMS[0], top_k=5)
     po.predict(PROBLEMS[0])
-    assert calls == [("rank", "inductor"), ("predict", "inductor")]
+    po.rank(PROBLEMS[0], top_k=5, screened=True)
+    assert calls == [("score_log_ms", "gemm_inductor"), ("score_log_ms", "gemm_inductor"), ("rank", "inductor")]
     assert po.with_kernel("autotune").backend == "onnx"
 
 
@@ -102,15 +107,26 @@ def test_onnx_file_without_inductor_graphs_says_so(monkeypatch: pytest.MonkeyPat
 
 # ------------------------------------------------------------------------------------------ decisions
 def test_cublas_preferred_on_synthetic_inputs() -> None:
-    # synthetic values: no model involved
-    assert decisions.cublas_preferred(None, 1.0, 1.1) and not decisions.cublas_preferred(None, 1.1, 1.0)
-    assert decisions.cublas_preferred(-0.01, 5.0, 1.0)            # the call head outranks the times
-    assert not decisions.cublas_preferred(0.01, 0.5, 1.0)
-    assert decisions.cublas_preferred(0.01, 0.5, 1.0, given_best_ms=1.0)  # beats the caller's own best
-    assert not decisions.cublas_preferred(0.01, 1.5, 1.0, given_best_ms=1.0)
-    got = decisions.cublas_preferred(np.array([-1.0, 1.0, 1.0]), np.array([9.0, 1.0, 3.0]), None, np.array([1.0, 2.0, 2.0]))
-    assert got.tolist() == [True, True, False]
-    assert decisions.cublas_preferred(None, np.array([1.0, 2.0]), np.array([1.5, 1.5])).tolist() == [True, False]
+    # synthetic values: no model involved. The call is the times: cuBLAS's below the best Triton config's
+    assert decisions.cublas_preferred(1.0, 1.1) and not decisions.cublas_preferred(1.1, 1.0)
+    assert not decisions.cublas_preferred(1.0, 1.0)                # a tie keeps Triton
+    assert decisions.cublas_preferred(np.array([1.0, 2.0]), np.array([1.5, 1.5])).tolist() == [True, False]
+    # the call head's time: best x exp(call), floored at the roofline
+    assert decisions.implied_cublas_ms(2.0, math.log(1.5), 0.1) == pytest.approx(3.0)
+    assert decisions.implied_cublas_ms(2.0, -math.log(4.0), 0.1) == pytest.approx(0.5)
+    assert decisions.implied_cublas_ms(2.0, -math.log(4.0), 1.0) == 1.0          # the floor
+    call = np.array([-0.2, -0.01, 0.0, 0.3])
+    best = np.array([1.0, 2.0, 3.0, 4.0])
+    implied = decisions.implied_cublas_ms(best, call, np.zeros(4))
+    assert decisions.cublas_preferred(implied, best).tolist() == (call < 0).tolist()  # the call, as times
+    # at the floor (best == roofline) a call below 0 is lifted to the floor: no faster than the best config
+    assert not decisions.cublas_preferred(decisions.implied_cublas_ms(1.0, -0.5, 1.0), 1.0)
+    # the one cuBLAS time: the head's where it agrees with the call, the call's implied time where not
+    head = np.array([0.5, 0.5, 3.0, 3.0])
+    best, call = np.ones(4), np.log(np.array([0.8, 1.25, 0.8, 1.25]))
+    got = decisions.cublas_time(head, best, call, np.zeros(4))
+    np.testing.assert_allclose(got, [0.5, 1.25, 0.8, 3.0])
+    assert decisions.cublas_preferred(got, best).tolist() == (call < 0).tolist()
 
 
 def test_triton_dropped_and_kept_positions_on_synthetic_inputs() -> None:
@@ -171,16 +187,22 @@ def test_hook_pad_decision_on_synthetic_inputs() -> None:
 
 
 def test_predictor_calls_the_decisions(engines, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Candidates.prefer_cublas and prefers_cublas_many are decisions.cublas_preferred on the model's values;
-    Predictor.pad is decisions.pad_decision."""
+    """Candidates.prefer_cublas and prefers_cublas_many are decisions.cublas_preferred on the times shown, and
+    the cuBLAS time shown is decisions.cublas_time of the cuBLAS head's time, the whole space's best and the
+    call head's output (the call head's call, as times); Predictor.pad is decisions.pad_decision."""
     seen = []
     real = decisions.cublas_preferred
     monkeypatch.setattr(decisions, "cublas_preferred", lambda *a: seen.append(a) or real(*a))
     p = engines[("onnx", "inductor")]
     c = p.candidates(PROBLEMS[1])
-    (call, cub, best, given), = seen
-    assert call is not None and cub == c.cublas_ms and best == c.best_ms and given is None
-    assert c.prefer_cublas == (call < 0)
+    (cub, best), = seen
+    assert cub == c.cublas_ms == p.predict_cublas(PROBLEMS[1]) and best == c.best_ms
+    assert not p.domain.outside("gemm", PROBLEMS[1])   # a problem of the shapes the call head was fitted on
+    x = p._cublas_x([PROBLEMS[1]])
+    call = p._call_scores(p._call_head, x)[0]
+    head = p._cublas_ms(x)[0]
+    assert c.cublas_ms == decisions.cublas_time(head, c.best_ms, call, p.roofline_ms([PROBLEMS[1]])[0])
+    assert c.prefer_cublas == (call < 0) == (c.cublas_ms < c.best_ms)
     assert p.prefers_cublas_many(PROBLEMS[:2]).tolist()[1] == c.prefer_cublas
     monkeypatch.setattr(decisions, "pad_decision", lambda *a: ("decided", a))
     got = p.pad(PadProblem(m=4095, k=4097, n=1000, dtype="bfloat16"))

@@ -303,7 +303,7 @@ def test_training_writes_a_loadable_model_folder(trained):
     assert sum(bundle.metadata["split"].values()) == 32
     card = (out / "MODEL_CARD.md").read_text()
     assert "pytest tests/test_train.py" in card and bundle.metadata["dataset"]["sha256"] in card
-    assert "Student head (what `predict` serves" in card
+    assert "Student head (" in card and "`predict` and `rank` run the gemm head" in card
     assert "gemm 2 x 32x32, averaged after floor" in card and (f"pad {s.pad_members} x {'x'.join(map(str, s.pad_hidden))}, "
                                                                    "averaged before floor") in card
     from perfmodel import __version__

@@ -360,3 +360,57 @@ def slice_dataset(src: Path, dst: Path, problems: int, seed: int, kinds: tuple[s
                     f.writelines(json.dumps(r) + "\n" for r in unit_rows)
                     f.write(json.dumps({"_done": unit, "rows": len(unit_rows)}) + "\n")
     return dst
+
+
+# ---------------------------------------------------------------- the domain a model was trained on
+
+def data_domain(folders) -> dict:
+    """The metadata "domain" record (perfmodel.domain.record) of the rows in the dataset folders, every
+    device's: per kind of head, the least and greatest m, n, k (and batch), the greatest FLOPs and the layouts
+    of the rows it is fitted on -- gemm: the GEMM problems with Triton times; cublas: the GEMM problems with a
+    torch.mm time, the cuBLAS-only problems and the pad rows; pad: the pad rows; bmm: the bmm rows. Rows that
+    failed are left out; kinds a folder lacks are skipped."""
+    from perfmodel.data_gen.shards import ONLY_KIND, read_dataset
+    from perfmodel.domain import record
+
+    def dims(rows: list, names: tuple) -> np.ndarray:
+        return np.array([[r[n] for n in names] for r in rows], dtype=np.float64).reshape(-1, len(names))
+
+    mnk, lay = ("m", "n", "k"), ("transpose_left", "transpose_right")
+    parts: dict[str, list] = {"gemm": [], "cublas": [], "pad": [], "bmm": []}
+    for folder in folders:
+        gemm = load_gemm(Path(folder))                                            # columns m, n, k, ..., tl, tr
+        has_rows = np.bincount(gemm.problem_idx, minlength=len(gemm.problems)) > 0
+        parts["gemm"].append(gemm.problems[has_rows][:, [0, 1, 2, 6, 7]])
+        parts["cublas"].append(gemm.problems[np.isfinite(gemm.cublas_ms)][:, [0, 1, 2, 6, 7]])
+        only = [r for r in read_dataset(Path(folder), ONLY_KIND)[0] if r.get("status") == "ok"]
+        parts["cublas"].append(dims(only, mnk + lay))
+        pads = load_pad(Path(folder))                                             # columns m, k, n, ..., tl, tr
+        parts["pad"].append(pads.pads[:, [0, 1, 2, 6, 7]])
+        parts["cublas"].append(pads.pads[:, [0, 2, 1, 6, 7]])                     # the unpadded mm (m, n, k)
+        bmm = [r for r in read_dataset(Path(folder), "bmm")[0] if r.get("status") == "ok"]
+        parts["bmm"].append(dims(bmm, mnk + ("batch",) + lay))
+    return record({kind: np.concatenate(p) for kind, p in parts.items() if p})
+
+
+def write_domain(model, folders) -> dict:
+    """Add (or replace) a model folder's metadata "domain" from its data folders (data_domain), its weights
+    and ONNX files untouched, and the step to its build record. Returns the record.
+
+        python -c "from perfmodel.train.data import write_domain; write_domain('models/h100', ['data/h100'])"
+    """
+    import time
+
+    from perfmodel.artifact import METADATA, append_step, step_record
+
+    from .folder import dataset_path
+
+    t0 = time.perf_counter()
+    folder = Path(model)
+    meta = json.loads((folder / METADATA).read_text())
+    meta["domain"] = data_domain(folders)
+    paths = [dataset_path(Path(f)) for f in folders]
+    meta = append_step(meta, step_record("domain", {"data": paths}, time.perf_counter() - t0, refit=True,
+                                         command=f"write_domain({str(model)!r}, {paths!r})"))
+    (folder / METADATA).write_text(json.dumps(meta, indent=2, sort_keys=True))
+    return meta["domain"]

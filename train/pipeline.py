@@ -23,7 +23,7 @@ from . import evaluate as ev
 from . import tracking
 from .config_net import fit_config_head
 from .cublas_head import CublasHeadSettings, CublasRows, fit_cublas_head as fit_cublas_rows, folder_rows, thin_extra_rows
-from .data import (GemmTable, PadTable, concat_gemm, concat_pad, load_device_datasets, joint_split,
+from .data import (GemmTable, PadTable, concat_gemm, concat_pad, data_domain, load_device_datasets, joint_split,
                    parse_device_fractions, subsample_training)
 from .distill import DistillSettings
 from .folder import data_sha256, dataset_path, settings_record, write_model_folder
@@ -315,6 +315,8 @@ def model_metadata(settings: TrainSettings, d: TrainData, bundle: artifact.Model
         "learned_overhead_ms": float(bundle.heads["gemm"].log_overhead.detach().mean().exp()),
         "mlflow_run_id": run_id, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "package_version": __version__,  # the perfmodel that trained it
+        # the shapes of the rows each kind of head is fitted on: the Predictor warns outside them (perfmodel.domain)
+        "domain": data_domain([ds.folder for ds in d.datasets]),
     }
     if len(d.datasets) > 1:  # a model of several devices: each one's data, split and held-out metrics
         meta["datasets"] = [dataset(ds) for ds in d.datasets]

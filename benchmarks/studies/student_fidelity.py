@@ -1,4 +1,4 @@
-"""How far the student (what `predict` serves, and the screen where it screens) is from the measured times,
+"""How far the student (what `predict` served before issue 47; now the screen of rank(screened=True)) is from the measured times,
 beside the gemm head, on the held-out problems of a model's split (CPU).
 
     python -m benchmarks.studies.student_fidelity --model models/h100 [--model <another folder>] [--data data/h100]

@@ -43,12 +43,13 @@ def inductor_card(meta: dict[str, Any]) -> str:
 
 
 def student_card(meta: dict[str, Any]) -> str:
-    """The card's line on the student head (what predict serves and what screens rank)."""
+    """The card's line on the student head (the screen of rank's fast path, rank(..., screened=True)); predict and
+    rank serve the gemm head on every config (docs/design.md, "One answer per question")."""
     m = meta.get("student_metrics")
     if not m:
-        return "- No student head: `predict` runs the gemm head.\n"
-    role = ("what `predict` serves and what screens `rank`" if meta.get("screen_head") == "student" else
-            "what `predict` serves; `rank` keeps the gemm head")
+        return "- No student head: `predict` and `rank` run the gemm head.\n"
+    role = ("what screens `rank(..., screened=True)`, the fast path; `predict` and `rank` run the gemm head"
+            if meta.get("screen_head") == "student" else "not served: `predict` and `rank` run the gemm head")
     # a gemm head of one member has no spread around its members' mean to compare with: no clause
     spread = m.get("gemm/member_spread_median")
     spread = "" if spread is None else f"; the gemm head's own members, around their mean: {figure(spread, 4)}"
