@@ -1,6 +1,7 @@
 """Loading a model for perfmodel.serve.predictor.Predictor: resolving path_or_uri (the shipped default
 folder, a folder path, or an MLflow URI, downloaded) and choosing and building the backend's runner
-(perfmodel.serve.runners). Imports MLflow only to resolve an MLflow URI; neither Lightning nor pandas.
+(perfmodel.serve.runners, perfmodel.serve.onnx_runner). Imports MLflow only to resolve an MLflow URI;
+neither Lightning nor pandas.
 """
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from perfmodel.artifact import ModelBundle, load as load_bundle, onnx_file
 from perfmodel.locations import default_model_dir
 from perfmodel.validation import folder_exists
 
-from .runners import (Runner, _check_onnx_matches, _configure_torch_threads, _onnxruntime_available, _OnnxRunner,
-                      _TorchRunner)
+from .onnx_runner import _check_onnx_matches, _onnxruntime_available, _OnnxRunner
+from .runners import Runner, _configure_torch_threads, _TorchRunner
 
 BACKENDS = ("torch", "onnx")
 
