@@ -163,7 +163,9 @@ def read_folder(folder: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
             raise FileNotFoundError(f"path_or_uri: {folder} has no {p.name}")
     try:
         meta = json.loads(meta_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:  # RecursionError: nested too deeply
+    except RecursionError:  # valid JSON, nested deeper than the reader goes
+        raise ArtifactError(f"{meta_path}: nested too deeply to read (not a perfmodel metadata file)") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ArtifactError(f"{meta_path}: not valid JSON ({exc})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise ArtifactError(f"{meta_path}: not a {FORMAT} metadata file")
