@@ -1,8 +1,8 @@
 """The Predictor's cuBLAS-or-Triton and pad answers: predict_cublas(_many), candidates, prefers_cublas_many,
 space_best_ms (the whole space's best time, what cuBLAS's time is implied from, cached per problem) and pad. A
 base class of perfmodel.serve.predictor.Predictor, whose rank, rank_many, config sets and floors it calls;
-the rules themselves are perfmodel.serve.decisions', a bmm's heads perfmodel.serve.bmm's. Imports neither
-perfmodel.serve.predictor nor the package's __init__.
+the rules themselves are perfmodel.serve.decisions', a bmm's heads perfmodel.serve.bmm's. Does not import
+perfmodel.serve.predictor (no circle).
 """
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from perfmodel.domain import roofline_ms
 from perfmodel.features import pad_tensor, problems_tensor
 from perfmodel.schema import GemmConfig, GemmProblem, PadDecision, PadProblem
 
-# absolute, as module objects (the hooks' tests patch their functions): a relative `from . import` reads as an
-# import of the package perfmodel.serve, whose __init__ imports this module
+# module objects (what a test patches there is what runs), named absolutely: `from . import` reads as an import
+# of the package perfmodel.serve, whose __init__ imports the Predictor (a circle to an import checker)
 import perfmodel.serve.bmm as bmm
 import perfmodel.serve.decisions as decisions
 from .arguments import Candidates, _check_problem, _check_problems, _check_top_k

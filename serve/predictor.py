@@ -47,8 +47,8 @@ from perfmodel.features import configs_tensor, problems_array, problems_tensor
 from perfmodel.ranking import screened_rank, screens
 from perfmodel.schema import DTYPES, GemmConfig, GemmProblem
 
-# absolute, as module objects (the hooks' tests patch their functions): a relative `from . import` reads as an
-# import of the package perfmodel.serve, whose __init__ imports this module
+# module objects (what a test patches there is what runs), named absolutely: `from . import` reads as an import
+# of the package perfmodel.serve, whose __init__ imports the Predictor (a circle to an import checker)
 import perfmodel.serve.bmm as bmm
 from .arguments import (Candidates, _check_kernel, _check_problem, _check_problems, _check_rank,  # noqa: F401
                         _check_rank_many, _check_top_k)  # (Candidates and _check_top_k: importable from here, as before)
