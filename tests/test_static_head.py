@@ -49,8 +49,9 @@ def test_metrics_reproduce_from_the_data(shipped, static_test):
 
 @pytest.mark.parametrize("backend", ["torch", "onnx"])
 def test_predictor_ranks_as_the_evaluation(shipped, static_test, backend):
-    # One ranking rule: Predictor(kernel="inductor").rank picks, on test problems with their dataset
-    # configs, what the evaluation's serving path (train.evaluate.screened on static_outputs) picks.
+    # One ranking rule: Predictor(kernel="inductor")'s screened fast path, rank(..., screened=True), picks, on test
+    # problems with their dataset configs, what the evaluation's screened path (train.evaluate.screened on
+    # static_outputs) picks.
     from perfmodel.train import evaluate as ev
     from perfmodel.train.static_head import static_outputs
 
@@ -64,7 +65,7 @@ def test_predictor_ranks_as_the_evaluation(shipped, static_test, backend):
         prob = GemmProblem(m=int(p[0]), n=int(p[1]), k=int(p[2]), dtype=str(st.modes[i]).replace("tf32", "float32"),
                            allow_tf32=bool(p[5]), transpose_left=bool(p[6]), transpose_right=bool(p[7]))
         cfgs = [GemmConfig(**dict(zip(fields, map(int, c)))) for c in st.configs[rows]]
-        got = pred.rank(prob, cfgs, top_k=5)
+        got = pred.rank(prob, cfgs, top_k=5, screened=True)
         want = [cfgs[j] for j in np.argsort(order[rows], kind="stable")[:5]]
         assert [c for c, _ in got] == want, prob
         ms = np.exp(o["log_ms"][rows][np.argsort(order[rows], kind="stable")[:5]])
