@@ -260,6 +260,9 @@ def _data(args: argparse.Namespace) -> int:
     if not path.is_dir():
         raise FileNotFoundError(f"path: no dataset folder at {path}")
     info = dataset_info(path)
+    if not info["parts"] and not info["bmm_parts"]:  # zero counts of nothing read: not a dataset
+        raise ValueError(f"path: {path} holds no dataset shard files (<kind>-*.jsonl or .jsonl.gz, kind gemm, pad, "
+                         "cublas, cublas_only, gemm_static or bmm)")
     if args.json:
         print(json.dumps(info, indent=2))
     else:

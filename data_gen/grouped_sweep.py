@@ -32,14 +32,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .grouped import (B_LAYOUTS, DTYPE_BYTES, DTYPES, FAMILIES, GEMMS, KIND, GroupedProblem, GroupedSweepSettings,
-                      estimate, expected_configs, grouped_problems, min_bytes, problem_id, problem_routings,
-                      routing_stats, settings_dict, template_config, validate_row)
+                      estimate, expected_configs, grouped_problems, problem_id, problem_routings, settings_dict,
+                      validate_row)
+# one problem's rows and timing; choice_kind, make_run_fn and operand_as also re-exported for the tests
+from .grouped_timing import ProblemRows, choice_kind, log, make_operands, make_run_fn, offsets, operand_as  # noqa: F401
 
 MAX_SAME_FAILURES = 3  # problems in a row failing with the same error: the sweep stops
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 # ------------------------------------------------------------------------------- Inductor's pieces
@@ -106,44 +104,6 @@ def kernel_hash() -> str:
     return h.hexdigest()[:16]
 
 
-# ---------------------------------------------------------------------------------------- operands
-
-def make_operands(p: GroupedProblem, device):
-    """A (total_m, k) row-major; B (G, k, n): a transposed view of a contiguous (G, n, k) for "kmajor"
-    (transformers' `weight.transpose(-2, -1)`), contiguous for "nmajor". Scaled so outputs are O(1)."""
-    import torch
-
-    dt = {"bfloat16": torch.bfloat16, "float16": torch.float16}[p.dtype]
-    a = torch.randn(p.total_m, p.k, device=device, dtype=dt)
-    if p.b_layout == "kmajor":
-        b = (torch.randn(p.g, p.n, p.k, device=device, dtype=dt) * p.k ** -0.5).transpose(-2, -1)
-    else:
-        b = torch.randn(p.g, p.k, p.n, device=device, dtype=dt) * p.k ** -0.5
-    return a, b
-
-
-def offsets(counts: list[int], device):
-    import torch
-
-    return torch.tensor(counts, dtype=torch.int64).cumsum(0).to(torch.int32).to(device)
-
-
-def reference(a, b, counts: list[int]):
-    """fp32 (tf32 off) out[rows of expert e] = A[rows] @ B[e], expert by expert."""
-    import torch
-
-    from .runtime import cublas_tf32
-
-    ref = torch.empty(a.shape[0], b.shape[2], device=a.device, dtype=torch.float32)
-    start = 0
-    with cublas_tf32(False):
-        for e, c in enumerate(counts):
-            if c:
-                torch.mm(a[start:start + c].float(), b[e].float(), out=ref[start:start + c])
-            start += c
-    return ref
-
-
 # ------------------------------------------------------------------------------------- autotuning
 
 class Capture:
@@ -155,17 +115,6 @@ class Capture:
 
     def __call__(self, timings: dict, name: str, input_nodes: list, choices: list, *rest: Any) -> None:
         self.calls.append((name, [(c, float(t)) for c, t in timings.items()], list(choices)))
-
-
-def choice_kind(choice: Any) -> str:
-    """"triton" for a Triton template choice (it has a benchmark request with num_stages), "aten" for
-    aten's _grouped_mm (an extern kernel), "other" for anything else (e.g. a CuTeDSL template)."""
-    cls = type(choice).__name__
-    if cls == "TritonTemplateCaller" and hasattr(getattr(choice, "bmreq", None), "num_stages"):
-        return "triton"
-    if cls == "ExternKernelCaller":
-        return "aten"
-    return "other"
 
 
 def autotune(p: GroupedProblem, a, b, offs, patches: dict[str, Any]) -> Capture:
@@ -194,222 +143,65 @@ def autotune(p: GroupedProblem, a, b, offs, patches: dict[str, Any]) -> Capture:
 
 # ------------------------------------------------------------------------------------------ a problem
 
-def set_tma_allocator() -> None:
-    """The template builds TMA descriptors in the kernel (tl.make_tensor_descriptor), which needs Triton's
-    scratch allocator: Inductor's launcher sets one on each run (runtime/triton_heuristics.py); set the same
-    here too, in case a launch path skips it."""
-    import torch
-    import triton
-
-    if hasattr(triton, "set_allocator"):
-        triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
-
-
 def _base(p: GroupedProblem) -> dict[str, Any]:
     return {**p.as_dict(), "natural_layout": p.natural}
 
 
-def finish(row: dict[str, Any], p: GroupedProblem, counts: list[int], ms: float, reps: int, err: float, spec,
-           clock: float | None, stalls: int) -> dict[str, Any]:
-    """A timed row: the physical-limit check at the measured clock (FLOPs, and bytes with only the experts
-    that have rows read), and an output off the fp32 reference by more than the dtype's tolerance a failure."""
-    from .measure import TOLERANCE, fraction_of_peak, validate
-
-    frac = fraction_of_peak(p.flops, min_bytes(p, sum(c > 0 for c in counts)), ms, p.dtype, False, spec, clock)
-    status, flag = validate(frac)
-    if not err <= TOLERANCE[(p.dtype, False)]:
-        status = "fail:wrong_result"
-    return {**row, "status": status, "flag": flag, "ms": round(ms, 6), "reps": reps, "rel_err": float(f"{err:.3g}"),
-            "frac_peak": round(frac, 5), "sm_clock_mhz": clock, "host_stalls": stalls}
-
-
-def operand_as(meta: Any, t, copies: dict[tuple, Any]):
-    """t itself where it has the layout the kernel was compiled for (the input's TensorMeta), else a copy of it
-    in that layout (same sizes and dtype, the meta's strides), made once per layout."""
-    import torch
-
-    metas = meta if isinstance(meta, (list, tuple)) else [meta]
-    m = metas[0]
-    sizes, strides = tuple(m.sizes), tuple(m.strides)
-    if sizes != tuple(t.shape) or m.dtype != t.dtype:
-        raise RuntimeError(f"input meta {sizes} {m.dtype} differs from the operand {tuple(t.shape)} {t.dtype}")
-    if strides == tuple(t.stride()):
-        return t
-    key = (id(t), strides)
-    if key not in copies:
-        copies[key] = torch.empty_strided(sizes, strides, dtype=t.dtype, device=t.device).copy_(t)
-    return copies[key]
-
-
-def make_run_fn(bmreq: Any, args: list, out):
-    """bmreq.make_run_fn(*inputs, out=out): the output's keyword is `out` in torch 2.13, `output_tensor` in
-    older torch; TypeError where neither."""
-    import inspect
-
-    params = inspect.signature(bmreq.make_run_fn).parameters
-    for kw in ("out", "output_tensor"):
-        if kw in params:
-            return bmreq.make_run_fn(*args, **{kw: out})
-    raise TypeError(f"make_run_fn{inspect.signature(bmreq.make_run_fn)}: no out / output_tensor keyword")
+def _compile(p: GroupedProblem, a, b, offs0, patches: dict[str, Any], known_bad: dict[str, str],
+             stats: dict[str, Any], stack: contextlib.ExitStack) -> tuple[list[tuple[Any, float]], str]:
+    """run_problem's compile: Inductor's max-autotune compile of the problem in a fresh cache (entered on
+    stack, which the caller keeps open through the re-timing). ((choice, Inductor's ms) of every grouped_mm
+    choice it benchmarked, the compile's error or ""); a dtype whose compile failed before (known_bad) is
+    not compiled again."""
+    t_compile = time.perf_counter()
+    compile_err = known_bad.get(p.dtype, "")
+    cap = Capture()
+    if not compile_err:
+        try:
+            stack.enter_context(_fresh_cache())
+            cap = autotune(p, a, b, offs0, patches)
+        except Exception as exc:  # noqa: BLE001 -- a failed compile is data: failure rows
+            compile_err = f"{type(exc).__name__}:{str(exc).splitlines()[0][:160] if str(exc) else ''}"
+            log(f"  compile failed: {compile_err}")
+            if "BF16" in str(exc) or "bfloat16" in str(exc).lower():  # torch's meta function: bf16 only
+                known_bad[p.dtype] = compile_err
+    stats["compile_s"] += time.perf_counter() - t_compile
+    calls = [c for c in cap.calls if c[0] in ("grouped_mm",)] or cap.calls
+    timed = [(ch, ms) for _, pairs, _ in calls for ch, ms in pairs]
+    if not compile_err and not timed:
+        compile_err = "no_autotune:Inductor benchmarked no grouped_mm choice"
+    return timed, compile_err
 
 
 def run_problem(p: GroupedProblem, spec, bench, bench_aten, clock, settings: GroupedSweepSettings,
                 patches: dict[str, Any], known_bad: dict[str, str], stats: dict[str, Any]) -> list[dict[str, Any]]:
     """Rows for one problem: per template config of Inductor's list, per routing, a triton row (or one failed
-    row where Inductor did not benchmark it), aten's per routing, "other" choices at Inductor's time."""
+    row where Inductor did not benchmark it), aten's per routing, "other" choices at Inductor's time.
+    Steps: the compile (_compile), the benchmarked choices filed (ProblemRows.sort, .unbenchmarked), the
+    re-timing and aten's timing per routing (ProblemRows.time_routings; data_gen/grouped_timing.py)."""
     import torch
 
-    from .measure import relative_error
-
-    device = bench.device
-    base = _base(p)
     routings = problem_routings(p)
     smem = getattr(spec, "shared_memory_per_block_optin", 232448)
     expected, exp_source = inductor_expected(p, smem)
-    a, b = make_operands(p, device)
-    offs0 = offsets(routings[0][1], device)  # even_inductor: the offsets Inductor benchmarks with
-    rows: list[dict[str, Any]] = []
-    t_compile = time.perf_counter()
-    compile_err = known_bad.get(p.dtype, "")
-    cap = Capture()
+    a, b = make_operands(p, bench.device)
+    offs0 = offsets(routings[0][1], bench.device)  # even_inductor: the offsets Inductor benchmarks with
+    problem = ProblemRows(p, spec, bench, bench_aten, clock, _base(p), routings, expected, exp_source)
+    # the fresh cache stays entered until the re-timing and the run functions' cleanup are done
     with contextlib.ExitStack() as stack:
-        if not compile_err:
-            try:
-                stack.enter_context(_fresh_cache())
-                cap = autotune(p, a, b, offs0, patches)
-            except Exception as exc:  # noqa: BLE001 -- a failed compile is data: failure rows
-                compile_err = f"{type(exc).__name__}:{str(exc).splitlines()[0][:160] if str(exc) else ''}"
-                log(f"  compile failed: {compile_err}")
-                if "BF16" in str(exc) or "bfloat16" in str(exc).lower():  # torch's meta function: bf16 only
-                    known_bad[p.dtype] = compile_err
-        stats["compile_s"] += time.perf_counter() - t_compile
-        calls = [c for c in cap.calls if c[0] in ("grouped_mm",)] or cap.calls
-        timed = [(ch, ms) for _, pairs, _ in calls for ch, ms in pairs]
-        if not compile_err and not timed:
-            compile_err = "no_autotune:Inductor benchmarked no grouped_mm choice"
-        triton: dict[tuple, tuple[Any, float]] = {}
-        aten_ind_ms = None
-        for ch, ms in timed:
-            kind = choice_kind(ch)
-            if kind == "triton":
-                try:
-                    info = ch.info_dict() if hasattr(ch, "info_dict") else {}
-                    c = template_config(info, getattr(ch, "description", ""))
-                except Exception as exc:  # noqa: BLE001
-                    rows.append({**base, "kind": "other", "name": str(getattr(ch, "name", ""))[:80],
-                                 "routing": "even_inductor", "timer": "inductor", "status": f"fail:parse:{exc}"[:160],
-                                 "ms": None, "inductor_ms": None})
-                    continue
-                triton[(c["block_m"], c["block_n"], c["block_k"], c["num_stages"], c["num_warps"])] = (ch, ms)
-            elif kind == "aten":
-                aten_ind_ms = ms if ms == ms and ms < float("inf") else None
-            else:
-                ok = ms == ms and ms < float("inf")
-                counts0 = routings[0][1]
-                row = {**base, "kind": "other", "name": str(getattr(ch, "name", type(ch).__name__))[:80],
-                       "description": str(getattr(ch, "description", ""))[:200], "routing": "even_inductor",
-                       "timer": "inductor", "inductor_ms": ms if ok else None, **routing_stats(counts0)}
-                rows.append({**row, "status": "ok", "ms": ms} if ok else {**row, "status": "fail:inductor_inf", "ms": None})
-        stats["choices"] += len(triton)
-        unexpected = [k for k in triton if k not in set(expected)]
-        if unexpected:
-            log(f"  {len(unexpected)} benchmarked configs not in the expected list, e.g. {unexpected[0]}")
-        configs = list(dict.fromkeys([*expected, *triton]))  # Inductor's order, then any it added
-
-        def cfg_row(c: tuple, routing: str, counts: list[int], timer: str) -> dict[str, Any]:
-            ch_ms = triton.get(c)
-            ind = ch_ms[1] if ch_ms and ch_ms[1] == ch_ms[1] and ch_ms[1] < float("inf") else None
-            return {**base, "kind": "triton", "block_m": c[0], "block_n": c[1], "block_k": c[2], "num_stages": c[3],
-                    "num_warps": c[4], "config_source": exp_source if c in expected else "benchmarked",
-                    "routing": routing, "timer": timer, "inductor_ms": ind, **routing_stats(counts)}
-
-        # configs Inductor did not benchmark (its compile failed, or the whole compile did): one failed row each
-        for c in configs:
-            if c not in triton:
-                why = f"fail:compile:{compile_err}" if compile_err else "fail:not_benchmarked"
-                rows.append({**cfg_row(c, "even_inductor", routings[0][1], "inductor"), "status": why[:200], "ms": None})
-            elif not triton[c][1] < float("inf"):
-                rows.append({**cfg_row(c, "even_inductor", routings[0][1], "inductor"), "status": "fail:inductor_inf",
-                             "ms": None})
-        live = [c for c in configs if c in triton and triton[c][1] < float("inf")]
-
+        timed, compile_err = _compile(p, a, b, offs0, patches, known_bad, stats, stack)
+        problem.sort(timed)
+        stats["choices"] += len(problem.triton)
+        live = problem.unbenchmarked(compile_err)
         t_time = time.perf_counter()
-        retime_err = "" if settings.retime else "retime off"
-        set_tma_allocator()
-        for routing, counts in routings:
-            offs = offsets(counts, device)
-            copies: dict[tuple, Any] = {}  # operands re-laid out to a choice's compiled layout, this routing
-            ref = reference(a, b, counts)
-            ref_norm = torch.linalg.vector_norm(ref)
-            # the template choices, each on this routing
-            if live and not retime_err:
-                out = None
-                fns, first_runs, errs, pending = [], [], [], []
-                for c in live:
-                    ch = triton[c][0]
-                    row = cfg_row(c, routing, counts, "perfmodel")
-                    try:  # the benchmark request's API (torch 2.11 and 2.13 differ in details)
-                        bm = ch.bmreq
-                        if out is None:
-                            om = bm.output_tensor_meta
-                            om = om[0] if isinstance(om, (list, tuple)) else om
-                            out = torch.empty_strided(tuple(om.sizes), tuple(om.strides), dtype=om.dtype, device=device)
-                        args = [operand_as(meta, t, copies) for meta, t in zip(bm.input_tensor_meta, (a, b, offs))]
-                        fn = make_run_fn(bm, args, out)
-                    except (AttributeError, TypeError) as exc:  # an API this torch lacks: Inductor's timings stand
-                        retime_err = f"{type(exc).__name__}:{exc}"
-                        log(f"  re-timing unavailable ({retime_err}): rows keep Inductor's times")
-                        break
-                    if any(x is not y for x, y in zip(args, (a, b, offs))):
-                        row["operand_copied"] = True  # Inductor compiled for another layout than the operands'
-                    try:
-                        fn()  # loads the module and the kernel: no timed run includes that
-                        out.fill_(float("nan"))  # poison: every element must be written
-                        first = bench.timed_run(fn)
-                    except Exception as exc:  # noqa: BLE001 -- a launch failure is a failure row
-                        rows.append({**row, "status": f"fail:launch:{type(exc).__name__}:{str(exc)[:100]}", "ms": None})
-                        continue
-                    errs.append(relative_error(out, ref, ref_norm))
-                    fns.append(fn)
-                    first_runs.append(first)
-                    pending.append(row)
-                if not retime_err and fns:
-                    clocks: list[float | None] = []
-                    res = bench.time_many(fns, on_busy=lambda: clocks.append(clock.sm_clock_mhz()),
-                                          first_runs=first_runs, peers=[True] * len(fns))
-                    stalls = list(bench.last_stalls)
-                    for row, (ms, reps), err, st in zip(pending, res, torch.stack(errs).tolist(), stalls):
-                        rows.append(finish(row, p, counts, ms, reps, err, spec, clocks[0] if clocks else None, st))
-            # aten's _grouped_mm, eager
-            arow = {**base, "kind": "aten", "routing": routing, "timer": "perfmodel", "inductor_ms": aten_ind_ms,
-                    "counts": counts, **routing_stats(counts)}
-            try:
-                call = lambda offs=offs: torch._grouped_mm(a, b, offs=offs)  # noqa: E731
-                err = relative_error(call(), ref, ref_norm)  # also the warm-up
-                aclocks: list[float | None] = []
-                (ms, reps), = bench_aten.time_many([call], on_busy=lambda: aclocks.append(clock.sm_clock_mhz()))
-                rows.append(finish(arow, p, counts, ms, reps, float(err), spec, aclocks[0] if aclocks else None,
-                                   bench_aten.last_stalls[0]))
-            except Exception as exc:  # noqa: BLE001 -- e.g. a dtype aten lacks: a failure row
-                rows.append({**arow, "status": f"fail:aten:{type(exc).__name__}:{str(exc)[:100]}", "ms": None})
-            del ref
-        if retime_err and live:  # Inductor's timings (its even offsets) stand in for ours
-            for c in live:
-                ind = triton[c][1]
-                row = cfg_row(c, "even_inductor", routings[0][1], "inductor")
-                rows.append({**row, "status": "ok", "ms": ind, "retime_error": retime_err[:160]})
-        for ch, _ in triton.values():
-            cleanup = getattr(getattr(ch, "bmreq", None), "cleanup_run_fn", None)
-            if cleanup is not None:
-                with contextlib.suppress(Exception):
-                    cleanup()
+        problem.time_routings(a, b, live, settings.retime)
         stats["timing_s"] += time.perf_counter() - t_time
     import torch._dynamo
 
     torch._dynamo.reset()
     del a, b
     torch.cuda.empty_cache()
-    return rows
+    return problem.rows
 
 
 def failed_problem_rows(p: GroupedProblem, err: str) -> list[dict[str, Any]]:

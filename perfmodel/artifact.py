@@ -29,6 +29,7 @@ from .heads.spec import HeadSpec
 from .model import MLPConfig, PerfMLP, diagonal_blocks, floor_features
 from .provenance import append_step, code_commit, sha256_file, step_record  # noqa: F401
 from .schema import SCHEMA_VERSION
+from .validation import check_metadata, folder_exists, follow_umask
 
 FORMAT = "perfmodel-artifact"
 WEIGHTS = "model.safetensors"
@@ -110,6 +111,7 @@ def save(bundle: ModelBundle, folder: Path, extra_metadata: dict[str, Any] | Non
     if len(versions) != 1:
         raise ArtifactError(f"encoders: one encoder version per model folder, got {sorted(versions)}")
     save_file(tensors, str(folder / WEIGHTS))
+    follow_umask(folder / WEIGHTS)  # the writer creates it 0o600
     meta = {**bundle.metadata, **(extra_metadata or {}), "format": FORMAT, "schema_version": SCHEMA_VERSION,
             "encoder_version": versions.pop(), "device_spec": bundle.spec.as_dict(), "heads": heads_meta,
             "weights_sha256": sha256_file(folder / WEIGHTS)}
@@ -153,7 +155,7 @@ def read_folder(folder: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    if not folder.is_dir():
+    if not folder_exists(folder):  # ValueError naming path_or_uri where the OS cannot look (a name too long)
         raise FileNotFoundError(f"path_or_uri: no model folder at {folder}")
     meta_path, weights_path = folder / METADATA, folder / WEIGHTS
     for p in (meta_path, weights_path):
@@ -161,6 +163,8 @@ def read_folder(folder: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
             raise FileNotFoundError(f"path_or_uri: {folder} has no {p.name}")
     try:
         meta = json.loads(meta_path.read_text())
+    except RecursionError:  # valid JSON, nested deeper than the reader goes
+        raise ArtifactError(f"{meta_path}: nested too deeply to read (not a perfmodel metadata file)") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ArtifactError(f"{meta_path}: not valid JSON ({exc})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
@@ -168,6 +172,10 @@ def read_folder(folder: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     _check_version(folder, meta, "schema_version", (SCHEMA_VERSION,))
     # A folder written with an older encoder version this code still encodes loads with that version's features.
     _check_version(folder, meta, "encoder_version", SUPPORTED_ENCODER_VERSIONS)
+    try:
+        check_metadata(meta)  # perfmodel/validation.py: every value a loader builds from, named where out of range
+    except ValueError as exc:
+        raise ArtifactError(f"{meta_path}: {exc}") from None
     if meta.get("weights_sha256") and meta["weights_sha256"] != sha256_file(weights_path):
         raise ArtifactError(f"{weights_path}: checksum differs from metadata.weights_sha256 (corrupt or edited)")
     _check_devices(meta_path, meta)

@@ -55,7 +55,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             from perfmodel.serve.commands import run
         return run(args)
-    except (ValueError, TypeError, FileNotFoundError, RuntimeError) as exc:
+    # OSError: a path the OS refuses (a name too long, a permission denied), FileNotFoundError among them
+    except (ValueError, TypeError, OSError, RuntimeError) as exc:
         print(f"perfmodel {args.command}: error: {exc}", file=sys.stderr)
         return 2
 

@@ -31,9 +31,9 @@ def _one_line_errors(parser: argparse.ArgumentParser, command: str) -> None:
     parser.error = error  # type: ignore[method-assign]
 
 
-def _model_args(p: argparse.ArgumentParser, backend: bool = True) -> None:
+def _model_args(p: argparse.ArgumentParser, backend: bool = True, model_help: str | None = None) -> None:
     p.add_argument("--model", default=None,
-                   help="model folder or MLflow URI (models:/name@alias); default: the shipped models/h100")
+                   help=model_help or "model folder or MLflow URI (models:/name@alias); default: the shipped models/h100")
     if backend:
         p.add_argument("--backend", choices=("torch", "onnx"), default=None,
                        help="default: the fastest available (onnx when onnxruntime imports)")
@@ -75,10 +75,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
     exp = sub.add_parser("export-onnx", help="write a model folder's ONNX files (all heads, one graph each: "
                                              "model.onnx, and model.<device>.onnx for a model's other devices)")
-    _model_args(exp, backend=False)
+    _model_args(exp, backend=False, model_help="the model folder to export (default with --out: the shipped models/h100). "
+                                               "Without --out, its own ONNX files are rewritten in place")
     exp.add_argument("--out", type=Path, default=None,
-                     help="output file (default: each trained device's file in the model folder: model.onnx for the "
-                          "default device, model.<device>.onnx for the others)")
+                     help="output file (default: each trained device's file in the --model folder: model.onnx for the "
+                          "default device, model.<device>.onnx for the others); one of --out and --model is needed")
     exp.add_argument("--screen-keep", type=int, default=None,
                      help="also set the folder's screen_keep (configs per problem that the gemm head scores after "
                           "the screen; metadata.json) before exporting the ranking graphs traced with it (every "
@@ -210,6 +211,12 @@ def _export_onnx(args: argparse.Namespace) -> int:
 
     if args.model is not None and _is_mlflow_uri(str(args.model)):
         raise ValueError("--model: export-onnx needs a model folder (download the MLflow artifacts first)")
+    # it writes only where told: never the shipped folder in place by default (on a wheel install, site-packages)
+    if args.model is None and args.out is None:
+        raise ValueError("--out: say where to write: --out FILE, or --model FOLDER to rewrite that folder's own ONNX files")
+    if args.model is None and (args.screen_keep is not None or args.lead_keep is not None):
+        raise ValueError("--model: --screen-keep and --lead-keep rewrite a model folder's ONNX files and metadata; "
+                         "name the folder with --model FOLDER")
     folder = Path(args.model) if args.model is not None else default_model_dir()
     t0 = time.perf_counter()
     bundle = load(folder)

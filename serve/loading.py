@@ -1,6 +1,7 @@
 """Loading a model for perfmodel.serve.predictor.Predictor: resolving path_or_uri (the shipped default
 folder, a folder path, or an MLflow URI, downloaded) and choosing and building the backend's runner
-(perfmodel.serve.runners). Imports MLflow only to resolve an MLflow URI; neither Lightning nor pandas.
+(perfmodel.serve.runners, perfmodel.serve.onnx_runner). Imports MLflow only to resolve an MLflow URI;
+neither Lightning nor pandas.
 """
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ from typing import Any
 
 from perfmodel.artifact import ModelBundle, load as load_bundle, onnx_file
 from perfmodel.locations import default_model_dir
+from perfmodel.validation import folder_exists
 
-from .runners import (Runner, _check_onnx_matches, _configure_torch_threads, _onnxruntime_available, _OnnxRunner,
-                      _TorchRunner)
+from .onnx_runner import _check_onnx_matches, _onnxruntime_available, _OnnxRunner
+from .runners import Runner, _configure_torch_threads, _TorchRunner
 
 BACKENDS = ("torch", "onnx")
 
@@ -116,7 +118,7 @@ def load_model(path_or_uri: str | os.PathLike | None, backend: str | None,
         with tempfile.TemporaryDirectory(prefix="perfmodel-") as tmp:
             return _from_folder(_download_mlflow(text, Path(tmp)), backend, text, device, kernel)
     folder = Path(text)
-    if not folder.exists():
+    if not folder_exists(folder):  # ValueError naming path_or_uri where the OS cannot look (a name too long)
         raise FileNotFoundError(f"path_or_uri: no model folder at {folder}")
     return _from_folder(folder, backend, str(folder), device, kernel)
 

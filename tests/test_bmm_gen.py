@@ -265,6 +265,7 @@ def kernel_results(repo_root):
     return _child(repo_root, KERNEL_CHILD)
 
 
+@pytest.mark.slow
 def test_kernel_matches_torch_bmm(kernel_results):
     tol = {"float16": 1e-2, "float32": 1e-5}
     checked = 0
@@ -279,6 +280,7 @@ def test_kernel_matches_torch_bmm(kernel_results):
     assert checked == 4 * 4 * 3 * 3  # shapes x layouts x modes x configs
 
 
+@pytest.mark.slow
 def test_kernel_allocating_entry_point(kernel_results):
     for key, (shape, contiguous) in ((k, v) for k, v in kernel_results.items() if k.startswith("alloc")):
         b, m, n, _ = map(int, key.split("|")[1].split("x"))

@@ -22,6 +22,9 @@ from tests._synthetic import (make_synthetic_bundle, synthetic_header, write_syn
 SPEC = get_spec("h100-sxm")
 SMALL = dict(hidden=(32, 32), members=1, epochs=40, aten_hidden=(16,), aten_members=1, aten_epochs=400,
              call_hidden=(8,), call_members=1, call_epochs=50)
+# For the tests of what the step and the refit write and record, not of what the heads learn: a few epochs
+# (SMALL's made these tests most of the default run's time)
+TINY = {**SMALL, "epochs": 2, "aten_epochs": 5, "call_epochs": 5}
 
 
 def quiet(*_a) -> None:
@@ -80,7 +83,7 @@ def test_without_the_aten_head_the_call_implies_aten(bmm_data):
     predicted config's log ms + the call's output), so the call by the times is the call head's own."""
     t = load_bmm(bmm_data)
     split = split_by_shape(t, 0)
-    heads, m = fit_bmm_heads(t, split, SPEC, 3, BmmHeadSettings(**SMALL), log=quiet)
+    heads, m = fit_bmm_heads(t, split, SPEC, 3, BmmHeadSettings(**TINY), log=quiet)
     assert set(heads) == {artifact.BMM, artifact.BMM_CALL} and m["aten_head"] is False
     x, xa = encode(t, SPEC, 3)
     pred, call = predict_log_ms(heads[artifact.BMM], x), score(heads[artifact.BMM_CALL], xa)
@@ -104,8 +107,8 @@ def test_batch_one_rows_join_the_triton_heads_training_set_only(bmm_data):
     t = load_bmm(bmm_data)
     split = split_by_shape(t, 0)
     extra = _as_batch_one(t)
-    _, with_rows = fit_bmm_heads(t, split, SPEC, 3, BmmHeadSettings(**SMALL, aten_head=True), quiet, extra)
-    _, without = fit_bmm_heads(t, split, SPEC, 3, BmmHeadSettings(**SMALL, aten_head=True, static_rows=False), quiet,
+    _, with_rows = fit_bmm_heads(t, split, SPEC, 3, BmmHeadSettings(**TINY, aten_head=True), quiet, extra)
+    _, without = fit_bmm_heads(t, split, SPEC, 3, BmmHeadSettings(**TINY, aten_head=True, static_rows=False), quiet,
                                extra)
     assert with_rows["static_rows"] == len(t.ms) and without["static_rows"] == 0
     # the figures are on table's problems either way; the aten head never sees the extra rows
@@ -149,7 +152,7 @@ def test_cross_validation_holds_every_problem_out_once(bmm_data):
     for s in set(t.shape.tolist()):
         assert len(set(folds[t.shape == s].tolist())) == 1
     said: list[str] = []
-    m = cross_validate(t, SPEC, 3, BmmHeadSettings(**SMALL, cv_folds=4), 0, None, said.append)
+    m = cross_validate(t, SPEC, 3, BmmHeadSettings(**TINY, cv_folds=4), 0, None, said.append)
     assert m["cv/problems"] == len(t.problems) and m["cv/folds"] == 4 and m["cv/members"] == 1
     assert 0.0 < m["cv/all/top1_eff"] <= m["cv/all/top5_eff"] <= 1.0 and 0.0 <= m["cv/call/accuracy"] <= 1.0
     assert sum("fold" in line for line in said) == 4
@@ -187,13 +190,13 @@ def test_shards_of_another_device_are_refused_naming_data(tmp_path):
 
 def test_refit_adds_the_heads_and_records_the_step(bmm_data, tmp_path):
     model = write_synthetic_model(tmp_path / "m", hidden=(16, 16))
-    refit_bmm(BmmHeadSettings(model=model, data=bmm_data, **SMALL, aten_head=True), log=quiet)
+    refit_bmm(BmmHeadSettings(model=model, data=bmm_data, **TINY, aten_head=True), log=quiet)
     bundle = artifact.load(model)
     assert {artifact.BMM, artifact.BMM_ATEN, artifact.BMM_CALL} <= set(bundle.heads)
     assert [bundle.encoders[h].kind for h in (artifact.BMM, artifact.BMM_ATEN, artifact.BMM_CALL)] == \
         ["bmm", "bmm_aten", "bmm_aten"]
     # refitted without the aten head (the default): the folder loses it
-    m = refit_bmm(BmmHeadSettings(model=model, data=bmm_data, **SMALL), log=quiet, command="perfmodel bmm-head")
+    m = refit_bmm(BmmHeadSettings(model=model, data=bmm_data, **TINY), log=quiet, command="perfmodel bmm-head")
     bundle = artifact.load(model)
     assert {artifact.BMM, artifact.BMM_CALL} <= set(bundle.heads) and artifact.BMM_ATEN not in bundle.heads
     meta = json.loads((model / "metadata.json").read_text())
@@ -225,7 +228,7 @@ def test_a_model_of_two_devices_fits_both_devices_bmm_rows(bmm_data, tmp_path):
     h200 = write_synthetic_bmm(tmp_path / "h200", n_problems=64, device="h200", header=synthetic_header("h200"))
     bundle = make_synthetic_bundle(hidden=(16,), devices=("h100-sxm", "h200"))
     said: list[str] = []
-    m = bmm_step(bundle, [bmm_data, h200], BmmHeadSettings(**SMALL), said.append)
+    m = bmm_step(bundle, [bmm_data, h200], BmmHeadSettings(**TINY), said.append)
     assert {artifact.BMM, artifact.BMM_CALL} <= set(bundle.heads)
     assert any(line.startswith("bmm-head: h200: 64 problems") for line in said)
     assert 0.0 < m["devices"]["h200"]["test/all/top1_eff"] <= 1.0 and 0.0 < m["test/all/top1_eff"] <= 1.0
@@ -239,4 +242,4 @@ def test_a_model_of_two_devices_fits_both_devices_bmm_rows(bmm_data, tmp_path):
     assert [d["path"] for d in data] == [bmm_data.as_posix(), h200.as_posix()]
     # more folders than devices: refused naming data
     with pytest.raises(ValueError, match="data"):
-        bmm_step(make_synthetic_bundle(hidden=(16,)), [bmm_data, h200], BmmHeadSettings(**SMALL), quiet)
+        bmm_step(make_synthetic_bundle(hidden=(16,)), [bmm_data, h200], BmmHeadSettings(**TINY), quiet)

@@ -30,8 +30,10 @@ PROB = GemmProblem(m=512, n=512, k=64, dtype="float16", transpose_right=True, ba
 def model_dir(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("bmm-serve")
     model = write_synthetic_model(root / "m", hidden=(16, 16))
+    # small and few epochs: the tests check the serving of the heads, not their fit (the call head's defaults, 5
+    # members x 400 epochs, were most of the module's time)
     refit_bmm(BmmHeadSettings(model=model, data=write_synthetic_bmm(root / "h100", n_problems=32), hidden=(32, 32),
-                              members=2, epochs=20, aten_hidden=(16,), aten_members=1, aten_epochs=50),
+                              members=2, epochs=20, call_hidden=(16,), call_members=1, call_epochs=20),
               log=lambda *a: None)
     return model
 

@@ -39,6 +39,7 @@ def held_out():
 
 
 @pytest.mark.parametrize("backend", ["torch", "onnx"])
+@pytest.mark.slow
 def test_the_serving_path_reproduces_the_recorded_test_figures(held_out, backend):
     import torch
 

@@ -110,6 +110,14 @@ def test_the_build_record(built):
     assert meta["dataset"]["sha256"] == sha and meta["dataset"]["gemm_problems"] == 200
     card = (built / "MODEL_CARD.md").read_text()
     assert f"Regenerate with:\n\n    {b['command']}\n" in card and "Refitted after the build" not in card
+    # the slice was read from a temporary folder, gone now: the record and the card name the recipe's folder
+    text = (built / "metadata.json").read_text()
+    assert "perfmodel-build-" not in text and "perfmodel-build-" not in card, "a temporary folder named as the data"
+    bmm_data = meta["bmm_settings"]["data"]  # one device: its folder's record
+    assert meta["settings"]["data"] == ["data/h100"], meta["settings"]["data"]
+    assert bmm_data["path"] == "data/h100" and bmm_data["slice"] == {"problems": 200, "seed": 0}, bmm_data
+    # a one-member gemm head: no spread around a mean of members; no figure printed as nan
+    assert card.splitlines()[0] == "# perfmodel H100 model" and "nan" not in card.lower()
 
 
 @pytest.mark.slow
@@ -149,6 +157,10 @@ def test_build_only_fits_one_head_into_the_folder(built, tmp_path, capsys, monke
     assert steps[-1]["settings"]["hidden"] == [8] and meta["problem_settings"]["hidden"] == [8]
     card = (folder / "MODEL_CARD.md").read_text()
     assert "perfmodel build --recipe recipes/ci-small.toml" in card and "Refitted after the build" in card
+    # the refit read a slice in a temporary folder, gone now: the record and the card name data/h100
+    text = (folder / "metadata.json").read_text()
+    assert "perfmodel-build-" not in text and "perfmodel-build-" not in card
+    assert meta["problem_settings"]["data"] == ["data/h100"] and "nan" not in card.lower()
 
 
 def test_the_removed_head_commands_say_what_replaces_them(capsys):

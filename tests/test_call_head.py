@@ -31,6 +31,7 @@ def tables(repo_root, shipped):
 
 
 @pytest.mark.parametrize("name", [CALL, CALL_STATIC])
+@pytest.mark.slow
 def test_metrics_reproduce_from_the_data(shipped, tables, name):
     # the metadata's call accuracies, recomputed from the shipped heads and the committed rows; one problem
     # per figure may come out the other way on another CPU, where a float32 score is within rounding of 0
@@ -58,6 +59,7 @@ def test_metrics_reproduce_from_the_data(shipped, tables, name):
         assert acc["test"][0] >= 0.90
 
 
+@pytest.mark.slow
 def test_evaluation_uses_the_call_head(repo_root, shipped, tables):
     # `perfmodel eval` (train.evaluate.evaluate_bundle) reports the call the Predictor makes: the call
     # head's accuracy on the test problems, as recomputed here from the head and the rows
@@ -145,6 +147,7 @@ def test_fit_call_learns_a_known_sign():
     assert ((s < 0) == (y[1500:] < 0)).float().mean() > 0.95
 
 
+@pytest.mark.slow
 def test_call_step_rewrites_a_copy(repo_root, tmp_path):
     from perfmodel import artifact
     from perfmodel.train.call_head import CallHeadSettings
@@ -164,6 +167,7 @@ def test_call_step_rewrites_a_copy(repo_root, tmp_path):
         refit_call(CallHeadSettings(model=model, data=repo_root / "data" / "h200"), log=lambda *a: None)
 
 
+@pytest.mark.slow
 def test_call_heads_of_a_model_of_two_devices(repo_root, tmp_path, monkeypatch):
     # models/h200 serves the H100 and the H200: one call head learns from both devices' train problems
     # (each encoded with its device's spec) and is measured on each device's test problems

@@ -125,6 +125,7 @@ def test_refit_errors_name_the_field(tmp_path, repo_root):
         run(CublasHeadSettings(model=tmp_path / "none", data=repo_root / "data" / "h100"))
 
 
+@pytest.mark.slow
 def test_refit_of_a_model_of_two_devices(tmp_path, repo_root, monkeypatch):
     # models/h200 serves the H100 and the H200: each device's folder gives its rows, encoded with its spec
     from perfmodel import artifact

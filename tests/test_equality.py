@@ -8,11 +8,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests._equality import compare, snapshot
 
 FIXTURE = Path(__file__).parent / "fixtures" / "shipped_outputs.json"
 
 
+@pytest.mark.slow  # 8 predictors over every recorded call: ~55 s of the default run (`-m slow`, .ci/run's own step)
 def test_shipped_folders_serve_as_recorded() -> None:
     want = json.loads(FIXTURE.read_text())
     got = snapshot()

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from perfmodel.configs import fits
 from perfmodel import GemmConfig, GemmProblem, PadDecision, PadProblem
-from perfmodel.artifact import ArtifactError
+from perfmodel.artifact import ArtifactError, sha256_file
 from perfmodel.configs import pruned_space
 from perfmodel.features import configs_tensor, problems_tensor
 from perfmodel.serve import Candidates, Predictor
@@ -213,8 +213,8 @@ def test_corrupt_artifact(model_dir: Path, tmp_path: Path, monkeypatch: pytest.M
     folder = _copy(model_dir, tmp_path)
     if damage.startswith("garbage_weights"):
         (folder / "model.safetensors").write_bytes(os.urandom(4096))
-        if damage.endswith("unchecked"):
-            _edit_meta(folder, lambda m: m.pop("weights_sha256"))
+        if damage.endswith("unchecked"):  # its checksum recorded: the safetensors reader itself must refuse it
+            _edit_meta(folder, lambda m: m.update(weights_sha256=sha256_file(folder / "model.safetensors")))
     elif damage == "bad_json":
         (folder / "metadata.json").write_text('{"format": "perfmodel-artifact", ')
     elif damage == "not_our_format":
@@ -231,7 +231,7 @@ def test_corrupt_artifact(model_dir: Path, tmp_path: Path, monkeypatch: pytest.M
         t = load_file(str(folder / "model.safetensors"))
         t.pop("gemm.net.0.weight")
         save_file(t, str(folder / "model.safetensors"))
-        _edit_meta(folder, lambda m: m.pop("weights_sha256"))
+        _edit_meta(folder, lambda m: m.update(weights_sha256=sha256_file(folder / "model.safetensors")))
     _no_pickle(monkeypatch)
     with pytest.raises(ArtifactError, match=match):
         Predictor.load(folder)

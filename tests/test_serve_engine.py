@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from perfmodel import GemmProblem, PadDecision, PadProblem, Predictor
-from perfmodel.serve import decisions, runners
+from perfmodel.serve import decisions, onnx_runner, runners
 from perfmodel.serve.runners import KERNELS, Runner
 
 REPO = Path(__file__).resolve().parent.parent
@@ -52,7 +52,7 @@ def test_backend_names_what_runs_and_onnx_serves_inductor(engines, monkeypatch: 
     """The onnx backend serves kernel="inductor" without a torch runner: predict and rank through the config
     network's inductor mode (its head session), the fast path through the traced ranking graph."""
     po = engines[("onnx", "inductor")]
-    assert po.backend == "onnx" and type(po._run) is runners._OnnxRunner
+    assert po.backend == "onnx" and type(po._run) is onnx_runner._OnnxRunner
     assert po._run.ranks("inductor", po.screen_keep, 5) and po.predict_head == "gemm_inductor"
     calls = []
     for name in ("rank", "score_log_ms"):
@@ -88,13 +88,13 @@ def test_onnx_inductor_agrees_with_torch(engines) -> None:
 
 def test_onnx_file_without_inductor_graphs_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
     """A model.onnx exported before the inductor graphs existed (simulated: the loader sees none)."""
-    real = runners._split_graphs
+    real = onnx_runner._split_graphs
 
     def old_export(data: bytes):
         heads, cut, outputs = real(data)
         return heads, cut, {o for o in outputs if "static" not in o or o.startswith("static_")}
 
-    monkeypatch.setattr(runners, "_split_graphs", old_export)
+    monkeypatch.setattr(onnx_runner, "_split_graphs", old_export)
     with pytest.raises(ValueError, match=r"onnx backend cannot serve kernel='inductor'.*export-onnx.*backend='torch'"):
         Predictor.load(H100, backend="onnx", kernel="inductor")
     ox = Predictor.load(H100, backend="onnx")

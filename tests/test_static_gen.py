@@ -65,6 +65,7 @@ def test_gen_static_names_the_bad_input(tmp_path, capsys):
 
 
 @pytest.mark.skipif(not (RUNS / "static_rows.jsonl.gz").is_file(), reason="no committed static re-time")
+@pytest.mark.slow
 def test_gen_static_rebuilds_the_shipped_static_rows(tmp_path):
     """data/h100's gemm_static parts were written from these nine runs: the same rows come back."""
     data = tmp_path / "h100"

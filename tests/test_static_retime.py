@@ -12,6 +12,7 @@ RESULTS = REPO / "benchmarks" / "results" / "static_retime_h100"
 
 
 @pytest.mark.skipif(not (RESULTS / "static_rows.jsonl.gz").is_file(), reason="no committed static re-time")
+@pytest.mark.slow
 def test_static_retime_compare_reproduces_the_documented_figures(tmp_path, capsys):
     from benchmarks import static_retime
 

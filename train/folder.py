@@ -22,14 +22,57 @@ from typing import Any
 
 from perfmodel import onnx_export
 from perfmodel.heads import REGISTRY
+from perfmodel.heads.spec import figure
 from perfmodel.artifact import METADATA, ModelBundle, append_step, load, save, step_record
 from perfmodel.locations import checkout_root
+from perfmodel.validation import follow_umask
 
 # The columns of the evaluation table (model card, `perfmodel eval`).
 TABLE_KEYS = ["float16/top1_eff", "float16/top5_eff", "bfloat16/top1_eff", "bfloat16/top5_eff", "fp32_all/top1_eff",
               "fp32_all/top5_eff", "all/spearman_median", "all/mape", "all/worst_top1"]
 # The dataset shard kinds a build reads (data_gen/shards.py): GEMM sweep, cuBLAS re-time, pad, static, cuBLAS-only.
 SHARD_KINDS = ("gemm", "cublas", "pad", "gemm_static", "cublas_only", "bmm")
+
+
+_fmt = figure  # a card figure: "-" for a missing or NaN one, never "nan"
+
+
+def device_label(name: str) -> str:
+    """A device spec's name as a card's title says it: h100-sxm -> H100, h200 -> H200, h100-pcie -> H100 PCIe."""
+    from perfmodel.devices import DEVICE_FOLDER
+
+    return DEVICE_FOLDER.get(name, name).upper().replace("-PCIE", " PCIe")
+
+
+def card_title(meta: dict[str, Any]) -> str:
+    """The card's title: the device the folder is the model for. A model of several devices (models/h200: the H100's
+    and the H200's data, the H100 its default) is named for the device of the folder its recipe writes
+    (models/<device folder>, perfmodel.devices.DEVICE_FOLDER), else for all its devices."""
+    devices = list(meta.get("devices") or [meta["device_spec"]["name"]])
+    if len(devices) > 1:
+        from perfmodel.devices import DEVICE_FOLDER
+
+        out = _recipe_out((meta.get("build") or {}).get("recipe") or {})
+        target = [d for d in devices if out is not None and DEVICE_FOLDER.get(d) == out.name]
+        devices = target or devices
+    return f"perfmodel {' + '.join(device_label(d) for d in devices)} model"
+
+
+def _recipe_out(recipe: dict[str, Any]) -> Path | None:
+    """The folder a recorded recipe writes ([build].out), None without one (a build's --out is where it was
+    written, not what the folder is)."""
+    try:
+        import tomllib  # Python >= 3.11
+    except ModuleNotFoundError:  # 3.10: the tomli backport of the train extra, where installed
+        try:
+            import tomli as tomllib
+        except ModuleNotFoundError:
+            return None
+    try:
+        out = tomllib.loads(recipe.get("text") or "").get("build", {}).get("out")
+    except (ValueError, AttributeError):  # tomllib.TOMLDecodeError is a ValueError
+        return None
+    return Path(out) if isinstance(out, str) else None
 
 
 def format_table(results: dict[str, dict[str, float]], keys: list[str]) -> str:
@@ -116,9 +159,9 @@ def model_card(meta: dict[str, Any]) -> str:
         shape = "x".join(str(w // k) for w in mlp["hidden"])
         nets.append(f"{name} {shape}" if k == 1 else
                     f"{name} {k} x {shape}, averaged {mlp.get('average', 'before_floor').replace('_', ' ')}")
-    pad_md = "\n".join(f"- {k}: {v:.4f}" for k, v in {**meta.get("pad_metrics", {}), **meta.get("cublas_metrics", {})}.items()
+    pad_md = "\n".join(f"- {k}: {_fmt(v, 4)}" for k, v in {**meta.get("pad_metrics", {}), **meta.get("cublas_metrics", {})}.items()
                        if not k.endswith("problems"))
-    return f"""# perfmodel H100 model
+    return f"""# {card_title(meta)}
 
 {_provenance_md(meta)}
 {_devices_md(meta)}
@@ -129,7 +172,7 @@ def model_card(meta: dict[str, Any]) -> str:
 - Heads: gemm (Triton config runtime), {_problem_heads(meta)}, pad (orig and padded runtime), and
   {_screen_md(meta)}
   Networks (hidden widths): {'; '.join(nets) or '-'}.
-  Output layer `logsumexp(f(x), log overhead)`; learned overhead {meta['learned_overhead_ms']:.5f} ms.
+  Output layer `logsumexp(f(x), log overhead)`; learned overhead {_fmt(meta['learned_overhead_ms'], 5)} ms.
 {_head_lines(meta)}- Schema version {meta['schema_version']}, encoder version {meta['encoder_version']}; weights `model.safetensors`
   (loaded with safetensors, no pickle) and `model.onnx` (single file, BatchNorm folded).
 - Training time on the training machine's CPU: {meta['train_seconds']:.0f} s.
@@ -172,10 +215,10 @@ def _devices_md(meta: dict[str, Any]) -> str:
     for name in devices:
         m = meta.get("metrics_by_device", {}).get(name, {})
         r, pad = m.get("results", {}), m.get("pad", {})
-        cells = ", ".join(f"{k} {r[k]:.4f}" for k in ("float16/top1_eff", "bfloat16/top1_eff", "fp32_all/top1_eff",
+        cells = ", ".join(f"{k} {_fmt(r[k], 4)}" for k in ("float16/top1_eff", "bfloat16/top1_eff", "fp32_all/top1_eff",
                                                      "all/top5_eff") if k in r)
         if "pad/total_vs_oracle" in pad:
-            cells += f", pad {pad['pad/total_vs_oracle']:.4f}x the oracle"
+            cells += f", pad {_fmt(pad['pad/total_vs_oracle'], 4)}x the oracle"
         ds = next((x for x in meta.get("datasets", []) if x.get("device") == name), {})
         lines.append(f"  - {name}: `{ds.get('path', '?')}`; {cells or 'not evaluated'}")
     if meta.get("device_fraction"):
@@ -208,26 +251,26 @@ def _bmm_md(meta: dict[str, Any]) -> str:
     for g in ("all", "float16", "bfloat16", "tf32", "float32"):
         if f"test/{g}/top1_eff" in m:
             z = zero.get(f"test/{g}/top1_eff")
-            rows.append(f"| {g} | {m[f'test/{g}/problems']} | {m[f'test/{g}/top1_eff']:.4f} | {m[f'test/{g}/top5_eff']:.4f} "
-                        f"| {'-' if z is None else f'{z:.4f}'} |")
+            rows.append(f"| {g} | {m[f'test/{g}/problems']} | {_fmt(m[f'test/{g}/top1_eff'], 4)} | {_fmt(m[f'test/{g}/top5_eff'], 4)} "
+                        f"| {'-' if z is None else f'{_fmt(z, 4)}'} |")
     for dev, dm in (m.get("devices") or {}).items():  # a model of several devices: its other devices' test problems
         if "test/all/top1_eff" in dm:
-            rows.append(f"| all, {dev} | {dm['test/problems']} | {dm['test/all/top1_eff']:.4f} | "
-                        f"{dm['test/all/top5_eff']:.4f} | - |")
+            rows.append(f"| all, {dev} | {dm['test/problems']} | {_fmt(dm['test/all/top1_eff'], 4)} | "
+                        f"{_fmt(dm['test/all/top5_eff'], 4)} | - |")
     call = m.get("test/call/accuracy")
     times = ("no bmm_aten head: aten::bmm's time is the one the call implies" if m.get("aten_head") is False else
              f"aten::bmm's predicted time against the best ranked config's: "
-             f"{m.get('test/call/accuracy_times', float('nan')):.3f}")
+             f"{_fmt(m.get('test/call/accuracy_times'), 3)}")
     call_md = "" if call is None else (
-        f"\nThe aten-or-Triton call (the bmm_call head) is right on {call:.3f} of the {m['test/call/problems']} test "
-        f"problems ({times}; always Triton: {m.get('test/call/accuracy_always_triton', float('nan')):.3f}).\n")
+        f"\nThe aten-or-Triton call (the bmm_call head) is right on {_fmt(call, 3)} of the {m['test/call/problems']} test "
+        f"problems ({times}; always Triton: {_fmt(m.get('test/call/accuracy_always_triton'), 3)}).\n")
     cv = m.get("cv/all/top1_eff")
     if cv is not None:
-        per = ", ".join(f"{g} {m[f'cv/{g}/top1_eff']:.4f} / {m[f'cv/{g}/top5_eff']:.4f}"
+        per = ", ".join(f"{g} {_fmt(m[f'cv/{g}/top1_eff'], 4)} / {_fmt(m[f'cv/{g}/top5_eff'], 4)}"
                         for g in ("float16", "bfloat16", "tf32", "float32") if f"cv/{g}/top1_eff" in m)
         call_md += (f"\nCross-validated ({m['cv/folds']} folds by {m.get('cv/by', 'shape')}, every one of the {m['cv/problems']} problems "
-                    f"held out once; the Triton head {m['cv/members']} member per fold): top-1 / top-5 {cv:.4f} / "
-                    f"{m['cv/all/top5_eff']:.4f} ({per}); the call right on {m.get('cv/call/accuracy', float('nan')):.3f}.\n")
+                    f"held out once; the Triton head {m['cv/members']} member per fold): top-1 / top-5 {_fmt(cv, 4)} / "
+                    f"{_fmt(m['cv/all/top5_eff'], 4)} ({per}); the call right on {_fmt(m.get('cv/call/accuracy'), 3)}.\n")
     return "## Batched GEMMs (held-out problems)\n\n" + "\n".join(rows) + "\n" + call_md + "\n"
 
 
@@ -269,6 +312,7 @@ def write_model_folder(bundle: ModelBundle, meta: dict[str, Any], out: Path, rec
         elif (out / "MODEL_CARD.md").is_file():  # a folder perfmodel train/build did not write keeps its own card
             shutil.copy(out / "MODEL_CARD.md", tmp / "MODEL_CARD.md")
         load(tmp)  # refuse to ship what does not load
+        follow_umask(tmp)  # mkdtemp made it 0o700: the folder and its files as the umask says, as a plain mkdir's
         _swap(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -55,7 +55,8 @@ from .call_head import CallHeadSettings
 from .data import slice_dataset
 from .distill import DistillSettings
 from .grouped_head import GroupedSettings
-from .folder import SHARD_KINDS, data_sha256, setting_value, settings_record, step_record, write_model_folder
+from .folder import (SHARD_KINDS, data_sha256, dataset_path, setting_value, settings_record, step_record,
+                     write_model_folder)
 from .pipeline import (TrainData, TrainSettings, effective_lead_keep, evaluate_devices, fit_baselines, fit_heads,
                        load_data, model_metadata)
 from .problem_head import ProblemHeadSettings
@@ -243,10 +244,32 @@ def run_only(path: Path, heads: tuple[str, ...], out: Path | None = None, comman
     command = command or f"{build_command(recipe)} --only {' --only '.join(heads)}"
     res = {}
     with tempfile.TemporaryDirectory(prefix="perfmodel-build-") as tmp:
-        folders, _, _ = _prepare_data(recipe, Path(tmp))
+        folders, data, _ = _prepare_data(recipe, Path(tmp))
         for step in steps:
             res[step] = fits[step](getattr(recipe, step), folders)
+    if tuple(folders) != tuple(recipe.data):  # slices: the refits recorded their temporary folders, gone now
+        _record_as_given(folder, recipe.data, folders, data)
     return {"out": str(folder), "steps": res}
+
+
+def _record_as_given(folder: Path, given: tuple[Path, ...], read: tuple[Path, ...], data: list[dict[str, Any]]) -> None:
+    """The folder's metadata (and its card, regenerated from it) with the paths of the slices a refit read recorded
+    as the recipe's folders (as_given); each file written beside and renamed over the old one."""
+    import json
+    import os
+
+    from perfmodel.artifact import METADATA
+
+    from .folder import model_card
+
+    meta = as_given(json.loads((folder / METADATA).read_text()), given, read, data)
+    files = {METADATA: json.dumps(meta, indent=2, sort_keys=True)}
+    if (folder / "MODEL_CARD.md").is_file() and ("training_command" in meta or "build" in meta) and "metrics" in meta:
+        files["MODEL_CARD.md"] = model_card(meta)
+    for name, text in files.items():
+        tmp = folder / f".{name}.tmp"
+        tmp.write_text(text)
+        os.replace(tmp, folder / name)
 
 
 def _prepare_data(recipe: Recipe, tmp: Path) -> tuple[tuple[Path, ...], list[dict[str, Any]], float]:
@@ -367,13 +390,45 @@ def _write(recipe: Recipe, train: TrainSettings, d: TrainData, bundle: Any, eval
              if k.startswith(("student_", "static_", "call_", "cublas_head_", "problem_", "bmm_", "screen_head"))}
     meta = {**model_metadata(train, d, bundle, evaluation, settings_record(train), run_id, seconds), **added,
             "build": record}
-    first = record["data"][0]  # the recipe's folder and the hash over every shard file of it
-    meta["dataset"] = {**meta["dataset"], "path": first["path"], "sha256": first["sha256"],
-                       **({"slice": first["slice"]} if "slice" in first else {})}
+    meta = as_given(meta, recipe.data, train.data, record["data"])
+
+    def given(ds: dict[str, Any], rec: dict[str, Any]) -> dict[str, Any]:
+        # the recipe's folder and the hash over every shard file of it (and the slice taken)
+        return {**ds, "path": rec["path"], "sha256": rec["sha256"], **({"slice": rec["slice"]} if "slice" in rec else {})}
+
+    meta["dataset"] = given(meta["dataset"], record["data"][0])
+    if "datasets" in meta:  # a model of several devices: each one's
+        meta["datasets"] = [given(ds, rec) for ds, rec in zip(meta["datasets"], record["data"])]
     out = write_model_folder(bundle, meta, train.out, record_step="write")
     return {"out": str(out), "metrics": evaluation["results"]["perfmodel"], "cublas": evaluation["cublas"],
             "pad": evaluation["pad"], "run_id": run_id,
             "steps": {s["step"]: s["seconds"] for s in bundle.metadata["build"]["steps"]}}
+
+
+def as_given(meta: Any, given: tuple[Path, ...], read: tuple[Path, ...], data: list[dict[str, Any]]) -> Any:
+    """meta with every path of a folder the build read in place of a recipe folder -- a slice, written in a
+    temporary folder gone once the build ends -- recorded as that recipe folder, in the same form (the
+    settings' paths, the datasets' and the bmm step's records); a record of such a folder's hash (a mapping with
+    "path" and "sha256": the slice's hash) gets its "slice" too. data: the build record's, one per recipe
+    folder."""
+    names: dict[str, tuple[str, Any]] = {}
+    for g, r, rec in zip(given, read, data):
+        if Path(r) != Path(g):
+            for form in (dataset_path, setting_value, str):  # every form a path is recorded in
+                names[form(Path(r))] = (form(Path(g)), rec.get("slice"))
+
+    def walk(x: Any) -> Any:
+        if isinstance(x, dict):
+            out = {k: walk(v) for k, v in x.items()}
+            hit = names.get(x.get("path")) if isinstance(x.get("path"), str) else None
+            if hit is not None and "sha256" in x and hit[1] is not None:
+                out.setdefault("slice", hit[1])
+            return out
+        if isinstance(x, list):
+            return [walk(v) for v in x]
+        return names[x][0] if isinstance(x, str) and x in names else x
+
+    return walk(meta) if names else meta
 
 
 def _track(train: TrainSettings, res: dict[str, Any], run_id: str) -> None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .spec import HeadSpec
+from .spec import HeadSpec, figure
 
 # The config network (docs/model.md, "The config network"): a gemm head with one input more, the kernel mode
 # (metadata KERNEL_MODE_INPUT: {mode: the input's value}), trained on the dataset's rows (autotune) and the
@@ -25,8 +25,7 @@ def inductor_card(meta: dict[str, Any]) -> str:
         return "- No static head: the model predicts `kernel=\"autotune\"` only.\n"
 
     def f(mode: str, key: str) -> str:
-        v = m.get(f"test_static/{mode}/{key}")
-        return "-" if v is None else f"{v:.3f}"
+        return figure(m.get(f"test_static/{mode}/{key}"), 3)
 
     def top1(mode: str) -> str:
         return " / ".join(f(mode, f"{d}/top1_eff") for d in ("float16", "bfloat16", "fp32_all"))
@@ -51,15 +50,17 @@ def student_card(meta: dict[str, Any]) -> str:
         return "- No student head: `predict` and `rank` run the gemm head.\n"
     role = ("what screens `rank(..., screened=True)`, the fast path; `predict` and `rank` run the gemm head"
             if meta.get("screen_head") == "student" else "not served: `predict` and `rank` run the gemm head")
+    # a gemm head of one member has no spread around its members' mean to compare with: no clause
+    spread = m.get("gemm/member_spread_median")
+    spread = "" if spread is None else f"; the gemm head's own members, around their mean: {figure(spread, 4)}"
     by = meta.get("student_metrics_by_device") or {}
-    per = "" if len(by) < 2 else (" (" + "; ".join(f"{dev}: median {d['student/median_abs_log_diff']:.4f}"
+    per = "" if len(by) < 2 else (" (" + "; ".join(f"{dev}: median {figure(d['student/median_abs_log_diff'], 4)}"
                                                   for dev, d in by.items())
                                   + ", each device's test problems, its own features)")
     return (f"- Student head ({role}): one MLP distilled from the gemm "
             f"head by `perfmodel build --only student`. On the test problems' whole config spaces its log ms are a "
-            f"median {m['student/median_abs_log_diff']:.4f} from the gemm head's (90th percentile "
-            f"{m['student/p90_abs_log_diff']:.4f}); the gemm head's own members, around their mean: "
-            f"{m.get('gemm/member_spread_median', float('nan')):.4f}{per}.\n")
+            f"median {figure(m['student/median_abs_log_diff'], 4)} from the gemm head's (90th percentile "
+            f"{figure(m['student/p90_abs_log_diff'], 4)}){spread}{per}.\n")
 
 
 GEMM = HeadSpec(

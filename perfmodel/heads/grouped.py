@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .spec import HeadSpec
+from .spec import HeadSpec, figure
 
 
 def grouped_card(meta: dict[str, Any]) -> str:
@@ -13,7 +13,7 @@ def grouped_card(meta: dict[str, Any]) -> str:
     if not m:
         return ""
     pooled = (m.get("heldout_by_family") or {}).get("pooled") or {}
-    held = (f"; held out by model family, top-1 / top-5 {pooled['top1']:.3f} / {pooled['top5']:.3f}"
+    held = (f"; held out by model family, top-1 / top-5 {figure(pooled['top1'], 3)} / {figure(pooled['top5'], 3)}"
             if "top1" in pooled and "top5" in pooled else "")
     return (f"- grouped head (`torch._grouped_mm`, MoE experts; `perfmodel build --only grouped`): fitted on "
             f"{m.get('problems', '-')} problems ({m.get('rows', '-')} rows) of `{(m.get('data') or {}).get('path', '-')}`'s "

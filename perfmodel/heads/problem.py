@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .spec import HeadSpec
+from .spec import HeadSpec, figure
 
 # Its outputs, in column order (metadata PROBLEM_OUTPUTS_KEY names those a folder stores: a model without the
 # inductor mode has no call_static): torch.mm's log ms (floored), then per kernel mode log(cuBLAS ms / the
@@ -27,7 +27,7 @@ def cublas_card(meta: dict[str, Any]) -> str:
     def errors(d: dict[str, Any]) -> str:
         def one(k: str) -> str:  # a head fitted in a build has no previous head to compare with
             was = d.get(f"before/{k}/test/mean_abs_log_err")
-            return (f"{was:.3f} -> " if was is not None else "") + f"{d[k + '/test/mean_abs_log_err']:.3f}"
+            return (f"{figure(was, 3)} -> " if was is not None else "") + figure(d[k + '/test/mean_abs_log_err'], 3)
 
         return "; ".join(f"{what} {one(k)}" for k, what in (("gemm", "GEMM problems"), ("cublas_only", "cuBLAS-only problems"),
                                                             ("pad_orig", "pad rows' unpadded problems"))
@@ -55,8 +55,8 @@ def call_card(meta: dict[str, Any]) -> str:
         for name, what in (("call", "`kernel=\"autotune\"`, against the dataset's times"),
                            ("call_static", "`kernel=\"inductor\"`, against the static times")):
             if f"{name}/test/choice_accuracy" in d:
-                parts.append(f"{d[name + '/test/choice_accuracy']:.3f} ({what}; the cuBLAS output against the gemm "
-                             f"head's best: {d[name + '/test/choice_accuracy_times']:.3f})")
+                parts.append(f"{figure(d[name + '/test/choice_accuracy'], 3)} ({what}; the cuBLAS output against the "
+                             f"gemm head's best: {figure(d[name + '/test/choice_accuracy_times'], 3)})")
         return f"{' and '.join(parts)} of the {d.get('call/test/problems', '-')} test problems"
 
     by = m.get("by_device") or {}

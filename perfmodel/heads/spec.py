@@ -8,8 +8,17 @@ against the spec's encoder, never against constants elsewhere.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable
+
+
+def figure(v: Any, digits: int) -> str:
+    """A figure of the model card with `digits` decimals; "-" for one not recorded or not a number (a NaN of a
+    build too small to have, say, a float32 test problem): a card never prints "nan"."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return "-"
+    return f"{v:.{digits}f}"
 
 
 @dataclass(frozen=True)
