@@ -95,19 +95,25 @@ def load_bmm_checked(folder: Path, device: str) -> BmmTable:
     return table_from_rows(rows)
 
 
-def bmm_data_record(folder: Path) -> dict[str, Any]:
-    """The folder and the sha256 of its bmm shard files (in name order), for the build record."""
+def shard_record(folder: Path, kind: str) -> dict[str, Any]:
+    """The folder and the sha256 of its shard files of one kind (in name order), for the build record."""
     import hashlib
 
-    from perfmodel.data_gen.bmm import KIND
     from perfmodel.data_gen.shards import part_files
 
     h = hashlib.sha256()
-    files = sorted(part_files(Path(folder), KIND), key=lambda p: p.name)
+    files = sorted(part_files(Path(folder), kind), key=lambda p: p.name)
     for f in files:
         h.update(f.name.encode())
         h.update(f.read_bytes())
     return {"path": Path(folder).as_posix(), "files": [f.name for f in files], "sha256": h.hexdigest()}
+
+
+def bmm_data_record(folder: Path) -> dict[str, Any]:
+    """The folder and the sha256 of its bmm shard files (in name order), for the build record."""
+    from perfmodel.data_gen.bmm import KIND
+
+    return shard_record(folder, KIND)
 
 
 def split_by_shape(table: BmmTable, seed: int) -> np.ndarray:

@@ -34,6 +34,7 @@ from .bmm_head import BmmHeadSettings, BmmTable, encode, fit_ranked, floor_colum
 from .loop import fit_ensemble
 
 KIND = "grouped"
+GROUPED = "grouped"  # the head's name in a model folder
 GROUP_M = 8  # the grouped template has no GROUP_M; the config's column holds a constant
 
 
@@ -172,16 +173,9 @@ def cross_validate(table: BmmTable, spec: Any, version: int, s: GroupedSettings,
 
 def data_record(folder: Path) -> dict[str, Any]:
     """The folder as given and the sha256 of its grouped shard files (in name order), for the build record."""
-    import hashlib
+    from .bmm_data import shard_record
 
-    from perfmodel.data_gen.shards import part_files
-
-    h = hashlib.sha256()
-    files = sorted(part_files(Path(folder), KIND), key=lambda p: p.name)
-    for f in files:
-        h.update(f.name.encode())
-        h.update(f.read_bytes())
-    return {"path": Path(folder).as_posix(), "files": [f.name for f in files], "sha256": h.hexdigest()}
+    return shard_record(folder, KIND)
 
 
 def grouped_step(bundle: Any, folder: Path, s: GroupedSettings, log: Any = print) -> dict[str, Any] | None:
@@ -218,5 +212,3 @@ def grouped_step(bundle: Any, folder: Path, s: GroupedSettings, log: Any = print
     bundle.metadata = {**bundle.metadata, "grouped_metrics": metrics, "grouped_settings": asdict(s)}
     return metrics
 
-
-GROUPED = "grouped"
