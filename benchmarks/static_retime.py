@@ -115,6 +115,9 @@ def run_gpu(args: argparse.Namespace) -> int:
         try:
             for (fields, rs), fut in zip(problems, futures):
                 tw = time.perf_counter()
+                if tw - t0 > args.time_limit:  # compiles ahead of the timing: the wait below would not stop it
+                    stats["stopped_at_time_limit"] = True
+                    break
                 try:  # the limit also bounds the wait for a problem's compiles (the run is compile-bound)
                     errors = [e for _, e in fut.result(timeout=max(0.0, args.time_limit - (tw - t0)))]
                 except cf.TimeoutError:

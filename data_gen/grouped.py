@@ -133,16 +133,20 @@ def check_choice(name: str, values: tuple[str, ...] | None, allowed: tuple[str, 
 
 def grouped_problems(families: tuple[str, ...] | None = None, dtypes: tuple[str, ...] | None = None,
                      gemms: tuple[str, ...] | None = None, layouts: str = "both",
-                     budget: GroupedBudget = GroupedBudget()) -> list[GroupedProblem]:
+                     budget: GroupedBudget = GroupedBudget(),
+                     per_expert: tuple[int, ...] | None = None) -> list[GroupedProblem]:
     """Every problem within the budget, in sweep order: by a priority that puts each family's bf16 gate+up and
     down GEMMs (its model's weight layout) at one decode and one prefill token count first, then further token
     counts (TOKENS_ORDER), with fp16, the up-only GEMM and the other weight layout a few ranks later each;
-    families interleaved within a rank. Deterministic. layouts: "natural" (the family's only), "both"."""
+    families interleaved within a rank. Deterministic. layouts: "natural" (the family's only), "both".
+    per_expert: only these average rows per expert (values of TOKENS_ORDER; None: all)."""
     families = check_choice("families", families, tuple(FAMILIES)) or tuple(FAMILIES)
     dtypes = check_choice("dtypes", dtypes, DTYPES) or DTYPES
     gemms = check_choice("gemms", gemms, GEMMS) or GEMMS
     if layouts not in ("natural", "both"):
         raise ValueError(f"layouts: must be natural or both, got {layouts!r}")
+    if per_expert is not None and (not per_expert or any(t not in TOKENS_ORDER for t in per_expert)):
+        raise ValueError(f"per_expert: must be some of {', '.join(map(str, TOKENS_ORDER))}, got {per_expert}")
     keyed: dict[str, tuple[tuple, GroupedProblem]] = {}
     combos = [(f, g) for f in families for g in FAMILIES[f][2]]
     for ci, (fam, g) in enumerate(combos):
@@ -152,6 +156,8 @@ def grouped_problems(families: tuple[str, ...] | None = None, dtypes: tuple[str,
             for dtype in dtypes:
                 for layout in (natural,) if layouts == "natural" else (natural, *[x for x in B_LAYOUTS if x != natural]):
                     for ti, t in enumerate(TOKENS_ORDER):
+                        if per_expert is not None and t not in per_expert:
+                            continue
                         p = GroupedProblem(fam, gemm, g, topk, tokens_for(t, g, topk), k, n, dtype, layout)
                         if not within(p, budget):
                             continue
@@ -313,6 +319,7 @@ class GroupedSweepSettings:
     dtypes: tuple[str, ...] | None = None     # None: both
     gemms: tuple[str, ...] | None = None      # None: all of GEMMS
     layouts: str = "both"                     # "natural": each family's own weight layout only
+    per_expert: tuple[int, ...] | None = None # None: every rows-per-expert value of TOKENS_ORDER
     max_problems: int | None = None           # new problems this run
     time_limit_s: float | None = None         # stop cleanly before starting a problem that would pass it
     retime: bool = True                       # re-time every choice on each routing (else Inductor's timings only)
@@ -323,7 +330,8 @@ class GroupedSweepSettings:
 
 def settings_dict(s: GroupedSweepSettings) -> dict[str, Any]:
     return {"families": list(s.families) if s.families else None, "dtypes": list(s.dtypes) if s.dtypes else None,
-            "gemms": list(s.gemms) if s.gemms else None, "layouts": s.layouts, "max_problems": s.max_problems,
+            "gemms": list(s.gemms) if s.gemms else None, "layouts": s.layouts,
+            "per_expert": list(s.per_expert) if s.per_expert else None, "max_problems": s.max_problems,
             "time_limit_s": s.time_limit_s, "retime": s.retime, "budget": asdict(s.budget), "timing": vars(s.timing),
             "aten_pre_sleep_us": s.aten_pre_sleep_us, "routings": list(ROUTINGS)}
 
