@@ -5,7 +5,8 @@ spec, schema and encoder versions -- is read from the folder, never from constan
 whose schema, encoder version or feature names differ from this code's is refused.
 
 save and load loop over the heads registered in perfmodel/heads/ (one spec each): a head the registry does
-not know is refused. The bundle in memory is perfmodel/bundle.py's, the ONNX graph perfmodel/onnx_export.py's,
+not know is refused, and a folder of an older layout (a head of perfmodel/heads/legacy.py) is refused with the
+command that converts it once (`perfmodel migrate FOLDER`, perfmodel/migrate.py). The bundle in memory is perfmodel/bundle.py's, the ONNX graph perfmodel/onnx_export.py's,
 the build record's helpers perfmodel/provenance.py's (their names are importable from here too).
 """
 from __future__ import annotations
@@ -18,10 +19,10 @@ import torch
 
 from ._version import __version__
 from .bundle import (BMM, BMM_ATEN, BMM_CALL, CALL, CALL_STATIC, DEFAULT_SCREEN_KEEP, INDUCTOR_GEMM,  # noqa: F401
-                     KERNEL_MODE_FEATURE, KERNEL_MODE_INPUT, KERNEL_MODE_VALUES, PROBLEM, PROBLEM_OUTPUTS, SCREEN,
-                     SCREEN_HEADS, STATIC, STUDENT, ArtifactError, ModelBundle, OutputColumn, check_lead_keep,
+                     KERNEL_MODE_FEATURE, KERNEL_MODE_INPUT, KERNEL_MODE_VALUES, PROBLEM, PROBLEM_OUTPUTS,
+                     SCREEN_HEADS, STUDENT, ArtifactError, ModelBundle, OutputColumn, check_lead_keep,
                      config_heads, config_network, inductor_head, inductor_mode, predict_head,
-                     problem_columns, problem_output, screen_name, spec_from_dict, with_static)
+                     problem_columns, problem_output, screen_name, spec_from_dict)
 from .features import ENCODER_VERSION, SUPPORTED_ENCODER_VERSIONS, FeatureEncoder  # noqa: F401  (the versions a folder records)
 from .heads import REGISTRY
 from .heads.legacy import LEGACY
@@ -35,13 +36,29 @@ FORMAT = "perfmodel-artifact"
 WEIGHTS = "model.safetensors"
 METADATA = "metadata.json"
 ONNX = "model.onnx"
-# The heads a folder may hold: the registry's (gemm required), and those of the older layout
-HEADS = tuple(REGISTRY) + tuple(LEGACY)
+# The heads a folder may hold: the registry's (gemm required)
+HEADS = tuple(REGISTRY)
 
 
-def stored_spec(name: str) -> HeadSpec | None:
-    """The spec of a stored head name (registered, or of the older layout), None for one this code does not know."""
-    return REGISTRY.get(name) or LEGACY.get(name)
+def older_layout(meta: dict[str, Any]) -> str | None:
+    """What makes a folder's metadata one of an older layout -- its heads of perfmodel/heads/legacy.py, a
+    "screen_head" naming the older screen head -- or None for a folder in the current layout."""
+    old = [n for n in meta.get("heads", {}) if n in LEGACY]
+    if old:
+        return f"head{'s' if len(old) > 1 else ''} {', '.join(map(repr, old))}"
+    if isinstance(meta.get("screen_head"), str) and meta["screen_head"] in LEGACY:
+        return f"'screen_head' {meta['screen_head']!r}"
+    return None
+
+
+def refuse_older_layout(folder: Path, meta: dict[str, Any]) -> None:
+    """ArtifactError naming what is of an older layout in the folder and the command that converts it once."""
+    what = older_layout(meta)
+    if what is not None:
+        raise ArtifactError(f"{folder}: {what} of an older folder layout (perfmodel/heads/legacy.py), no longer "
+                            f"loaded; convert the folder once with: perfmodel migrate {folder}"
+                            + (" (a screen or static head has no exact conversion: the migration names its refit, "
+                               "or drops it with --drop)" if any(h in what for h in ("'screen'", "'static'")) else ""))
 
 
 def onnx_file(bundle: ModelBundle, device: str | None = None) -> str:
@@ -89,16 +106,14 @@ def save(bundle: ModelBundle, folder: Path, extra_metadata: dict[str, Any] | Non
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     modes = bundle.config_net is not None
-    if modes != (INDUCTOR_GEMM in bundle.heads) or modes != (KERNEL_MODE_INPUT in bundle.metadata) \
-            or (modes and STATIC in bundle.heads):
+    if modes != (INDUCTOR_GEMM in bundle.heads) or modes != (KERNEL_MODE_INPUT in bundle.metadata):
         raise ArtifactError(f"config_net: a config network needs its {INDUCTOR_GEMM!r} head and metadata "
-                            f"{KERNEL_MODE_INPUT!r}, and no static head (set config_network())")
+                            f"{KERNEL_MODE_INPUT!r} (set config_network())")
     tensors, heads_meta = {}, {}
     for name, head in bundle.heads.items():
         if name == INDUCTOR_GEMM:  # a mode of the config network, written once as "gemm"
             continue
-        spec = stored_spec(name)
-        if spec is None:
+        if name not in REGISTRY:
             raise ArtifactError(f"heads: {name!r} is not a registered head (perfmodel/heads/: {', '.join(REGISTRY)})")
         features = bundle.encoders[name].names
         if modes and name == "gemm":
@@ -133,13 +148,9 @@ def load(folder: Path) -> ModelBundle:
     ArtifactError (a ValueError) naming what is wrong with a corrupt or mismatched one."""
     folder = Path(folder)
     meta, tensors = read_folder(folder)
+    refuse_older_layout(folder, meta)
     spec = spec_from_dict(meta.get("device_spec", {}))
-    heads, encoders = {}, {}
-    for name, hm in meta["heads"].items():
-        heads[name], encoders[name] = _load_head(folder, meta, name, hm, tensors, spec)
-    if "gemm" not in heads:
-        raise ArtifactError(f"{folder}: no gemm head")
-    net = _config_modes(folder / METADATA, meta, heads, encoders)
+    heads, encoders, net = load_heads(folder, meta, tensors, REGISTRY)
     _check_roles(folder / METADATA, meta, heads, encoders)
     bundle = ModelBundle(spec, heads, encoders, meta, net)
     try:
@@ -147,6 +158,23 @@ def load(folder: Path) -> ModelBundle:
     except (TypeError, ValueError) as exc:
         raise ArtifactError(f"{folder / METADATA}: {exc}") from None
     return bundle
+
+
+def load_heads(folder: Path, meta: dict[str, Any], tensors: dict[str, torch.Tensor], specs: dict[str, HeadSpec]
+               ) -> tuple[dict[str, PerfMLP], dict[str, FeatureEncoder], PerfMLP | None]:
+    """(heads, encoders, the config network or None) of a read folder (read_folder), each stored head built from
+    its spec in `specs` (load: the registry's; perfmodel/migrate.py: those of the older layout too) and the
+    config network's modes added; ArtifactError for a head `specs` does not know or a folder without a gemm head."""
+    spec = spec_from_dict(meta.get("device_spec", {}))
+    heads, encoders = {}, {}
+    for name, hm in meta["heads"].items():
+        if name not in specs:
+            raise ArtifactError(f"{folder}: head {name!r} is not a registered head (perfmodel/heads/: "
+                                f"{', '.join(REGISTRY)})")
+        heads[name], encoders[name] = _load_head(folder, meta, name, hm, tensors, spec, specs[name])
+    if "gemm" not in heads:
+        raise ArtifactError(f"{folder}: no gemm head")
+    return heads, encoders, _config_modes(folder / METADATA, meta, heads, encoders)
 
 
 def read_folder(folder: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
@@ -203,13 +231,9 @@ def _check_devices(meta_path: Path, meta: dict[str, Any]) -> None:
 
 
 def _load_head(folder: Path, meta: dict[str, Any], name: str, hm: Any, tensors: dict[str, torch.Tensor],
-               device: Any) -> tuple[PerfMLP, FeatureEncoder]:
-    """One stored head (eval mode) and its encoder, by its registered spec: its encoder kind and feature names
-    checked against the spec's, its weights against its stored config."""
-    head_spec = stored_spec(name)
-    if head_spec is None:
-        raise ArtifactError(f"{folder}: head {name!r} is not a registered head (perfmodel/heads/: "
-                            f"{', '.join(REGISTRY)})")
+               device: Any, head_spec: HeadSpec) -> tuple[PerfMLP, FeatureEncoder]:
+    """One stored head (eval mode) and its encoder, by its spec: its encoder kind and feature names checked
+    against the spec's, its weights against its stored config."""
     try:
         enc = FeatureEncoder(device, hm.get("encoder_kind", head_spec.encoder), meta["encoder_version"])
         cfg = MLPConfig.from_dict(hm["mlp"])
@@ -244,9 +268,6 @@ def _config_modes(meta_path: Path, meta: dict[str, Any], heads: dict[str, PerfML
     except (TypeError, ValueError, AttributeError) as exc:
         raise ArtifactError(f"{meta_path}: {KERNEL_MODE_INPUT!r}: {exc}") from None
     encoders[INDUCTOR_GEMM] = encoders["gemm"]
-    if STATIC in heads:
-        raise ArtifactError(f"{meta_path}: a config network ({KERNEL_MODE_INPUT!r}) and a static head: one "
-                            "serves kernel='inductor'")
     return net
 
 
@@ -261,11 +282,10 @@ def _check_roles(meta_path: Path, meta: dict[str, Any], heads: dict[str, PerfMLP
             raise ArtifactError(f"{meta_path}: 'problem_outputs' must name the problem head's "
                                 f"{heads[PROBLEM].cfg.n_outputs} outputs, cublas first, from {PROBLEM_OUTPUTS}")
         encoders.setdefault("cublas", encoders[PROBLEM])
-    if meta.get("screen_head", SCREEN) not in SCREEN_HEADS:
+    if "screen_head" in meta and meta["screen_head"] not in SCREEN_HEADS:
         raise ArtifactError(f"{meta_path}: 'screen_head' must be one of {SCREEN_HEADS}, got {meta['screen_head']!r}")
-    if meta.get("screen_head", SCREEN) == STUDENT and (SCREEN in heads or STUDENT not in heads):
-        raise ArtifactError(f"{meta_path}: 'screen_head' is 'student' but the folder has "
-                            + ("no student head" if STUDENT not in heads else "a screen head too"))
+    if meta.get("screen_head") == STUDENT and STUDENT not in heads:
+        raise ArtifactError(f"{meta_path}: 'screen_head' is 'student' but the folder has no student head")
 
 
 def _check_version(folder: Path, meta: dict[str, Any], key: str, supported: tuple[int, ...]) -> None:

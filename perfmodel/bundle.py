@@ -3,13 +3,13 @@
 The heads themselves are registered in perfmodel/heads/ (one spec each); the folder format that stores a
 bundle is perfmodel/artifact.py, its ONNX graph perfmodel/onnx_export.py. Here: the bundle, the names of the
 heads' roles that serving asks for (what predict serves, what screens a ranking, what serves
-kernel="inductor", which column of the problem network gives torch.mm's time or a call), and the one rule
-that adds a static head's output (kept for folders converted from the older layout, perfmodel/migrate.py).
+kernel="inductor", which column of the problem network gives torch.mm's time or a call). A folder of an older
+layout (perfmodel/heads/legacy.py) is converted once by perfmodel/migrate.py; nothing here branches on it.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -23,17 +23,12 @@ from .model import MLPConfig, PerfMLP
 # (perfmodel/heads/gemm.py STUDENT); a folder without it predicts with the gemm head.
 STUDENT = "student"
 # The head that screens the ranking (metadata "screen_head"): the student, which then serves both speed jobs,
-# the screen and predict (one speed head; docs/model.md, "The speed heads"); "screen", a small head of its
-# own, in a folder of the older layout only (perfmodel/heads/legacy.py).
-SCREEN = "screen"
-SCREEN_HEADS = (SCREEN, STUDENT)
-# Older layout (perfmodel/heads/legacy.py): the head whose output, added to the gemm head's score, gives the
-# times of the kernel compiled for one problem's shape (kernel="inductor"); the config network now.
-STATIC = "static"
+# the screen and predict (one speed head; docs/model.md, "The speed heads"). A folder without the key is not
+# screened (rank scores every config with the gemm head).
+SCREEN_HEADS = (STUDENT,)
 # The problem network's call outputs (perfmodel/heads/problem.py): per problem, log(cuBLAS ms / the best Triton
 # config's ms) for the dataset's kernel (kernel="autotune") and the static one (kernel="inductor"); below 0,
-# cuBLAS wins (Candidates.prefer_cublas). Only their score is served. A folder of the older layout has a head
-# of each name (perfmodel/heads/legacy.py).
+# cuBLAS wins (Candidates.prefer_cublas). Only their score is served.
 CALL = "call"
 CALL_STATIC = "call_static"
 # The problem network: one MLP on the "cublas" encoder's features, one output each of PROBLEM_OUTPUTS (metadata
@@ -74,11 +69,9 @@ def problem_columns(bundle: "ModelBundle") -> dict[str, int]:
     return {n: i for i, n in enumerate(names)}
 
 
-def problem_output(bundle: "ModelBundle", name: str) -> "PerfMLP | OutputColumn | None":
-    """The head that gives `name` (one of PROBLEM_OUTPUTS): the folder's own head of that name (the old
-    layout), else that column of the problem network, else None (the model has no such output)."""
-    if name in bundle.heads:
-        return bundle.heads[name]
+def problem_output(bundle: "ModelBundle", name: str) -> "OutputColumn | None":
+    """The head that gives `name` (one of PROBLEM_OUTPUTS): that column of the problem network, else None (the
+    model has no such output)."""
     col = problem_columns(bundle).get(name)
     return None if col is None else OutputColumn(bundle.heads[PROBLEM], col)
 
@@ -94,24 +87,14 @@ BMM_CALL = "bmm_call"
 
 def inductor_head(heads: Any) -> str | None:
     """How a model serves kernel="inductor": INDUCTOR_GEMM (a config network's inductor mode, in place of the
-    gemm head), STATIC (the static head's output added to the gemm head's), or None (autotune only)."""
-    return INDUCTOR_GEMM if INDUCTOR_GEMM in heads else STATIC if STATIC in heads else None
+    gemm head), or None (autotune only)."""
+    return INDUCTOR_GEMM if INDUCTOR_GEMM in heads else None
 
 
 def inductor_mode(heads: dict[str, Any]) -> Any:
-    """The head named by inductor_head(heads) (a config network's inductor mode, or the static head), or None."""
+    """A config network's inductor mode (heads[INDUCTOR_GEMM]), or None."""
     name = inductor_head(heads)
     return heads[name] if name else None
-
-
-def with_static(score: torch.Tensor, static: torch.Tensor,
-                floor: "Callable[[torch.Tensor], torch.Tensor] | None" = None) -> torch.Tensor:
-    """kernel="inductor", the one rule: a gemm (or student) head's score or log ms plus the static head's
-    output on the same rows, then `floor` (the gemm head's physical floor on those rows; None for a
-    ranking score that is never floored, as the lead member's). The Predictor's torch path and the ONNX
-    graphs (export_onnx) both call it."""
-    out = score + static.to(score.dtype)
-    return out if floor is None else floor(out)
 
 
 # Configs per problem that the gemm head scores after the screen head (metadata "screen_keep").
@@ -143,8 +126,8 @@ class ModelBundle:
 
     @property
     def screen_name(self) -> str | None:
-        """The head that screens the ranking (metadata "screen_head", default "screen"), None where the
-        folder has no such head (rank then scores every config with the gemm head)."""
+        """The head that screens the ranking (metadata "screen_head"), None where the metadata names none or
+        the folder has no such head (rank then scores every config with the gemm head)."""
         return screen_name(self.heads, self.metadata)
 
     @property
@@ -199,9 +182,7 @@ def config_heads(net: PerfMLP, values: Any) -> dict[str, PerfMLP]:
 
 def config_network(bundle: ModelBundle, net: PerfMLP) -> ModelBundle:
     """bundle serving the config network net (a gemm head with the kernel-mode input last, trained with
-    KERNEL_MODE_VALUES) in place of its gemm head (and any static head); changed in place and returned."""
-    bundle.heads.pop(STATIC, None)
-    bundle.encoders.pop(STATIC, None)
+    KERNEL_MODE_VALUES) in place of its gemm head; changed in place and returned."""
     bundle.heads.update(config_heads(net, KERNEL_MODE_VALUES))
     bundle.encoders[INDUCTOR_GEMM] = bundle.encoders["gemm"]
     bundle.metadata = {**bundle.metadata, KERNEL_MODE_INPUT: dict(KERNEL_MODE_VALUES)}
@@ -210,10 +191,10 @@ def config_network(bundle: ModelBundle, net: PerfMLP) -> ModelBundle:
 
 
 def screen_name(heads: Any, metadata: dict[str, Any]) -> str | None:
-    """The name of the head that screens (metadata "screen_head", one of SCREEN_HEADS, default "screen") where
-    heads has it, else None."""
-    name = metadata.get("screen_head", SCREEN)
-    return name if name in heads else None
+    """The name of the head that screens (metadata "screen_head", one of SCREEN_HEADS) where heads has it, else
+    None (no key: no screen)."""
+    name = metadata.get("screen_head")
+    return name if name is not None and name in heads else None
 
 
 def check_lead_keep(bundle: ModelBundle, lead_keep: Any, screen_keep: Any) -> None:

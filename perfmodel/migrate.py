@@ -1,7 +1,8 @@
 """`perfmodel migrate FOLDER`: convert a model folder written in an older layout into the current one, once.
 
-Older folders hold heads that are alternatives to a registered head (perfmodel/heads/legacy.py); the code that
-serves the current layout does not branch on them. The conversion:
+Older folders hold heads that are alternatives to a registered head (perfmodel/heads/legacy.py); the loader
+(perfmodel/artifact.py load) refuses them, naming this command, and nothing that serves branches on them. This
+module alone reads them (read_old: each head by its registered or its older spec). The conversion:
 
 - cublas, call, call_static (one head per output) -> the problem network (perfmodel/heads/problem.py): the heads
   stacked into one MLP of several outputs -- first layers side by side, hidden layers block-diagonal, each output
@@ -28,11 +29,15 @@ import torch
 from torch import nn
 
 from . import artifact
-from .bundle import PROBLEM, SCREEN, STATIC, STUDENT, ModelBundle
+from .bundle import PROBLEM, STUDENT, ModelBundle
+from .heads import REGISTRY
+from .heads.legacy import LEGACY
 from .heads.problem import OUTPUTS as PROBLEM_OUTPUTS
 from .model import MLPConfig, PerfMLP
 from .provenance import append_step, step_record
 
+# the older layout's heads without an exact conversion: the screen head, the static head (kernel="inductor")
+SCREEN, STATIC = "screen", "static"
 DROPPABLE = (SCREEN, STATIC)
 # what refits a dropped head's job in the current layout
 REFIT = {SCREEN: "perfmodel build --recipe RECIPE --only student (with [student].screens = true)",
@@ -123,8 +128,10 @@ def convert(bundle: ModelBundle, drop: tuple[str, ...] = ()) -> list[str]:
             raise MigrationError(f"{name}: the folder's {name} head has no exact conversion; refit its job with "
                                  f"{REFIT[name]}, or migrate with --drop {name}")
         changes.append(_drop(bundle, name))
-    if bundle.metadata.get("screen_head") == SCREEN and SCREEN not in bundle.heads and STUDENT in bundle.heads:
-        bundle.metadata = {**bundle.metadata, "screen_head": STUDENT}
+    if bundle.metadata.get("screen_head") == SCREEN and SCREEN not in bundle.heads:  # names a head it has not
+        meta = {k: v for k, v in bundle.metadata.items() if k != "screen_head"}
+        bundle.metadata = {**meta, **({"screen_head": STUDENT} if STUDENT in bundle.heads else {})}
+        changes.append(f"screen_head: {bundle.metadata.get('screen_head', 'none')} (the folder has no screen head)")
     return changes
 
 
@@ -139,15 +146,25 @@ def _stored_changes(meta: dict[str, Any], tensors: dict[str, torch.Tensor], bund
     return out
 
 
+def read_old(folder: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor], ModelBundle]:
+    """(metadata, stored tensors, bundle) of a folder in the current or an older layout: each head built by its
+    registered spec or its older one (perfmodel/heads/legacy.py); the roles are checked once it is converted."""
+    meta, tensors = artifact.read_folder(folder)
+    heads, encoders, net = artifact.load_heads(folder, meta, tensors, {**LEGACY, **REGISTRY})
+    if PROBLEM in heads:
+        encoders.setdefault("cublas", encoders[PROBLEM])
+    bundle = ModelBundle(artifact.spec_from_dict(meta.get("device_spec", {})), heads, encoders, meta, net)
+    return meta, tensors, bundle
+
+
 def migrate(folder: Path, drop: tuple[str, ...] = (), log: Any = print) -> list[str]:
     """Convert the model folder in place (atomically: a temporary sibling, then swapped in); the changes made, []
     for a folder in the current layout (nothing written). MigrationError naming the head it cannot convert."""
     from .onnx_export import export_onnx_all
 
     folder = Path(folder)
-    meta, tensors = artifact.read_folder(folder)
     t0 = time.perf_counter()
-    bundle = artifact.load(folder)
+    meta, tensors, bundle = read_old(folder)
     changes = _stored_changes(meta, tensors, bundle) + convert(bundle, tuple(drop))
     if not changes:
         log(f"migrate: {folder} is in the current layout; nothing to do")

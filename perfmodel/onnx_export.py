@@ -1,5 +1,5 @@
 """The ONNX export of a model folder: every head in one graph, with the ranking and predict graphs traced from
-the same rules the torch path runs (perfmodel.ranking.screened_rank, perfmodel.bundle.with_static).
+the same rules the torch path runs (perfmodel.ranking.screened_rank).
 
 The folder format (perfmodel/artifact.py) names the file (onnx_file); this module writes it.
 """
@@ -11,7 +11,7 @@ from typing import Callable
 import torch
 
 from .artifact import onnx_file
-from .bundle import INDUCTOR_GEMM, SCREEN, STATIC, ModelBundle, predict_head, with_static
+from .bundle import INDUCTOR_GEMM, ModelBundle, predict_head
 from .features import FeatureEncoder
 from .model import PerfMLP
 from .ranking import refines, screened_rank
@@ -24,8 +24,8 @@ RANK_OUTPUTS = ("rank_kept", "rank_log_ms")
 # (P, C) log ms of every problem with every config by predict_head(); from RANK_INPUTS. A model.onnx
 # written before it has none (the predictor then encodes in torch and runs the head's own graph).
 PREDICT_OUTPUTS = ("predict_log_ms",)
-# The same two for kernel="inductor" (with_static, or a config network's inductor mode), in the graph of a
-# model with a static head or a config network. A model.onnx written before them serves kernel="autotune" only.
+# The same two for kernel="inductor" (a config network's inductor mode), in the graph of a model with a config
+# network. A model.onnx written before them serves kernel="autotune" only.
 RANK_STATIC_OUTPUTS = ("rank_static_kept", "rank_static_log_ms")
 PREDICT_STATIC_OUTPUTS = ("predict_static_log_ms",)
 
@@ -36,14 +36,12 @@ class _OnnxHeads(torch.nn.Module):
     `rank_problems` x `rank_configs` (RANK_INPUTS, the GEMM encoding inside the graph): with a screen
     head, the whole screened ranking (RANK_OUTPUTS), traced from perfmodel.ranking.screened_rank -- the
     screen on every config, the gemm head on its best `keep` per problem; and what predict serves
-    (PREDICT_OUTPUTS): the log ms of every config by the student head (else the gemm head). With a static
-    head, the same two for kernel="inductor" (RANK_STATIC_OUTPUTS, PREDICT_STATIC_OUTPUTS): the static
-    head's output added by with_static wherever the Predictor's torch path adds it; with a config network
-    (heads holding INDUCTOR_GEMM), the same two by its inductor mode in place of the gemm head (predict: that
-    mode on every config). One onnxruntime call each, where the torch backend dispatches ~100 small ops."""
+    (PREDICT_OUTPUTS): the log ms of every config by the student head (else the gemm head). With a config
+    network (heads holding INDUCTOR_GEMM), the same two for kernel="inductor" (RANK_STATIC_OUTPUTS,
+    PREDICT_STATIC_OUTPUTS) by its inductor mode in place of the gemm head (predict: that mode on every config). One onnxruntime call each, where the torch backend dispatches ~100 small ops."""
 
     def __init__(self, heads: dict[str, PerfMLP], encoder: FeatureEncoder, keep: int = 0, lead_keep: int = 0,
-                 screen: str | None = SCREEN) -> None:
+                 screen: str | None = None) -> None:
         super().__init__()
         self.names = list(heads)
         self.heads = torch.nn.ModuleList(heads[n].for_onnx() for n in self.names)
@@ -53,8 +51,7 @@ class _OnnxHeads(torch.nn.Module):
         if self.rank:
             self.screen = self.heads[self.names.index(screen)]
         self.predict = self.heads[self.names.index(predict_head(self.names))]
-        self.static = self.heads[self.names.index(STATIC)] if STATIC in self.names else None
-        # a config network's inductor mode: the inductor graphs rank and predict with it in place of gemm + static
+        # a config network's inductor mode: the inductor graphs rank and predict with it in place of gemm
         self.inductor = self.heads[self.names.index(INDUCTOR_GEMM)] if INDUCTOR_GEMM in self.names else None
 
     def forward(self, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -68,10 +65,8 @@ class _OnnxHeads(torch.nn.Module):
         # The ranking graph always has problems and more than 2 * keep configs (Predictor runs it only
         # then): a -1 in its shapes is safe, and saves the Shape/Gather/Concat nodes of explicit sizes.
         screen = g.score_all(self.screen, fused=True).reshape(-1, g.n_cfg)               # (P, C)
-        out = out + self._ranking(g, screen, self.gemm, None)
-        if self.inductor is not None:
-            return out + self._ranking(g, screen, self.inductor, None)
-        return out if self.static is None else out + self._ranking(g, screen, self.gemm, self.static)
+        out = out + self._ranking(g, screen, self.gemm)
+        return out if self.inductor is None else out + self._ranking(g, screen, self.inductor)
 
     def _predicted(self, g: "_Grid") -> tuple[torch.Tensor, ...]:
         """predict's (P, C) log ms for autotune, and for kernel="inductor" where the model has that mode."""
@@ -83,25 +78,20 @@ class _OnnxHeads(torch.nn.Module):
             pred = g.physical_floor(self.predict)(self.predict.overhead_floor(z.unsqueeze(-1)))
         # every size explicit: onnxruntime cannot infer a -1 in an empty tensor
         out = (pred.reshape(g.n_prob, g.n_cfg),)
-        if self.static is not None:  # kernel="inductor": the static head's output, then the gemm head's floor
-            out = out + (with_static(pred, g.score_all(self.static), g.physical_floor(self.gemm)).reshape(g.n_prob, g.n_cfg),)
-        elif self.inductor is not None:  # kernel="inductor" of a config network: its inductor mode on every row
+        if self.inductor is not None:  # kernel="inductor" of a config network: its inductor mode on every row
             out = out + (self.inductor.floor(self.inductor.score(g.x), g.x).reshape(g.n_prob, g.n_cfg),)
         return out
 
-    def _ranking(self, g: "_Grid", screen: torch.Tensor, head: PerfMLP, static: PerfMLP | None
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _ranking(self, g: "_Grid", screen: torch.Tensor, head: PerfMLP) -> tuple[torch.Tensor, torch.Tensor]:
         """screened_rank for a kernel mode: by the gemm head `head` (the gemm head, or a config network's
-        inductor mode), with static None, or the static head whose output with_static adds to the lead's
-        and the gemm head's scores (inductor)."""
+        inductor mode)."""
         scored: list[torch.Tensor] = []  # the features the lead scored, (P, keep, F)
         width = g.cmap.shape[1]
 
         def lead(cand: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             scored.append(g.rows(cand))
             xr = scored[-1].reshape(-1, width)
-            score, outputs = head.lead_score(xr)
-            return (score if static is None else with_static(score, static.score(xr))), outputs
+            return head.lead_score(xr)
 
         def gemm(cand: torch.Tensor | None, lead: tuple[torch.Tensor, torch.Tensor] | None
                  ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -113,10 +103,7 @@ class _OnnxHeads(torch.nn.Module):
                 idx = pick.unsqueeze(-1) + torch.zeros(1, 1, width, dtype=pick.dtype)
                 xr = torch.gather(scored[-1], 1, idx).reshape(-1, width)
                 score = head.score_with_lead(xr, out.reshape(-1))
-            if static is None:
-                return score, head.floor(score, xr)
-            score = with_static(score, static.score(xr))
-            return score, head.physical_floor(score, xr)
+            return score, head.floor(score, xr)
 
         # traced with k = the longest ranking the rule gives in one pass: lead_keep when the lead refines
         k = self.lead_keep if refines(self.lead_keep, self.keep, self.lead_keep) else self.keep
@@ -238,7 +225,7 @@ def export_onnx_all(bundle: ModelBundle, folder: Path) -> list[Path]:
 def export_onnx(bundle: ModelBundle, path: Path) -> Path:
     """A single-file ONNX graph (no external data) with inputs <head>_x and outputs <head>_log_ms and
     <head>_score; from RANK_INPUTS, predict's log ms (PREDICT_OUTPUTS) and, when the bundle has a screen
-    head, the screened ranking (RANK_OUTPUTS) -- with a static head or a config network both again for kernel="inductor"
+    head, the screened ranking (RANK_OUTPUTS) -- with a config network both again for kernel="inductor"
     (PREDICT_STATIC_OUTPUTS, RANK_STATIC_OUTPUTS) -- all for the bundle's device (its spec's constants are folded
     into the graph's encoder: export_onnx_all writes one file per device)."""
     keep = bundle.screen_keep
@@ -257,7 +244,7 @@ def export_onnx(bundle: ModelBundle, path: Path) -> Path:
     configs = torch.cat([configs, torch.tensor([[8.0, 3, 4]], dtype=torch.float64).expand(3 * keep, 3)], 1)
     xs = xs + (problems, configs, *enc.config_part(configs))
     names_in += list(RANK_INPUTS)
-    static = mod.static is not None or mod.inductor is not None
+    static = mod.inductor is not None
     names_out += list(PREDICT_OUTPUTS) + (list(PREDICT_STATIC_OUTPUTS) if static else [])
     names_out += (list(RANK_OUTPUTS) + (list(RANK_STATIC_OUTPUTS) if static else [])) if mod.rank else []
     axes.update({"rank_problems": {0: "rank_p"}, "rank_configs": {0: "rank_c"}, "rank_config_part": {0: "rank_c"},

@@ -107,14 +107,14 @@ class CublasAndPad:
         return out
 
     def _cublas_ms(self, x: torch.Tensor) -> np.ndarray:
-        """Predicted torch.mm ms on the problems' cuBLAS features x: the cuBLAS head's, or the problem
-        network's cuBLAS output (perfmodel.artifact.PROBLEM)."""
+        """Predicted torch.mm ms on the problems' cuBLAS features x: the problem network's cuBLAS output
+        (perfmodel.artifact.PROBLEM)."""
         head, col = _output_source(self.bundle, "cublas")
-        log_ms = self._run(head, x)
-        return self._checked(np.exp(log_ms if col is None else log_ms[:, col]), "problems (cuBLAS)", positive=True)
+        log_ms = self._run(head, x)  # (N,) for a network of one output (its cuBLAS output alone)
+        return self._checked(np.exp(log_ms if log_ms.ndim == 1 else log_ms[:, col]), "problems (cuBLAS)", positive=True)
 
     def _cublas_x(self, problems: Sequence[GemmProblem]) -> torch.Tensor:
-        """The problems' features for the cuBLAS head, which its call heads take too (perfmodel call-head)."""
+        """The problems' features for the problem network (its cuBLAS and call outputs)."""
         with torch.inference_mode():
             return self.bundle.encoders["cublas"].encode(problems_tensor(problems))
 
@@ -172,7 +172,7 @@ class CublasAndPad:
 
     @property
     def _call_head(self) -> str | None:
-        """The model's cuBLAS call head for this kernel mode (perfmodel call-head), or None."""
+        """The problem network's call output for this kernel mode (call, call_static), or None."""
         name = CALL_STATIC if self._static else CALL
         return name if _output_source(self.bundle, name) is not None else None
 
@@ -191,8 +191,7 @@ class CublasAndPad:
         return decisions.cublas_preferred(self._cublas_shown(problems, best), best)
 
     def _call_scores(self, name: str, x: torch.Tensor) -> np.ndarray:
-        """A call head's output (or the problem network's call output) on the problems' cuBLAS features x
-        (below 0: cuBLAS wins)."""
+        """The problem network's call output `name` on the problems' cuBLAS features x (below 0: cuBLAS wins)."""
         with torch.inference_mode():
             return problem_output(self.bundle, name).score(x).double().numpy().reshape(-1)
 
@@ -216,10 +215,8 @@ class CublasAndPad:
                                       self.pad_threshold, pp.needs_padding())
 
 
-def _output_source(bundle: ModelBundle, name: str) -> tuple[str, int | None] | None:
-    """(head, column) that gives the output `name` (cublas, call, call_static): the folder's own head of that
-    name (column None: its whole output), else the problem network's column; None where the model has none."""
-    if name in bundle.heads:
-        return name, None
+def _output_source(bundle: ModelBundle, name: str) -> tuple[str, int] | None:
+    """(head, column) that gives the output `name` (cublas, call, call_static): the problem network's column;
+    None where the model has none."""
     col = problem_columns(bundle).get(name)
     return None if col is None else (PROBLEM, col)

@@ -14,7 +14,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from perfmodel.artifact import INDUCTOR_GEMM, STATIC, ArtifactError, ModelBundle, inductor_head, predict_head, with_static
+from perfmodel.artifact import INDUCTOR_GEMM, ArtifactError, ModelBundle, inductor_head, predict_head
 from perfmodel.configs import pruned_space
 from perfmodel.features import configs_tensor
 from perfmodel.onnx_export import (PREDICT_OUTPUTS, PREDICT_STATIC_OUTPUTS, RANK_INPUTS, RANK_OUTPUTS,
@@ -36,10 +36,9 @@ _WIDE_ROWS = 4096
 class _OnnxRunner(Runner):
     """onnxruntime sessions on the folder's model.onnx: one per head (input <head>_x, outputs
     <head>_log_ms and <head>_score) and, per kernel mode, predict's graph and (with a screen head) the
-    screened ranking graph (traced from perfmodel.ranking.screened_rank; the inductor mode's with the
-    static head's output added, perfmodel.artifact.with_static). It serves the "inductor" mode where the
-    graph has that mode's graphs (perfmodel.onnx_export.export_onnx writes them for a model with a static
-    head); a mode's graphs are cut from the file, given sessions and checked against the weights by
+    screened ranking graph (traced from perfmodel.ranking.screened_rank; the inductor mode's by a config
+    network's inductor mode). It serves the "inductor" mode where the graph has that mode's graphs
+    (perfmodel.onnx_export.export_onnx writes them for a model with a config network); a mode's graphs are cut from the file, given sessions and checked against the weights by
     prepare(kernel), when a Predictor for the mode is built. InferenceSession.run is thread-safe."""
 
     backend = "onnx"
@@ -90,7 +89,7 @@ class _OnnxRunner(Runner):
                                     f"(re-export with `perfmodel export-onnx`)")
         self.heads = frozenset(self.head_sessions)
         # A kernel mode is served when the file has its graphs: the inductor mode's are written for a model
-        # with a config network or a static head (a file exported before them serves autotune only: Predictor
+        # with a config network (a file exported before them serves autotune only: Predictor
         # says so).
         self.kernels = frozenset(
             k for k in model_kernels(bundle)
@@ -345,26 +344,16 @@ def _check_graphs(bundle: ModelBundle, runner: _OnnxRunner, path: Path, kernel: 
         return
     enc, gemm = bundle.encoders["gemm"], bundle.heads["gemm"]
     modes = kernel != KERNELS[0] and inductor_head(bundle.heads) == INDUCTOR_GEMM
-    if modes:  # a config network's inductor mode ranks and predicts in place of the gemm head (no static head)
+    if modes:  # a config network's inductor mode ranks and predicts in place of the gemm head
         gemm = bundle.heads[INDUCTOR_GEMM]
     problems = torch.tensor([[3000.0, 1000, 777, 2, 0, 0, 0, 1]], dtype=torch.float64)
     configs = configs_tensor(pruned_space("float16", bundle.spec))
     part = _ConfigPart.of(enc, configs)
     with torch.inference_mode():
         x = enc.encode_cross(problems, configs)
-        # the static head once on the rows (the unfolded heads on ~1,000 rows: most of the check's time)
-        static_x = bundle.heads[STATIC].score(x) if kernel != KERNELS[0] and not modes else None
-
-        def rule(z: torch.Tensor, rows: torch.Tensor, idx: torch.Tensor | None = None) -> torch.Tensor:
-            """The torch rule of the kernel mode on log ms z of rows (x[idx]; all of x for None): for
-            inductor, the static head's output added before the physical floor."""
-            if static_x is None:
-                return z
-            return gemm.physical_floor(with_static(z, static_x if idx is None else static_x[idx]), rows)
-
         if predict is not None:
             got = predict.run(predict.outputs, problems.numpy(), part)[0][0]
-            want = (gemm(x) if modes else rule(bundle.heads[predict_head(bundle.heads)](x), x)).numpy()
+            want = (gemm(x) if modes else bundle.heads[predict_head(bundle.heads)](x)).numpy()
             if got.shape != want.shape or not np.allclose(got, want, rtol=_ONNX_CHECK_RTOL, atol=1e-4):
                 raise ArtifactError(f"{path}: the ONNX predict graph disagrees with the folder's weights "
                                     f"(kernel={kernel!r}; stale export?); re-run `perfmodel export-onnx`")
@@ -376,7 +365,7 @@ def _check_graphs(bundle: ModelBundle, runner: _OnnxRunner, path: Path, kernel: 
             idx = torch.from_numpy(kept[0])
             rows = x[idx]
             score = gemm.score(rows)
-            want = gemm.floor(score, rows) if static_x is None else rule(score, rows, idx)
+            want = gemm.floor(score, rows)
             screen = bundle.heads[bundle.screen_name](x).numpy()
             if not np.allclose(log_ms[0], want.numpy(), rtol=_ONNX_CHECK_RTOL, atol=1e-4) or \
                     np.any(np.diff(log_ms[0]) < 0) or \

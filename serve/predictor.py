@@ -6,7 +6,7 @@
 
 One answer per question (docs/design.md, "One answer per question"): predict, predict_many, rank, rank_many and
 candidates serve one time per (problem, config) -- the gemm head of the kernel mode (the ensemble; its
-config network's mode, or with a static head its output added) on every config given -- so rank orders by
+config network's mode) on every config given -- so rank orders by
 exactly the times predict returns and the argmin of predict over the whole space is rank's top-1. The screen
 (the student scoring every config, the gemm head only its best) is a fast path a caller asks for by name,
 rank(..., screened=True), and the only one whose answer can differ. cuBLAS's time (predict_cublas,
@@ -40,7 +40,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from perfmodel.artifact import INDUCTOR_GEMM, STATIC, ModelBundle, inductor_head, with_static
+from perfmodel.artifact import INDUCTOR_GEMM, ModelBundle, inductor_head
 from perfmodel.configs import pruned_space
 from perfmodel.domain import Domain, OutsideDomainWarning, roofline_ms
 from perfmodel.features import configs_tensor, problems_array, problems_tensor
@@ -67,8 +67,8 @@ class Predictor(ConfigSets, CublasAndPad):
     def __init__(self, bundle: ModelBundle, backend: str, runner: Runner, source: str, kernel: str = "autotune") -> None:
         _check_kernel(kernel)
         if kernel == "inductor" and inductor_head(bundle.heads) is None:
-            raise ValueError(f"kernel: {source} has no static head or config network, so it predicts only "
-                             "kernel='autotune' (perfmodel static-head adds a static head)")
+            raise ValueError(f"kernel: {source} has no config network, so it predicts only kernel='autotune' "
+                             "(a build with [train].config_net = true serves kernel='inductor')")
         if kernel not in runner.kernels:
             raise ValueError(f"kernel: the {runner.backend} backend cannot serve kernel={kernel!r} for {source}: its "
                              f"model.onnx has no {kernel} ranking and predict graphs (exported before they existed); "
@@ -78,10 +78,8 @@ class Predictor(ConfigSets, CublasAndPad):
         runner.prepare(kernel)  # the mode's graphs built and checked now, not inside a call
         self.kernel = kernel
         self._static = kernel == "inductor"
-        # the inductor mode of a config network ranks and predicts in place of the gemm head; a static head's
-        # output is added to the gemm head's (perfmodel.artifact.inductor_head)
-        self._gemm = INDUCTOR_GEMM if self._static and inductor_head(bundle.heads) == INDUCTOR_GEMM else "gemm"
-        self._adds_static = self._static and self._gemm == "gemm"
+        # the inductor mode of a config network ranks and predicts in place of the gemm head
+        self._gemm = INDUCTOR_GEMM if self._static else "gemm"
         self._loaded = (bundle, backend, runner, source)  # for with_kernel
         self.bundle = bundle
         self.backend = runner.backend  # what runs: every call of this Predictor goes through runner
@@ -106,7 +104,7 @@ class Predictor(ConfigSets, CublasAndPad):
         self.screen_keep = bundle.screen_keep
         self.lead_keep = bundle.lead_keep
         # What predict, predict_many, rank, rank_many and candidates serve: the gemm head of the kernel mode (its
-        # config network's inductor mode, or the gemm head with the static head's output added). The student
+        # config network's inductor mode). The student
         # (perfmodel distill) serves only as the screen of the fast path.
         self.predict_head = self._gemm
         # The shapes the model was trained on, per kind of head (perfmodel.domain; None: the folder records
@@ -132,8 +130,7 @@ class Predictor(ConfigSets, CublasAndPad):
             when a GPU it does not know is visible). `Predictor.device` says which.
         kernel: which compile of the kernel to predict (KERNELS): "autotune" (default; Triton's default
             specialisation, as a @triton.autotune user's kernel) or "inductor" (every size and stride a
-            constant, as Inductor compiles its mm template; needs the model's static head or config
-            network). Both backends serve both modes (onnx: the graphs export-onnx writes for each);
+            constant, as Inductor compiles its mm template; needs the model's config network). Both backends serve both modes (onnx: the graphs export-onnx writes for each);
             backend None picks onnx only when its file serves the mode.
         Raises FileNotFoundError for a missing model, ArtifactError (a ValueError) for a corrupt or
         mismatched one, ValueError for an unknown backend, a device the model does not know, or a kernel
@@ -149,7 +146,7 @@ class Predictor(ConfigSets, CublasAndPad):
 
     @property
     def has_static(self) -> bool:
-        """Whether the model predicts kernel="inductor" (it has a static head or a config network)."""
+        """Whether the model predicts kernel="inductor" (it has a config network)."""
         return inductor_head(self.bundle.heads) is not None
 
     # ---------------------------------------------------------------------------------- properties
@@ -251,21 +248,10 @@ class Predictor(ConfigSets, CublasAndPad):
         with torch.inference_mode():  # no autograd bookkeeping on the encoder's small ops
             x = self._encoder.encode_cross(problems_tensor(seen), ct, part)  # (P * C, F)
         z, log_ms = self._run.score_log_ms(self._gemm, x)
-        if self._adds_static:  # the inductor kernel: the static head's output added before the physical floor
-            with torch.inference_mode():
-                z = self._inductor(z, x, floor=False)
-                log_ms = self.bundle.heads["gemm"].physical_floor(z, x)
         shape = (len(problems), part.n_configs)
         z = self._checked(z.numpy().astype(np.float64), what).reshape(shape)
         ms = self._checked(np.exp(log_ms.numpy().astype(np.float64)), what, positive=True).reshape(shape)
         return z, self.floored(problems, ms)
-
-    def _inductor(self, score: torch.Tensor, x: torch.Tensor, floor: bool) -> torch.Tensor:
-        """kernel="inductor" on rows x (perfmodel.artifact.with_static, the rule the ONNX graphs trace): a
-        head's score or log ms plus the static head's output, then, with floor, the gemm head's physical
-        floor."""
-        gemm = self.bundle.heads["gemm"]
-        return with_static(score, self._run.score(STATIC, x), (lambda v: gemm.physical_floor(v, x)) if floor else None)
 
 
     def _best(self, problems: list[GemmProblem], ct: torch.Tensor, part: Any, k: int,
@@ -302,18 +288,11 @@ class Predictor(ConfigSets, CublasAndPad):
         def gemm(rows: torch.Tensor | None, lead: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
             xr = x if rows is None else x[rows]
             z, log_ms = self._run.score_log_ms(self._gemm, xr, lead)
-            if self._adds_static:  # the inductor kernel: the static head's output added before the physical floor
-                z = self._inductor(z, xr, floor=False)
-                log_ms = self.bundle.heads["gemm"].physical_floor(z, xr)
             self._checked(z.numpy(), "problems")
             return z, log_ms
 
         def lead(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            xr = x[rows]
-            score, outputs = self._run.lead(self._gemm, xr)
-            if self._adds_static:  # the lead orders by the inductor kernel's times too; its outputs stay the member's
-                score = self._inductor(score, xr, floor=False)
-            return score, outputs
+            return self._run.lead(self._gemm, x[rows])
 
         with torch.inference_mode():
             idx, log_ms = screened_rank(gemm, n_prob, n_cfg, screen, keep, k, lead=lead, lead_keep=self.lead_keep)

@@ -32,13 +32,13 @@ _SERVING_THREADS = 4
 # The kernel modes a Predictor predicts for (docs/design.md, "Kernel modes"): "autotune", the canonical
 # kernel with Triton's default specialisation (what a @triton.autotune user runs, and what the dataset's
 # gemm rows time); "inductor", the same source compiled for one problem's shape, as Inductor compiles its
-# mm template (the gemm head plus the model's static head, or a config network's inductor mode).
+# mm template (a config network's inductor mode).
 KERNELS = ("autotune", "inductor")
 
 
 def model_kernels(bundle: ModelBundle) -> frozenset[str]:
-    """The kernel modes a model predicts: "autotune", and "inductor" when it has a static head or a config
-    network (perfmodel.artifact.inductor_head)."""
+    """The kernel modes a model predicts: "autotune", and "inductor" when it has a config network
+    (perfmodel.artifact.inductor_head)."""
     return frozenset(KERNELS if inductor_head(bundle.heads) else KERNELS[:1])
 
 
