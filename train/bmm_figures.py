@@ -99,15 +99,13 @@ def _log_figures(m: dict[str, Any], log: Any) -> None:
 
 
 def zero_shot_figures(bundle: artifact.ModelBundle, table: BmmTable, split: np.ndarray) -> dict[str, float]:
-    """The test problems ranked by the model's mm heads on one matrix of the batch (the gemm head, plus the
-    static head where the model has one: the kernel as Inductor compiles it), beside the bmm head's figures."""
+    """The test problems ranked by the model's gemm head on one matrix of the batch, beside the bmm head's
+    figures."""
     test = split == 2
     P = torch.from_numpy(table.problems[table.problem_idx][:, :8])
     with torch.inference_mode():
         x = bundle.encoders["gemm"].encode(P, torch.from_numpy(table.configs))
         score = bundle.heads["gemm"].score(x)
-        if artifact.STATIC in bundle.heads:
-            score = artifact.with_static(score, bundle.heads[artifact.STATIC].score(x))
     figs = problem_figures(table, score.double().numpy(), np.zeros(len(table.problems)))
     out = {}
     for g in ("all",) + MODES:

@@ -1,31 +1,11 @@
-"""`perfmodel call-head`: the cuBLAS call heads, which say whether cuBLAS (torch.mm) beats the best Triton
-config of a problem's config space -- the call behind `Candidates.prefer_cublas` (docs/model.md, "The
-cuBLAS call").
-
-    perfmodel call-head --model models/h100 --data data/h100
-    perfmodel call-head --model models/h200 --data data/h100 --data data/h200   # a model of two devices
-
-Comparing the cuBLAS head's time with the gemm head's best predicted time gets the call wrong where the
-two are close, and the minimum of many predicted times is biased low. A call head is fitted to the quantity
-the call is about instead: per problem, log(cuBLAS ms / the best measured Triton config's ms), on the
-problem features of the cuBLAS head; cuBLAS wins where its output is below 0. Two heads, one per kernel
-mode (docs/design.md, "Kernel modes"):
-
-- `call`: against the dataset's Triton times (`kernel="autotune"`);
-- `call_static`: against the same problems' static times (the `gemm_static` rows, with torch.mm timed in
-  the same run; `kernel="inductor"`), when the folder has them.
-
-Each is the average of `members` small MLPs of different seeds. The split is the model's (split_problems
-with its seed): train problems fit, validation problems chose the settings, test problems report, beside
-the call the model made before (cuBLAS head against the gemm head's best). A model of several devices
-learns from each device's folder (its joint split; each problem encoded with its device's spec) and
-reports each device's figures ("by_device"); `call_static` is fitted only when every folder has static
-rows. fit_call_heads returns the heads and their figures and writes nothing (train/refit.py adds them to
-a model folder, train/recipe.py to a build). Needs no Lightning and no MLflow.
+"""The cuBLAS call's targets and figures -- per problem, log(cuBLAS ms / the best measured Triton config's ms), below
+0 cuBLAS wins (docs/model.md, "The cuBLAS call") -- and the small fit they share: the problem network's call
+outputs (train/problem_head.py) are fitted and reported with them. The separate call heads they once fitted
+(call, call_static) are of an older layout (perfmodel/heads/legacy.py), written by no step now. Needs no
+Lightning and no MLflow.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -40,7 +20,7 @@ from perfmodel.model import PerfMLP
 from . import evaluate as ev
 from .data import GemmTable
 from .loop import fit_ensemble
-from .static_head import StaticHeadSettings, fit, has_static_rows, load_static, static_outputs
+from .static_head import StaticHeadSettings, fit, static_outputs
 
 CALL, CALL_STATIC = artifact.CALL, artifact.CALL_STATIC
 
@@ -102,67 +82,6 @@ def times_call(bundle: artifact.ModelBundle, table: GemmTable, static: PerfMLP |
 
 def _part(table: GemmTable, keys: dict[str, int], split: np.ndarray) -> np.ndarray:
     return np.array([split[keys[k]] if k in keys else -1 for k in table.problem_keys])
-
-
-def fit_call_heads(bundle: artifact.ModelBundle, datasets: list, splits: list[np.ndarray], s: CallHeadSettings,
-                   log: Any = print) -> tuple[dict[str, PerfMLP], dict[str, Any]]:
-    """The call heads of bundle ({CALL: head} and CALL_STATIC where every dataset has static rows), fitted
-    on the train problems of datasets (DeviceDatasets, one per device of the model in its order; splits:
-    each one's split of its GEMM problems), and their figures per split (metrics of the model's default
-    device, "by_device" each device's for several). Writes nothing."""
-    if s.members < 1:
-        raise ValueError(f"members: must be >= 1, got {s.members}")
-    t0 = time.perf_counter()
-    names = [CALL]
-    if all(has_static_rows(ds.folder) for ds in datasets):
-        names.append(CALL_STATIC)
-    elif any(has_static_rows(ds.folder) for ds in datasets):
-        log(f"call-head: not every device's folder has static rows: no {CALL_STATIC} head")
-    by_device: dict[str, dict[str, Any]] = {ds.device: {} for ds in datasets}
-    heads = {}
-    for name in names:
-        heads[name] = _fit_one(bundle, datasets, splits, name, s, by_device, log)
-    metrics: dict[str, Any] = dict(by_device[datasets[0].device])
-    if len(datasets) > 1:
-        metrics["by_device"] = by_device
-    metrics["seconds"] = time.perf_counter() - t0
-    return heads, metrics
-
-
-def _fit_one(bundle: artifact.ModelBundle, datasets: list, splits: list[np.ndarray], name: str, s: CallHeadSettings,
-             by_device: dict[str, dict[str, Any]], log: Any) -> PerfMLP:
-    """One call head (name: CALL or CALL_STATIC) fitted on every device's train problems; its figures into
-    by_device."""
-    # the static head, or a config network's inductor mode
-    static = artifact.inductor_mode(bundle.heads) if name == CALL_STATIC else None
-    parts = []  # per device: (device bundle, table, has both times, target, split)
-    for ds, split in zip(datasets, splits):
-        tab = ds.gemm if name == CALL else load_static(ds.folder)
-        keys = {k: i for i, k in enumerate(ds.gemm.problem_keys)}
-        ok, y = call_targets(tab)
-        parts.append((bundle.for_device(ds.device), tab, ok, y, _part(tab, keys, split)))
-    with torch.inference_mode():
-        xs = [b.encoders["cublas"].encode(torch.from_numpy(tab.problems)) for b, tab, *_ in parts]
-    train = [ok & (part == 0) for _, _, ok, _, part in parts]
-    if not any(t.any() for t in train):
-        raise ValueError(f"data: {', '.join(str(ds.folder) for ds in datasets)} has no train problem with both "
-                         f"cuBLAS and Triton times for {name}")
-    x = torch.cat([xi[torch.from_numpy(t)] for xi, t in zip(xs, train)])
-    y_train = torch.from_numpy(np.concatenate([y[t] for (_, _, _, y, _), t in zip(parts, train)])).float()
-    head = fit_call(x, y_train, s, log)
-    for ds, (b, tab, ok, y, part) in zip(datasets, parts):
-        pred = call_scores(b, head, tab)
-        before = times_call(b, tab, static) if (name == CALL or static is not None) else None
-        _call_figures(by_device[ds.device], name, pred, before, ok, y, part)
-    for ds in datasets:
-        m = by_device[ds.device]
-        t = f"{name}/test/"
-        if t + "choice_accuracy" in m:
-            was = m.get(t + "choice_accuracy_times")
-            log(f"call-head: {name}{f' ({ds.device})' if len(datasets) > 1 else ''}: test problems' cuBLAS call "
-                f"right on {m[t + 'choice_accuracy']:.4f}"
-                + (f" (cuBLAS head against the gemm head's best: {was:.4f})" if was is not None else ""))
-    return head
 
 
 def _call_figures(out: dict[str, Any], name: str, pred: np.ndarray, before: np.ndarray | None, ok: np.ndarray,

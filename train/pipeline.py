@@ -70,14 +70,14 @@ class TrainSettings:
     problems_per_batch: int = _setting(16)
     # ---- the cuBLAS and pad heads (a few thousand rows)
     small_head_epochs: int = _setting(150)
-    cublas_hidden: tuple[int, ...] = _setting((128, 128, 128), "hidden widths of the cuBLAS head")
+    cublas_hidden: tuple[int, ...] = _setting((128, 128, 128), "hidden widths of the problem network's cuBLAS "
+                                              "output fitted here (a build without a [problem] step)")
     pad_hidden: tuple[int, ...] = _setting((128, 128, 128), "hidden widths of each pad head member")
-    # ---- the screen head: ranks every config cheaply for serving
-    screen_hidden: tuple[int, ...] = _setting(
-        (64, 64), "hidden widths of the screen head ('' for none: rank scores every config with the gemm head)")
-    screen_epochs: int = _setting(40)
+    # ---- the screen head of an older layout (perfmodel/heads/legacy.py): none; the student screens
+    # ([student].screens). Kept, empty, so that the recipes of the shipped folders (which set it) still read.
+    screen_hidden: tuple[int, ...] = _setting((), "must be empty: the student screens ([student].screens)")
     pad_members: int = _setting(5, "seeds averaged into the pad head")  # one MLP, PerfMLP.ensemble
-    cublas_members: int = _setting(5, "seeds averaged into the cuBLAS head")  # likewise
+    cublas_members: int = _setting(5, "seeds averaged into that cuBLAS output")  # likewise
     gemm_members: int = _setting(1, "seeds averaged into the gemm head")  # each one's log ms floored first:
     # their raw outputs below the overhead are not fitted
     screen_keep: int = _setting(artifact.DEFAULT_SCREEN_KEEP,
@@ -113,11 +113,6 @@ class TrainSettings:
         self.data = tuple(Path(p) for p in self.data)
         if not self.data:
             raise ValueError("data: at least one dataset folder")
-
-
-@torch.inference_mode()
-def predict_rows(head: PerfMLP, x: torch.Tensor) -> np.ndarray:
-    return head.eval()(x).double().numpy()
 
 
 @dataclass
@@ -210,9 +205,13 @@ def fit_cublas_head(settings: TrainSettings, d: TrainData, cenc: FeatureEncoder)
 
 
 def fit_heads(settings: TrainSettings, d: TrainData, logger, cublas: bool = True) -> artifact.ModelBundle:
-    """The served heads (gemm, screen, cublas, pad) as a bundle, its metadata not yet written (but for
-    the devices and their specs, which the evaluation's for_device needs). cublas False: no cuBLAS head (a build
-    whose problem step fits torch.mm's time: the problem features' encoder is set all the same)."""
+    """The served heads (gemm, the problem network's cuBLAS output, pad) as a bundle, its metadata not yet
+    written (but for the devices and their specs, which the evaluation's for_device needs). cublas False: no
+    problem network (a build whose problem step fits it: the problem features' encoder is set all the same).
+    ValueError for a screen head (screen_hidden), a head of an older layout."""
+    if settings.screen_hidden:
+        raise ValueError("screen_hidden: the screen head is of an older layout (perfmodel/heads/legacy.py); the "
+                         "student screens ([student].screens = true): leave it empty")
     enc, x, gemm = d.enc, d.x, d.gemm
     net = fit_config_head(settings, d, logger) if settings.config_net else None
     gemm_head = artifact.config_heads(net, artifact.KERNEL_MODE_VALUES)["gemm"] if net is not None else fit_members(
@@ -220,19 +219,11 @@ def fit_heads(settings: TrainSettings, d: TrainData, logger, cublas: bool = True
         settings.gemm_members, x, d.y, d.row_split, gemm.problem_idx, settings, logger, settings.epochs, "gemm",
         settings.rank_weight, average="after_floor")
     heads, encoders = {"gemm": gemm_head}, {"gemm": enc}
-    # The screen head learns the gemm head's predictions (distillation: it must keep the configs the
-    # gemm head would rank first, not re-learn the timings), with the within-problem ranking term.
-    screen_head = None
-    if settings.screen_hidden:
-        screen_y = torch.from_numpy(predict_rows(gemm_head, x)).float()
-        screen_head = fit_lightning(PerfMLP(MLPConfig(len(enc), settings.screen_hidden, settings.norm,
-                                                 floor_features=floor_features(enc.names, 1))), x, screen_y,
-                               d.row_split, gemm.problem_idx, settings, logger, settings.screen_epochs, "screen_", 1.0)
-
     cenc = FeatureEncoder(d.spec, "cublas")
     cublas_fit = None
-    if cublas:
-        heads["cublas"], cublas_fit = fit_cublas_head(settings, d, cenc)
+    if cublas:  # the problem network with its first output alone, torch.mm's time
+        heads[artifact.PROBLEM], cublas_fit = fit_cublas_head(settings, d, cenc)
+        encoders[artifact.PROBLEM] = cenc
     encoders["cublas"] = cenc
 
     penc = FeatureEncoder(d.spec, "pad")
@@ -245,22 +236,21 @@ def fit_heads(settings: TrainSettings, d: TrainData, logger, cublas: bool = True
                                 settings.pad_members, px, py, d.pad_split, None, settings, logger,
                                 settings.small_head_epochs, "pad", 0.0)
     encoders["pad"] = penc
-    if screen_head is not None:
-        heads["screen"], encoders["screen"] = screen_head, enc
     # What the evaluation reads from the metadata before the folder's own is written.
     bundle = artifact.ModelBundle(d.spec, heads, encoders, {"screen_keep": settings.screen_keep, "pad_threshold": 1.0,
                                                             "lead_keep": effective_lead_keep(settings, heads),
-                                                            **({"cublas_head_metrics": cublas_fit} if cublas else {}),
+                                                            **({"cublas_head_metrics": cublas_fit,
+                                                                "problem_outputs": ["cublas"]} if cublas else {}),
                                                             **device_metadata(d)})
     return bundle if net is None else artifact.config_network(bundle, net)
 
 
-def effective_lead_keep(settings: Any, heads: dict[str, Any], screen: str = artifact.SCREEN) -> int:
-    """settings.lead_keep where the model can use it (a screen head -- the head named `screen` --, an ensemble
-    gemm head, a lead_keep below screen_keep), else 0; a negative value is refused."""
+def effective_lead_keep(settings: Any, heads: dict[str, Any], screen: str | None = None) -> int:
+    """settings.lead_keep where the model can use it (a screen head -- the head named `screen`, None for none --,
+    an ensemble gemm head, a lead_keep below screen_keep), else 0; a negative value is refused."""
     if settings.lead_keep < 0:
         raise ValueError(f"lead_keep: must be >= 0, got {settings.lead_keep}")
-    usable = screen in heads and heads["gemm"].has_lead and settings.lead_keep < settings.screen_keep
+    usable = screen is not None and screen in heads and heads["gemm"].has_lead and settings.lead_keep < settings.screen_keep
     return settings.lead_keep if usable else 0
 
 
@@ -307,8 +297,7 @@ def model_metadata(settings: TrainSettings, d: TrainData, bundle: artifact.Model
         "split": split_counts(d.problem_device == d.spec.name),
         "metrics": results["perfmodel"], "baselines": {k: v for k, v in results.items() if k != "perfmodel"},
         "cublas_metrics": evaluation["cublas"], "pad_metrics": evaluation["pad"], "pad_threshold": 1.0,
-        **({"cublas_head_metrics": bundle.metadata["cublas_head_metrics"]} if "cublas_head_metrics" in bundle.metadata
-           else {}),
+        **{k: bundle.metadata[k] for k in ("cublas_head_metrics", "problem_outputs") if k in bundle.metadata},
         "screen_keep": settings.screen_keep, "lead_keep": bundle.lead_keep,
         "settings": {k: v for k, v in params.items()}, "training_command": settings.command,
         "train_seconds": train_seconds,

@@ -156,10 +156,9 @@ def fit_problem_head(bundle: artifact.ModelBundle, datasets: list, splits: list[
 
 
 def with_problem_head(bundle: artifact.ModelBundle, head: PerfMLP, outputs: tuple[str, ...]) -> artifact.ModelBundle:
-    """A copy of bundle serving head as its problem network (the cublas, call and call_static heads left out)."""
-    old = set(artifact.PROBLEM_OUTPUTS[1:])  # the "cublas" encoder stays: the problem features, by their kind
-    heads = {**{n: h for n, h in bundle.heads.items() if n not in old and n != "cublas"}, PROBLEM: head}
-    encoders = {**{n: e for n, e in bundle.encoders.items() if n not in old}, PROBLEM: bundle.encoders["cublas"]}
+    """A copy of bundle serving head as its problem network (in place of any it had)."""
+    heads = {**bundle.heads, PROBLEM: head}
+    encoders = {**bundle.encoders, PROBLEM: bundle.encoders["cublas"]}  # the problem features, by their kind too
     return artifact.ModelBundle(bundle.spec, heads, encoders, {**bundle.metadata, "problem_outputs": list(outputs)},
                                 bundle.config_net)
 

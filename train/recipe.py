@@ -5,32 +5,28 @@ The steps, in the order the heads depend on each other:
 
 1. data     -- the dataset folders (a slice of them, for a small model), the sha256 of every shard file the
                build reads (bmm shards only where a [bmm] step reads them);
-2. train    -- the gemm head (with [train].config_net, the config network: both kernel modes, in place of
-               the gemm head and the static head), the screen, the cuBLAS head (not with a [problem] step, whose
-               network fits torch.mm's time) and the pad head, the PR 156851
-               baseline (train/pipeline.py fit_heads; screen_keep and lead_keep are set here: the static
-               figures depend on them);
-3. distill  -- the student head, from the gemm head ([student].screens: it screens the ranking too, in place
-               of a screen head: one speed head); then, for a config network, its inductor mode's figures;
-4. static   -- the static head (kernel="inductor"), on the gemm head and the screen; not with a config network;
-5. call     -- the cuBLAS call heads: call against the cuBLAS head's baseline, call_static against the
-               static head; or problem -- the problem network (train/problem_head.py) in place of the
-               cuBLAS head and the call heads, its call_static output against the static head;
+2. train    -- the gemm head (with [train].config_net, the config network: both kernel modes), the problem
+               network's cuBLAS output alone (not with a [problem] step, which fits the whole network) and the
+               pad head, the PR 156851 baseline (train/pipeline.py fit_heads; screen_keep and lead_keep are
+               set here: the inductor figures depend on them);
+3. distill  -- the student head, from the gemm head ([student].screens: it screens the ranking too: one speed
+               head); then, for a config network, its inductor mode's figures;
+4. problem  -- the problem network (train/problem_head.py): torch.mm's time and the cuBLAS-or-Triton calls;
    bmm      -- the bmm heads (Inductor's bmm template and aten::bmm), on every data folder's bmm rows (each
                encoded for its device; the first folder's split by shape holds a shape out on every device);
                skipped, with a message, where the first folder has none;
    grouped  -- the grouped-GEMM head (train/grouped_head.py), on the first data folder with grouped rows;
-6. evaluate -- the held-out evaluation with every head in place (the cuBLAS figures use the call head);
-7. write    -- weights, metadata with the build record, the ONNX export, the model card; atomically: a
+5. evaluate -- the held-out evaluation with every head in place (the cuBLAS figures use the call output);
+6. write    -- weights, metadata with the build record, the ONNX export, the model card; atomically: a
                failed build leaves the previous folder in place.
 
-Steps 3 to 5 are one table (HEAD_STEPS) run in one loop. `perfmodel build --recipe R --only HEAD` runs one
+Steps 3 and 4 are one table (HEAD_STEPS) run in one loop. `perfmodel build --recipe R --only HEAD` runs one
 registered head's step (perfmodel/heads/: HeadSpec.step; ONLY_STEPS) on the built folder (run_only).
 
 The recipe's sections: [build] (data, out, seed, threads, slice_problems, mlflow), [train] (TrainSettings),
-[student] (DistillSettings), [static] (StaticHeadSettings), [call] (CallHeadSettings), [problem]
-(ProblemHeadSettings; not with [call]), [bmm] (BmmHeadSettings), [grouped] (GroupedSettings); a head
-section left out is a head the model does not have ([static] and [call]: the older layout's heads). Paths are
+[student] (DistillSettings), [problem] (ProblemHeadSettings), [bmm] (BmmHeadSettings), [grouped]
+(GroupedSettings); a head section left out is a head the model does not have. The older layout's [static] and
+[call] sections (heads of perfmodel/heads/legacy.py) are refused, naming what replaces them. Paths are
 relative to the working directory. The metadata's `build` record keeps the recipe's text, the command, the code
 commit, the data hashes, the threads, the seed and each step with its settings and wall time (train/folder.py).
 """
@@ -51,7 +47,6 @@ from perfmodel.artifact import code_commit
 
 from . import tracking
 from .bmm_head import BmmHeadSettings
-from .call_head import CallHeadSettings
 from .data import slice_dataset
 from .distill import DistillSettings
 from .grouped_head import GroupedSettings
@@ -60,12 +55,14 @@ from .folder import (SHARD_KINDS, data_sha256, dataset_path, setting_value, sett
 from .pipeline import (TrainData, TrainSettings, effective_lead_keep, evaluate_devices, fit_baselines, fit_heads,
                        load_data, model_metadata)
 from .problem_head import ProblemHeadSettings
-from .refit import add_student, bmm_step, call_step, inductor_figures_step, problem_step, static_step
-from .static_head import StaticHeadSettings
+from .refit import add_student, bmm_step, inductor_figures_step, problem_step
 
 # Recipe section -> its settings dataclass; the fields [build] sets for every step are not theirs to set.
-SECTIONS = {"train": TrainSettings, "student": DistillSettings, "static": StaticHeadSettings, "call": CallHeadSettings,
-            "problem": ProblemHeadSettings, "bmm": BmmHeadSettings, "grouped": GroupedSettings}
+SECTIONS = {"train": TrainSettings, "student": DistillSettings, "problem": ProblemHeadSettings, "bmm": BmmHeadSettings,
+            "grouped": GroupedSettings}
+# The sections of the older layout's heads (perfmodel/heads/legacy.py), refused with what replaces them.
+OLDER_SECTIONS = {"static": "the config network serves kernel='inductor' ([train].config_net = true)",
+                  "call": "the problem network's call outputs ([problem])"}
 BUILD_KEYS = {"data": list, "out": str, "seed": int, "threads": int, "slice_problems": int, "mlflow": bool}
 _SET_BY_BUILD = {"data", "out", "model", "seed", "threads", "command"}
 
@@ -83,8 +80,6 @@ class Recipe:
     mlflow: bool = False             # track the build in MLflow (the [train] section's tracking settings)
     train: TrainSettings | None = None
     student: DistillSettings | None = None
-    static: StaticHeadSettings | None = None
-    call: CallHeadSettings | None = None
     problem: ProblemHeadSettings | None = None
     bmm: BmmHeadSettings | None = None
     grouped: GroupedSettings | None = None
@@ -109,6 +104,9 @@ def load_recipe(path: Path) -> Recipe:
         doc = _tomllib().loads(text)
     except ValueError as exc:  # tomllib.TOMLDecodeError
         raise ValueError(f"recipe: {path} is not valid TOML: {exc}") from exc
+    older = sorted(set(doc) & set(OLDER_SECTIONS))
+    if older:
+        raise ValueError(f"recipe [{older[0]}]: a head of an older layout, no longer built; {OLDER_SECTIONS[older[0]]}")
     unknown = set(doc) - set(SECTIONS) - {"build"}
     if unknown:
         raise ValueError(f"recipe: unknown section [{sorted(unknown)[0]}] (known: build, {', '.join(SECTIONS)})")
@@ -125,11 +123,6 @@ def load_recipe(path: Path) -> Recipe:
     steps = {name: _section(doc, name, cls, seed) for name, cls in SECTIONS.items()}
     if steps["train"] is None:
         raise ValueError("recipe [train]: required (the gemm head)")
-    if steps["train"].config_net and steps["static"] is not None:
-        raise ValueError("recipe [static]: the config network ([train].config_net) serves kernel='inductor' in place "
-                         "of a static head; drop the section")
-    if steps["call"] is not None and steps["problem"] is not None:
-        raise ValueError("recipe [problem]: the problem network replaces the call heads; give [call] or [problem]")
     steps["train"] = replace(steps["train"], data=common["data"], out=common["out"])
     return Recipe(path=path, text=text, threads=build.get("threads", 0), slice_problems=build.get("slice_problems", 0),
                   mlflow=build.get("mlflow", False), **common, **steps)
@@ -304,19 +297,9 @@ def _inductor_figures(recipe: Recipe, train: TrainSettings, bundle: Any, d: Trai
     inductor_figures_step(bundle, d.datasets[0], d.split, log)  # through the screen and lead now set
 
 
-def _static(recipe: Recipe, train: TrainSettings, bundle: Any, d: TrainData, s: Any, log: Any) -> None:
-    if len(d.datasets) > 1:
-        raise ValueError("recipe [static]: the static head is fitted to one device's timings (one data folder)")
-    static_step(bundle, d.datasets[0], s, log, d.split)
-
-
 def _splits(d: TrainData) -> list:
     """Each dataset's part of the run's split (by problem or by family)."""
     return [d.split[d.problem_device == ds.device] for ds in d.datasets]
-
-
-def _call(recipe: Recipe, train: TrainSettings, bundle: Any, d: TrainData, s: Any, log: Any) -> None:
-    call_step(bundle, d.datasets, s, log, _splits(d))
 
 
 def _problem(recipe: Recipe, train: TrainSettings, bundle: Any, d: TrainData, s: Any, log: Any) -> None:
@@ -350,7 +333,6 @@ def _wants_section(name: str) -> Any:
 # every build whose gemm head is one.
 HEAD_STEPS = (("distill", _wants_section("student"), _student),
               ("inductor-figures", lambda recipe, bundle: () if bundle.config_net is not None else None, _inductor_figures),
-              ("static-head", _wants_section("static"), _static), ("call-head", _wants_section("call"), _call),
               ("problem-head", _wants_section("problem"), _problem), ("bmm-head", _wants_section("bmm"), _bmm),
               ("grouped-head", _wants_section("grouped"), _grouped))
 
@@ -371,7 +353,7 @@ def _build(recipe: Recipe, train: TrainSettings, record: dict[str, Any], logger:
 
     torch.manual_seed(train.seed)
     d = timed("load", None, lambda: load_data(train))
-    # no cuBLAS head where the problem step fits torch.mm's time (the problem network replaces it)
+    # torch.mm's time alone where no problem step fits the whole problem network
     bundle = timed("train", train, lambda: fit_heads(train, d, logger, cublas=recipe.problem is None))
     baselines = timed("baselines", None, lambda: fit_baselines(train, d, logger))
     for name, wants, fn in HEAD_STEPS:  # each step the recipe and the bundle want, with its settings
@@ -384,7 +366,7 @@ def _build(recipe: Recipe, train: TrainSettings, record: dict[str, Any], logger:
 
 def _write(recipe: Recipe, train: TrainSettings, d: TrainData, bundle: Any, evaluation: dict, record: dict[str, Any],
            run_id: str | None, seconds: float) -> dict[str, Any]:
-    """The model folder: model_metadata, the heads' own entries (student, static, call, cuBLAS), the build
+    """The model folder: model_metadata, the heads' own entries (student, problem network, bmm), the build
     record; written atomically, the write itself (ONNX export, card, load check) its last step."""
     added = {k: v for k, v in bundle.metadata.items()
              if k.startswith(("student_", "static_", "call_", "cublas_head_", "problem_", "bmm_", "screen_head"))}

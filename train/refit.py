@@ -1,9 +1,9 @@
-"""The steps that add a head to a model bundle in memory -- the student, the static head, the call heads, the
-cuBLAS head, the bmm heads -- and the head-by-head refit commands (`perfmodel distill`, `static-head`,
-`call-head`, `cublas-head`, `bmm-head`) that run one of them on a model folder: load it, fit, append the step to the folder's build
-record (train/folder.py) and rewrite the folder atomically. `perfmodel build` (train/recipe.py) runs the
-same steps in order. The fitters themselves (train/static_head.py, call_head.py, cublas_head.py,
-distill.py, bmm_head.py) return (head, metrics) and write nothing."""
+"""The steps that add a head to a model bundle in memory -- the student, the problem network, the bmm heads, the
+grouped head -- and the refits (`perfmodel build --only HEAD`) that run one of them on a model folder: load it,
+fit, append the step to the folder's build record (train/folder.py) and rewrite the folder atomically. `perfmodel
+build` (train/recipe.py) runs the same steps in order. The fitters themselves (train/distill.py, problem_head.py,
+bmm_head.py, grouped_head.py) return (head, metrics) and write nothing. No step writes a head of an older layout
+(perfmodel/heads/legacy.py: the screen, static, cublas and call heads)."""
 from __future__ import annotations
 
 import itertools
@@ -20,14 +20,12 @@ from perfmodel.locations import default_data_dir
 from . import evaluate as ev
 from .bmm_head import (BmmHeadSettings, bmm_data_record, cross_validate, fit_bmm_heads, has_bmm_rows, load_bmm_checked,
                        other_device_split, split_by_shape, static_table, zero_shot_figures)
-from .call_head import CallHeadSettings, fit_call_heads
-from .cublas_head import CublasHeadSettings, check_settings, encode_rows, fit_cublas_head, model_rows
 from .data import (GemmTable, concat_gemm, joint_split, load_device_datasets, load_gemm, parse_device_fractions,
                    subsample_training)
 from .distill import DistillSettings, fit_student_head
 from .folder import append_step, setting_value, settings_record, step_record, write_model_folder
 from .problem_head import ProblemHeadSettings, fit_problem_head, with_problem_head
-from .static_head import StaticHeadSettings, fit_static_head, load_static
+from .static_head import load_static
 
 
 # ---------------------------------------------------------------- the steps (a bundle in memory)
@@ -52,28 +50,10 @@ def add_student(bundle: artifact.ModelBundle, table: GemmTable, s: DistillSettin
     (heads, encoders, metadata); returns the metadata entries added."""
     student, added = fit_student_head(bundle, table, s, log, split=split, problem_device=problem_device)
     bundle.heads[artifact.STUDENT], bundle.encoders[artifact.STUDENT] = student, bundle.encoders["gemm"]
-    if s.screens:  # one speed head: the student screens, the screen head (if any) goes
-        bundle.heads.pop(artifact.SCREEN, None)
-        bundle.encoders.pop(artifact.SCREEN, None)
+    if s.screens:  # one speed head: the student screens
         added["screen_head"] = artifact.STUDENT
     bundle.metadata = {**bundle.metadata, **added}
     return added
-
-
-def static_step(bundle: artifact.ModelBundle, ds: Any, s: StaticHeadSettings, log: Any = print,
-                split: np.ndarray | None = None) -> dict[str, Any]:
-    """Fit the static head on ds (a DeviceDataset of the model's one device, with gemm_static parts) with the
-    model's split (split: of ds's problems, default model_splits), and add it to bundle (static_metrics,
-    static_settings); returns its metrics. ValueError for a model with a config network (its inductor mode
-    serves kernel="inductor")."""
-    if bundle.config_net is not None:
-        raise ValueError("model: its gemm head is a config network, whose inductor mode serves kernel='inductor'; "
-                         "a static head is not added to it")
-    split = model_splits(bundle, [ds])[0] if split is None else split
-    head, metrics = fit_static_head(bundle, ds.gemm, load_static(ds.folder), split, s, log)
-    bundle.heads[artifact.STATIC], bundle.encoders[artifact.STATIC] = head, bundle.encoders["gemm"]
-    bundle.metadata = {**bundle.metadata, "static_metrics": metrics, "static_settings": settings_record(s)}
-    return metrics
 
 
 def inductor_figures_step(bundle: artifact.ModelBundle, ds: Any, split: np.ndarray | None = None,
@@ -86,50 +66,6 @@ def inductor_figures_step(bundle: artifact.ModelBundle, ds: Any, split: np.ndarr
     split = model_splits(bundle, [ds])[0] if split is None else split
     metrics = inductor_figures(bundle, ds.gemm, load_static(ds.folder), split, log)
     bundle.metadata = {**bundle.metadata, "static_metrics": metrics}
-    return metrics
-
-
-def call_step(bundle: artifact.ModelBundle, datasets: list, s: CallHeadSettings, log: Any = print,
-              splits: list[np.ndarray] | None = None) -> dict[str, Any]:
-    """Fit the call heads (call, and call_static where every dataset has static rows; against the static head
-    bundle has) and add them to bundle; the model's held-out cuBLAS call becomes theirs (splits: each
-    dataset's split of its problems, default model_splits). Returns their metrics."""
-    splits = model_splits(bundle, datasets) if splits is None else splits
-    heads, metrics = fit_call_heads(bundle, datasets, splits, s, log)
-    for name, head in heads.items():
-        bundle.heads[name], bundle.encoders[name] = head, bundle.encoders["cublas"]
-    settings = {**settings_record(s, exclude=("data",)), "data": [setting_value(ds.folder) for ds in datasets]}
-    meta = {**bundle.metadata, "call_metrics": metrics, "call_settings": settings}
-    by_device = metrics.get("by_device") or {datasets[0].device: metrics}
-    merge_cublas_metrics(meta, [ds.device for ds in datasets], {
-        dev: {"cublas/choice_accuracy": m[f"{artifact.CALL}/test/choice_accuracy"],
-              "cublas/choice_accuracy_times": m[f"{artifact.CALL}/test/choice_accuracy_times"]}
-        for dev, m in by_device.items() if f"{artifact.CALL}/test/choice_accuracy" in m})
-    bundle.metadata = meta
-    return metrics
-
-
-def cublas_step(bundle: artifact.ModelBundle, datasets: list, s: CublasHeadSettings, log: Any = print) -> dict[str, Any]:
-    """Refit bundle's cuBLAS head on every torch.mm time of datasets (the model's split, its device_fraction
-    applied), beside the head before it; the held-out GEMM problems' cuBLAS figures re-evaluated."""
-    from perfmodel.model import floor_features
-
-    check_settings(s)
-    seed = model_seed(bundle)
-    gemm_splits = model_splits(bundle, datasets)
-    fractions = parse_device_fractions(str(bundle.metadata.get("settings", {}).get("device_fraction") or ""))
-    rows = model_rows(datasets, gemm_splits, fractions, seed)
-    x = encode_rows(bundle, rows)
-    before = ev.head_outputs(bundle.heads["cublas"], x)[1] if "cublas" in bundle.heads else None
-    head, metrics = fit_cublas_head(x, rows, [ds.device for ds in datasets], s,
-                                    floor_features(bundle.encoders["cublas"].names, 1), log, before)
-    bundle.heads["cublas"] = head
-    saved = {**settings_record(s, exclude=("data",)), "data": [setting_value(ds.folder) for ds in datasets]}
-    meta = {**bundle.metadata, "cublas_head_metrics": metrics, "cublas_head_settings": saved}
-    merge_cublas_metrics(meta, [ds.device for ds in datasets], {
-        ds.device: gemm_test_metrics(bundle.for_device(ds.device), ds.gemm, split_)
-        for ds, split_ in zip(datasets, gemm_splits)})
-    bundle.metadata = meta
     return metrics
 
 
@@ -303,30 +239,6 @@ def refit_student(s: DistillSettings, log: Any = print, command: str = "") -> di
     return added["student_metrics"]
 
 
-def refit_static(s: StaticHeadSettings, log: Any = print, command: str = "") -> dict[str, Any]:
-    """`perfmodel static-head`: the static head of the folder s.model (of one device), rewritten in place."""
-    t0 = time.perf_counter()
-    bundle = load_model(s.model, s.threads)
-    if len(bundle.devices) > 1:
-        raise ValueError(f"model: {s.model} serves several devices; the static head is fitted to one device's "
-                         "timings (a model of one device)")
-    metrics = static_step(bundle, load_device_datasets([Path(s.data)])[0], s, log)
-    _rewrite(bundle, s, "static-head", t0, command)
-    return metrics
-
-
-def refit_call(s: CallHeadSettings, log: Any = print, command: str = "") -> dict[str, Any]:
-    """`perfmodel call-head`: the call heads of the folder s.model, rewritten in place."""
-    t0 = time.perf_counter()
-    bundle = load_model(s.model, s.threads)
-    _no_problem_head(bundle, s.model, "call-head")
-    if "cublas" not in bundle.heads:
-        raise ValueError(f"model: {s.model} has no cuBLAS head, so it makes no cuBLAS call")
-    metrics = call_step(bundle, model_datasets(s, bundle), s, log)
-    _rewrite(bundle, s, "call-head", t0, command)
-    return metrics
-
-
 def refit_problem(s: ProblemHeadSettings, log: Any = print, command: str = "") -> dict[str, Any]:
     """`perfmodel problem-head`: the problem network of the folder s.model, in place of its cublas, call and
     call_static heads (or its problem network refitted), rewritten in place."""
@@ -337,25 +249,6 @@ def refit_problem(s: ProblemHeadSettings, log: Any = print, command: str = "") -
     return metrics
 
 
-def refit_cublas(s: CublasHeadSettings, log: Any = print, command: str = "") -> dict[str, Any]:
-    """`perfmodel cublas-head`: the cuBLAS head of the folder s.model, refitted on every torch.mm time of its
-    datasets, rewritten in place."""
-    check_settings(s)
-    t0 = time.perf_counter()
-    bundle = load_model(s.model, s.threads)
-    _no_problem_head(bundle, s.model, "cublas-head")
-    if "cublas" not in bundle.heads:
-        raise ValueError(f"model: {s.model} has no cuBLAS head to refit")
-    metrics = cublas_step(bundle, model_datasets(s, bundle), s, log)
-    _rewrite(bundle, s, "cublas-head", t0, command)
-    return metrics
-
-
-def _no_problem_head(bundle: artifact.ModelBundle, model: Path, command: str) -> None:
-    """ValueError naming model for a folder whose problem network holds the head `command` refits."""
-    if artifact.PROBLEM in bundle.heads:
-        raise ValueError(f"model: {model} has a problem network in place of the cublas and call heads; refit it "
-                         f"with `perfmodel problem-head`, not `perfmodel {command}`")
 def refit_bmm(s: BmmHeadSettings, log: Any = print, command: str = "") -> dict[str, Any]:
     """`perfmodel bmm-head`: the bmm heads of the folder s.model, fitted on the bmm rows of s.data (one folder per
     device of the model, in its order; default: the model's datasets as its metadata names them) and added in

@@ -1,24 +1,11 @@
-"""`perfmodel static-head`: the "static" head, which turns the gemm head's times (the dataset's kernel,
-Triton's default specialisation: what a `@triton.autotune` user runs) into times of the same source
-compiled for one problem's shape, as Inductor compiles its mm template (docs/design.md, "Kernel modes").
-
-    perfmodel static-head --model models/h100 --data data/h100
-
-It is fitted to the log ratio, config by config, of the two timings of the dataset's problems that
-were timed both ways: the `gemm` rows and the `gemm_static` rows of the same folder (the static compile
-is one kernel per problem and config, so only a share of the problems and of their configs is timed
-that way: benchmarks/static_retime.py). Its input is the gemm head's own features; its output, added to
-the gemm head's score before the physical floor, is what `Predictor.load(kernel="inductor")` ranks by.
-
-The split is the model's (split_problems with its seed): train problems fit, validation problems
-report, and the test problems -- every dataset config of each timed statically -- measure the serving
-path's ranking against the static times, beside the same path without the head. fit_static_head
-returns the head and its figures and writes nothing (train/refit.py adds it to a model folder, train/recipe.py
-to a build). Needs no Lightning and no MLflow.
+"""The static rows (the `gemm_static` shards: the dataset's problems timed as Inductor compiles its mm template,
+docs/design.md, "Kernel modes") and the helpers that read, pair and rank on them: the config network
+(train/config_net.py), the problem network's call_static output (train/problem_head.py), `perfmodel eval` and the
+studies use them. The static head they once fitted is of an older layout (perfmodel/heads/legacy.py): the config
+network serves kernel="inductor" now, and no step writes a static head. Needs no Lightning and no MLflow.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,7 +21,6 @@ from . import evaluate as ev
 from .data import GemmTable, _gemm_table
 from .loop import fit_plain
 
-STATIC = artifact.STATIC
 
 
 @dataclass
@@ -152,32 +138,6 @@ def ranking_metrics(bundle: artifact.ModelBundle, head: PerfMLP | None, table: G
     return out
 
 
-def fit_static_head(bundle: artifact.ModelBundle, table: GemmTable, static: GemmTable, split: np.ndarray,
-                    s: StaticHeadSettings, log: Any = print) -> tuple[PerfMLP, dict[str, Any]]:
-    """The static head of bundle's gemm head, fitted on the static rows (static) of table's train problems
-    (split: the model's split of table's problems), and its figures: the fit on each split's paired rows,
-    and the ranking of the test problems on their static times with and without it. Writes nothing."""
-    t0 = time.perf_counter()
-    rows, prob, part = paired_split(table, static, split)
-    ok = rows >= 0
-    with torch.inference_mode():
-        x = bundle.encoders["gemm"].encode(torch.from_numpy(static.problems[static.problem_idx]),
-                                           torch.from_numpy(static.configs))
-    y = torch.from_numpy(np.log(static.ms) - np.log(np.where(ok, table.ms[np.maximum(rows, 0)], 1.0))).float()
-    train, val = ok & (part == 0), ok & (part == 1)
-    log(f"static-head: {int(ok.sum())} paired rows: {int(train.sum())} train ({len(set(prob[train]))} problems), "
-        f"{int(val.sum())} val, {int((ok & (part == 2)).sum())} test")
-    head = fit(x[torch.from_numpy(train)], y[torch.from_numpy(train)], s, log)
-    with torch.inference_mode():
-        d = head.score(x).double().numpy()
-    metrics = _fit_figures(d, y.double().numpy(), train, val, ok & (part == 2), prob)
-    # the test problems: the ranking on the static times (every dataset config of each), with and without
-    metrics.update(mode_figures(bundle, head, split_static(table, static, split), log, "static-head",
-                                ("without the head", "with it")))
-    metrics["seconds"] = time.perf_counter() - t0
-    return head, metrics
-
-
 def mode_figures(bundle: artifact.ModelBundle, head: PerfMLP, st: GemmTable, log: Any, what: str,
                  labels: tuple[str, str]) -> dict[str, Any]:
     """The test problems' static rows st ranked by the serving path (ranking_metrics) with the inductor mode's
@@ -196,15 +156,3 @@ def mode_figures(bundle: artifact.ModelBundle, head: PerfMLP, st: GemmTable, log
     return out
 
 
-def _fit_figures(d: np.ndarray, yy: np.ndarray, train: np.ndarray, val: np.ndarray, test: np.ndarray,
-                 prob: np.ndarray) -> dict[str, Any]:
-    """The static head's fit (its output d against the log ratio yy) on the train, val and test rows, beside
-    a constant (the train rows' median)."""
-    metrics: dict[str, Any] = {"rows/train": int(train.sum()), "rows/val": int(val.sum()),
-                               "problems/train": len(set(prob[train])), "problems/val": len(set(prob[val]))}
-    for name, sel in (("train", train), ("val", val), ("test", test)):
-        if sel.any():
-            metrics[f"{name}/mae_log_ratio"] = float(np.abs(d[sel] - yy[sel]).mean())
-            metrics[f"{name}/mae_log_ratio_constant"] = float(np.abs(yy[sel] - np.median(yy[train])).mean())
-            metrics[f"{name}/corr"] = float(np.corrcoef(d[sel], yy[sel])[0, 1])
-    return metrics
