@@ -67,8 +67,10 @@ def make_synthetic_bundle(seed: int = 0, hidden: tuple[int, ...] = (256, 256, 25
     """An H100 bundle whose heads have random weights (seeded) and realistic normalisation.
     devices: the device specs it claims to be trained for, its default first (more than one: metadata
     "devices" and "device_specs" as a joint model's; the normalisation is the first device's).
-    screen: "copy" (a screen head identical to the gemm head: ranking must then equal the full
-    ranking), "random" (its own random weights, 2 x 64), or None (no screen head).
+    screen: "copy" (a student head identical to the gemm head, screening the ranking: ranking must then equal
+    the full ranking), "random" (a screening student of its own random weights, 2 x 64), or None (no student).
+    with_cublas: a problem network of one output, torch.mm's time (metadata "problem_outputs": ["cublas"]).
+    Only heads of the current layout (perfmodel/heads/); an older folder is tests/test_migrate.py's to make.
     members: > 1 makes the gemm head an ensemble (PerfMLP.ensemble, averaged `average`) of that many
     random heads. screen_keep / lead_keep: set in the metadata when given (perfmodel.ranking).
     config_net: the gemm head a config network (one input more, the kernel mode; perfmodel.artifact.config_network)
@@ -100,19 +102,25 @@ def make_synthetic_bundle(seed: int = 0, hidden: tuple[int, ...] = (256, 256, 25
             _randomise_batchnorm(head, gen)
             parts.append(head.eval())
         head = parts[0] if len(parts) == 1 else PerfMLP.ensemble(parts, average)
-        heads[kind], encoders[kind] = head.eval(), enc
+        name = "problem" if kind == "cublas" else kind  # the problem network with its cuBLAS output alone
+        heads[name], encoders[name] = head.eval(), enc
         if modes:
             net = heads.pop("gemm")
             heads.update(config_heads(net, KERNEL_MODE_VALUES))
             x = x[:, :-1]
         if kind == "gemm" and screen == "copy":
-            heads["screen"], encoders["screen"] = copy.deepcopy(head).eval(), enc
+            heads["student"], encoders["student"] = copy.deepcopy(head).eval(), enc
         elif kind == "gemm" and screen == "random":
             small = PerfMLP(MLPConfig(n_inputs=len(enc), hidden=(64, 64), floor_features=floor_features(enc.names, 1)))
             small.set_normalisation(x.mean(0), x.std(0))
             _randomise_batchnorm(small, gen)
-            heads["screen"], encoders["screen"] = small.eval(), enc
+            heads["student"], encoders["student"] = small.eval(), enc
     meta = {"pad_threshold": 1.1, "synthetic": True, "seed": seed}
+    if screen is not None:
+        meta["screen_head"] = "student"
+    if with_cublas:
+        meta["problem_outputs"] = ["cublas"]
+        encoders["cublas"] = encoders["problem"]
     meta.update({k: v for k, v in (("screen_keep", screen_keep), ("lead_keep", lead_keep)) if v is not None})
     if len(devices) > 1:
         meta.update(devices=list(devices), device_specs={d: get_spec(d).as_dict() for d in devices})

@@ -98,7 +98,7 @@ def test_lead_keep_serves_alike_on_both_backends_and_in_the_evaluation(tmp_path)
         configs = pt.default_configs("float16")
         x = pt.bundle.encoders["gemm"].encode_cross(problems_tensor([prob]), configs_tensor(configs))
         z, g = head_outputs(heads["gemm"], x)
-        s = head_outputs(heads["screen"], x)[0]
+        s = head_outputs(heads["student"], x)[0]
         ld = lead_outputs(heads["gemm"], x)
         kept = np.sort(np.argsort(s, kind="stable")[:8])
         led = np.sort(kept[np.argsort(ld[kept], kind="stable")[:3]])

@@ -522,7 +522,7 @@ def test_random_screen_keeps_the_gemm_best_of_what_it_kept(tmp_path: Path) -> No
     cfgs = p.default_configs("float16")
     with torch.inference_mode():
         x = p.bundle.encoders["gemm"].encode_cross(problems_tensor([PROB]), configs_tensor(cfgs))
-        screen = p.bundle.heads["screen"](x).numpy()
+        screen = p.bundle.heads["student"](x).numpy()
         gemm = p.bundle.heads["gemm"](x).double().numpy()
     kept = np.sort(np.argsort(screen, kind="stable")[:p.screen_keep])
     want = kept[np.argsort(gemm[kept], kind="stable")[:5]]
