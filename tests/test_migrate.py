@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from perfmodel import GemmProblem, artifact
+from perfmodel.heads.legacy import LEGACY
 from perfmodel.migrate import MigrationError, migrate
 from perfmodel.model import PerfMLP
 
@@ -45,17 +46,26 @@ def _column_head(net: PerfMLP, j: int) -> PerfMLP:
     return head.eval()
 
 
-def _old_layout(dst: Path) -> Path:
+def _save_old(bundle: artifact.ModelBundle, dst: Path) -> None:
+    """bundle written as a folder of the older layout: save() with the older heads' specs registered for the
+    write (the format itself refuses them)."""
     from perfmodel.onnx_export import export_onnx_all
 
+    mp = pytest.MonkeyPatch()
+    with mp.context() as m:
+        m.setattr(artifact, "REGISTRY", {**artifact.REGISTRY, **LEGACY})
+        artifact.save(bundle, dst)
+        export_onnx_all(bundle, dst)
+
+
+def _old_layout(dst: Path) -> Path:
     bundle = artifact.load(REPO / "models" / "h100")
     net = bundle.heads.pop(artifact.PROBLEM)
     enc = bundle.encoders.pop(artifact.PROBLEM)
     for j, name in enumerate(bundle.metadata["problem_outputs"]):
         bundle.heads[name], bundle.encoders[name] = _column_head(net, j), enc
     bundle.metadata.pop("problem_outputs")
-    artifact.save(bundle, dst)
-    export_onnx_all(bundle, dst)
+    _save_old(bundle, dst)
     meta = json.loads((dst / "metadata.json").read_text())
     del meta["heads"]["pad"]["mlp"]["floor_features"]  # written before the field: the loader gives the floor
     (dst / "metadata.json").write_text(json.dumps(meta))
@@ -98,10 +108,17 @@ def test_an_old_layout_folder_migrates_to_what_the_shipped_one_serves(tmp_path):
 
 
 def test_a_screen_head_is_refused_unless_dropped(tmp_path):
-    from perfmodel import Predictor
-    from tests._synthetic import write_synthetic_model
+    import copy
 
-    folder = write_synthetic_model(tmp_path / "m", screen="random", with_cublas=False)
+    from perfmodel import Predictor
+    from tests._synthetic import make_synthetic_bundle
+
+    bundle = make_synthetic_bundle(screen=None, with_cublas=False)
+    bundle.heads["screen"], bundle.encoders["screen"] = copy.deepcopy(bundle.heads["gemm"]), bundle.encoders["gemm"]
+    folder = tmp_path / "m"
+    _save_old(bundle, folder)
+    with pytest.raises(artifact.ArtifactError, match="head 'screen' of an older folder layout.*perfmodel migrate .*--drop"):
+        artifact.load(folder)
     files = {p.name: p.read_bytes() for p in folder.iterdir()}
     with pytest.raises(MigrationError, match="screen: .*--only student.*--drop screen"):
         migrate(folder, log=lambda *a: None)
@@ -125,3 +142,15 @@ def test_the_shipped_folders_are_current(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:  # only the heads without an exact conversion may be dropped
         main(["migrate", str(tmp_path / "h100"), "--drop", "gemm"])
     assert exc.value.code == 2
+
+
+def test_the_loader_refuses_an_old_layout_folder_naming_the_migration(tmp_path):
+    from perfmodel import Predictor
+
+    old = _old_layout(tmp_path / "old")
+    msg = (f"{old}: heads 'call', 'call_static', 'cublas' of an older folder layout (perfmodel/heads/legacy.py), "
+           f"no longer loaded; convert the folder once with: perfmodel migrate {old}")
+    for load in (artifact.load, lambda f: Predictor.load(f, backend="torch")):
+        with pytest.raises(artifact.ArtifactError) as exc:
+            load(old)
+        assert str(exc.value) == msg
