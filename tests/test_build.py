@@ -179,8 +179,8 @@ def test_recipe_errors_name_the_key(tmp_path):
     base = (REPO / "recipes" / "ci-small.toml").read_text()
     for bad, where in ((base.replace("epochs = 2\n", "epochs = \"two\"\n"), "[train].epochs"),
                        (base.replace("[student]\n", "[student]\nwidth = 3\n"), "[student].width"),
-                       (base + "\n[static]\nseed = 3\n", "[static].seed"),
-                       (base + "\n[static]\nhidden = [16]\n", "[static]"),  # a static head beside the config network
+                       (base + "\n[static]\nhidden = [16]\n", "[static]: a head of an older layout"),
+                       (base + "\n[call]\nmembers = 1\n", "[call]: a head of an older layout"),
                        (base.replace("hidden = [32, 32]\n", "hidden = 32\n"), "[train].hidden"),
                        (base.replace("threads = 2\n", "threads = 2\ncores = 4\n"), "[build].cores"),
                        (base + "\n[extra]\na = 1\n", "[extra]")):
@@ -192,9 +192,9 @@ def test_recipe_errors_name_the_key(tmp_path):
     shipped = json.loads((REPO / "models" / "h100" / "metadata.json").read_text())
     assert (r.train.epochs, r.train.gemm_members, r.train.screen_keep, r.train.lead_keep) == \
         (shipped["settings"]["epochs"], shipped["settings"]["gemm_members"], shipped["screen_keep"], shipped["lead_keep"])
-    assert r.static is None and r.train.config_net and shipped["kernel_mode_input"] == {"autotune": 0.0, "inductor": 1.0}
+    assert r.train.config_net and shipped["kernel_mode_input"] == {"autotune": 0.0, "inductor": 1.0}
     # the shipped problem network (in place of the cuBLAS and call heads), with the recipe's settings
-    assert r.call is None and (r.problem.hidden, r.problem.members, r.problem.epochs, r.problem.weight_decay) == (
+    assert (r.problem.hidden, r.problem.members, r.problem.epochs, r.problem.weight_decay) == (
         tuple(shipped["problem_settings"]["hidden"]), shipped["problem_settings"]["members"],
         shipped["problem_settings"]["epochs"], shipped["problem_settings"]["weight_decay"])
 
@@ -211,8 +211,7 @@ def test_the_family_recipe_is_the_h100_recipe_split_by_family():
     train = replace(family.train, split=h100.train.split, out=h100.train.out, register_name=h100.train.register_name)
     assert train == h100.train
     assert (family.data, family.seed, family.threads, family.mlflow) == (h100.data, h100.seed, h100.threads, h100.mlflow)
-    assert (family.student, family.static, family.call, family.problem) == (h100.student, h100.static, h100.call,
-                                                                          h100.problem)
+    assert (family.student, family.problem) == (h100.student, h100.problem)
 
 
 def test_a_failed_build_leaves_the_previous_folder(tmp_path, monkeypatch):
@@ -234,31 +233,6 @@ def test_a_failed_build_leaves_the_previous_folder(tmp_path, monkeypatch):
         recipe.run_build(tmp_path / "r.toml", out=out, log=lambda *a: None)
     assert [p.name for p in out.iterdir()] == ["metadata.json"] and (out / "metadata.json").read_text() == "{}"
     assert [p.name for p in tmp_path.iterdir()] == ["model", "r.toml"]  # no temporary folder left
-
-
-@pytest.mark.slow
-def test_a_recipe_with_a_static_head_still_builds(tmp_path, monkeypatch):
-    """The layout before the config network: recipes/ci-small.toml without config_net and with a [static]
-    section (a slice of 40 problems) builds a folder whose static head serves kernel="inductor", its figures in
-    static_metrics under the keys the card and `perfmodel eval` read."""
-    pytest.importorskip("lightning", reason="building needs the train extra (pip install 'perfmodel[train]')")
-    from perfmodel import GemmProblem, Predictor
-    from perfmodel.train import recipe
-
-    monkeypatch.chdir(REPO)
-    text = (REPO / "recipes" / "ci-small.toml").read_text().replace("slice_problems = 200", "slice_problems = 40")
-    text = text.replace("config_net = true", "config_net = false") + "\n[static]\nhidden = [16]\nepochs = 5\n"
-    (tmp_path / "r.toml").write_text(text)
-    out = tmp_path / "model"
-    recipe.run_build(tmp_path / "r.toml", out=out, log=lambda *a: None)
-    meta = json.loads((out / "metadata.json").read_text())
-    assert "static" in meta["heads"] and "kernel_mode_input" not in meta
-    m = meta["static_metrics"]
-    assert "source" not in m and m["test_static/problems"] > 0 and 0 < m["test_static/without/all/top1_eff"] <= 1
-    assert 0 < m["test_static/static_head/all/top1_eff"] <= 1 and m["rows/train"] > 0
-    assert "- Static head (" in (out / "MODEL_CARD.md").read_text()
-    prob = GemmProblem(m=1024, n=1024, k=1024, dtype="float16")
-    assert Predictor.load(out, backend="torch", kernel="inductor").predict(prob).min() > 0
 
 
 @pytest.mark.parametrize("name,data", [("h100", ["h100"]), ("h200", ["h100", "h200"])])
