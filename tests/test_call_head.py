@@ -1,13 +1,11 @@
 """The cuBLAS call (train/call_head.py): whether cuBLAS beats the best Triton config of a problem, per kernel
 mode, and the Predictor's prefer_cublas that serves it. The shipped folders give it by their problem
-network's call outputs (artifact.problem_output); the head-by-head refit (`perfmodel call-head`) is tested on
-a copy in the layout from before it (tests/_layout.py).
+network's call outputs (artifact.problem_output); a folder without call outputs (a one-output problem network,
+tests/_layout.py) compares the times.
 
 The shipped outputs are judged on data/h100's test problems (their measured cuBLAS and Triton times); the
 fitting itself is checked on synthetic targets (said so where used)."""
 from __future__ import annotations
-
-import json
 
 import numpy as np
 import pytest
@@ -15,7 +13,7 @@ import torch
 
 from perfmodel import GemmConfig, GemmProblem, Predictor, artifact
 from perfmodel.artifact import CALL, CALL_STATIC
-from tests._layout import old_layout_copy
+from tests._layout import cublas_only_copy
 
 
 @pytest.fixture(scope="module")
@@ -120,10 +118,11 @@ def test_a_given_list_of_slow_configs_prefers_cublas():
 
 
 def test_a_model_without_call_heads_compares_times(repo_root, tmp_path):
-    # a copy of the shipped model without call outputs (a cublas head alone in place of its problem
-    # network): prefer_cublas is the cuBLAS head's time below the best config's
-    pred = Predictor.load(old_layout_copy(repo_root / "models" / "h100", tmp_path / "m"), backend="torch")
-    assert CALL not in pred.bundle.heads
+    # a copy of the shipped model without call outputs (its problem network of one output, torch.mm's time):
+    # prefer_cublas is the cuBLAS time below the best config's
+    pred = Predictor.load(cublas_only_copy(repo_root / "models" / "h100", tmp_path / "m"), backend="torch")
+    assert artifact.problem_output(pred.bundle, CALL) is None
+    assert artifact.problem_output(pred.bundle, "cublas") is not None
     probs = [GemmProblem(m=m, n=4096, k=4096, dtype="bfloat16") for m in (16, 256, 4096)]
     best = np.array([r[0][1] for r in pred.rank_many(probs, top_k=1)])
     assert (pred.prefers_cublas_many(probs) == (pred.predict_cublas_many(probs) < best)).all()
@@ -145,56 +144,3 @@ def test_fit_call_learns_a_known_sign():
         s = head.score(x[1500:])
     assert head.cfg.members == 2
     assert ((s < 0) == (y[1500:] < 0)).float().mean() > 0.95
-
-
-@pytest.mark.slow
-def test_call_step_rewrites_a_copy(repo_root, tmp_path):
-    from perfmodel import artifact
-    from perfmodel.train.call_head import CallHeadSettings
-    from perfmodel.train.refit import refit_call
-
-    model = old_layout_copy(repo_root / "models" / "h100", tmp_path / "m")  # the call step refuses a problem network
-    out = refit_call(CallHeadSettings(model=model, data=repo_root / "data" / "h100", members=1, epochs=2, threads=2),
-                     log=lambda *a: None)
-    assert out["call/test/problems"] == 173 and out["call_static/test/problems"] == 173
-    b = artifact.load(model)
-    assert b.heads[CALL].cfg.members == 1 and CALL_STATIC in b.heads
-    assert "cuBLAS call heads" in (model / "MODEL_CARD.md").read_text()
-    assert Predictor.load(model, backend="onnx").candidates(GemmProblem(m=64, n=64, k=64, dtype="float16")).cublas_ms > 0
-    with pytest.raises(ValueError, match="members"):
-        refit_call(CallHeadSettings(model=model, data=repo_root / "data" / "h100", members=0), log=lambda *a: None)
-    with pytest.raises(ValueError, match="^data:"):  # an H200 folder for a model of the H100
-        refit_call(CallHeadSettings(model=model, data=repo_root / "data" / "h200"), log=lambda *a: None)
-
-
-@pytest.mark.slow
-def test_call_heads_of_a_model_of_two_devices(repo_root, tmp_path, monkeypatch):
-    # models/h200 serves the H100 and the H200: one call head learns from both devices' train problems
-    # (each encoded with its device's spec) and is measured on each device's test problems
-    from perfmodel import artifact
-    from perfmodel.train.call_head import CallHeadSettings
-    from perfmodel.train.refit import refit_call as run
-
-    model = old_layout_copy(repo_root / "models" / "h200", tmp_path / "m")
-    old = artifact.load(model)
-    data = (repo_root / "data" / "h100", repo_root / "data" / "h200")
-    with pytest.raises(ValueError, match="^data: .*one per device"):
-        run(CallHeadSettings(model=model, data=data[::-1], members=1, epochs=1), log=lambda *a: None)
-    monkeypatch.chdir(repo_root)  # no --data: the folders the model's metadata names
-    m = run(CallHeadSettings(model=model, members=1, epochs=2, threads=2), log=lambda *a: None)
-    assert set(m["by_device"]) == {"h100-sxm", "h200"}
-    assert m["call/test/problems"] == m["by_device"]["h100-sxm"]["call/test/problems"] == 173
-    assert m["by_device"]["h200"]["call/test/problems"] == 173
-    assert "call_static/test/problems" not in m  # data/h200 has no static rows
-    new = artifact.load(model)
-    assert CALL in new.heads and CALL_STATIC not in new.heads
-    for name in set(old.heads) - {CALL}:
-        a, b = old.heads[name].state_dict(), new.heads[name].state_dict()
-        assert all(torch.equal(a[k], b[k]) for k in a), name
-    meta = json.loads((model / "metadata.json").read_text())
-    assert meta["metrics_by_device"]["h200"]["cublas"]["cublas/choice_accuracy"] == \
-        m["by_device"]["h200"]["call/test/choice_accuracy"]
-    probs = [GemmProblem(m=m_, n=4096, k=4096, dtype="bfloat16") for m_ in (16, 256, 4096)]
-    for device in ("h100-sxm", "h200"):
-        a, b = (Predictor.load(model, backend=be, device=device).prefers_cublas_many(probs) for be in ("torch", "onnx"))
-        assert (np.asarray(a) == np.asarray(b)).all()

@@ -2,11 +2,10 @@
 problem list it learns from (data_gen/problems.cublas_only_problems).
 
 The shipped cuBLAS output (now the problem network's, artifact.problem_output) is judged on the committed rows
-(data/h100: GEMM problems, cublas_only problems, pad rows' unpadded times); the head-by-head refit runs, for
-two epochs, on a copy of the shipped folder in the layout from before the problem network (tests/_layout.py)."""
+(data/h100: GEMM problems, cublas_only problems, pad rows' unpadded times). The head-by-head refit of a separate
+cuBLAS head (`perfmodel cublas-head`) is gone with that head (an older layout, perfmodel/heads/legacy.py): the
+problem network's refit is tests/test_problem_head.py's."""
 from __future__ import annotations
-
-import json
 
 import numpy as np
 import pytest
@@ -14,7 +13,6 @@ import torch
 
 from perfmodel import artifact
 from perfmodel.devices import get_spec
-from tests._layout import old_layout_copy
 
 
 def test_cublas_only_problems_cover_the_alignment_classes():
@@ -89,70 +87,14 @@ def test_metrics_reproduce_from_the_data(shipped, rows):
         assert got[f"{kind}/test/mean_abs_log_err"] < 0.2, kind
 
 
-def test_refit_rewrites_only_the_cublas_head(tmp_path, repo_root):
-    from perfmodel import artifact
-    from perfmodel.train.cublas_head import CublasHeadSettings
-    from perfmodel.train.refit import refit_cublas as run
-
-    model = old_layout_copy(repo_root / "models" / "h100", tmp_path / "m")  # cublas-head refuses a problem network
-    old = artifact.load(model)
-    metrics = run(CublasHeadSettings(model=model, data=repo_root / "data" / "h100", epochs=2, members=1,
-                                     hidden=(16,), threads=1), log=lambda *a: None)
-    new = artifact.load(model)
-    assert metrics["rows"]["cublas_only"] > 1000 and "cublas_only/test/mean_abs_log_err" in metrics
-    meta = json.loads((model / "metadata.json").read_text())
-    assert meta["cublas_head_settings"]["hidden"] == [16] and meta["cublas_head_settings"]["epochs"] == 2
-    from perfmodel.features import problems_tensor
-    from perfmodel.schema import GemmProblem
-
-    x = new.encoders["cublas"].encode(problems_tensor([GemmProblem(m=m, n=1000 + m, k=4096, dtype="bfloat16")
-                                                       for m in (1, 300, 4096)]))
-    assert not torch.equal(old.heads["cublas"].eval()(x), new.heads["cublas"].eval()(x))
-    for name in set(old.heads) - {"cublas"}:  # every other head as it was
-        a, b = old.heads[name].state_dict(), new.heads[name].state_dict()
-        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
-
-
-def test_refit_errors_name_the_field(tmp_path, repo_root):
-    from perfmodel.train.cublas_head import CublasHeadSettings
-    from perfmodel.train.refit import refit_cublas as run
+def test_settings_errors_name_the_field():
+    # the cuBLAS fit's settings (train/cublas_head.check_settings, which the problem network's fit runs too)
+    from perfmodel.train.cublas_head import CublasHeadSettings, check_settings
 
     with pytest.raises(ValueError, match="members: must be >= 1"):
-        run(CublasHeadSettings(model=tmp_path / "none", members=0))
+        check_settings(CublasHeadSettings(members=0))
+    with pytest.raises(ValueError, match="epochs: must be >= 1"):
+        check_settings(CublasHeadSettings(epochs=0))
     with pytest.raises(ValueError, match="hidden"):
-        run(CublasHeadSettings(model=tmp_path / "none", hidden=(0,)))
-    with pytest.raises(FileNotFoundError):
-        run(CublasHeadSettings(model=tmp_path / "none", data=repo_root / "data" / "h100"))
-
-
-@pytest.mark.slow
-def test_refit_of_a_model_of_two_devices(tmp_path, repo_root, monkeypatch):
-    # models/h200 serves the H100 and the H200: each device's folder gives its rows, encoded with its spec
-    from perfmodel import artifact
-    from perfmodel.train.cublas_head import CublasHeadSettings
-    from perfmodel.train.refit import refit_cublas as run
-
-    model = old_layout_copy(repo_root / "models" / "h200", tmp_path / "m")
-    old = artifact.load(model)
-    data = (repo_root / "data" / "h100", repo_root / "data" / "h200")
-    with pytest.raises(ValueError, match="^data: .*one per device"):  # folders out of the model's device order
-        run(CublasHeadSettings(model=model, data=data[::-1], epochs=1, members=1, hidden=(8,)), log=lambda *a: None)
-    with pytest.raises(ValueError, match="^data: .*one per device"):  # one device's folder only
-        run(CublasHeadSettings(model=model, data=data[1], epochs=1, members=1, hidden=(8,)), log=lambda *a: None)
-    monkeypatch.chdir(repo_root)  # no --data: the folders the model's metadata names (relative to the repo)
-    metrics = run(CublasHeadSettings(model=model, epochs=2, members=1, hidden=(16,), threads=1), log=lambda *a: None)
-    by = metrics["by_device"]
-    assert set(by) == {"h100-sxm", "h200"} and metrics["rows"] == by["h100-sxm"]["rows"]
-    for dev in by:
-        assert by[dev]["rows"]["cublas_only"] > 1000 and by[dev]["rows"]["gemm"] > 1000
-    meta = json.loads((model / "metadata.json").read_text())
-    assert meta["cublas_head_settings"]["data"] == ["data/h100", "data/h200"]
-    new = artifact.load(model)
-    assert new.devices == old.devices
-    for name in set(old.heads) - {"cublas"}:
-        a, b = old.heads[name].state_dict(), new.heads[name].state_dict()
-        assert all(torch.equal(a[k], b[k]) for k in a), name
-    # the per-device held-out call figures were recomputed with the new head
-    for dev in by:
-        assert meta["metrics_by_device"][dev]["cublas"]["cublas/mape"] != \
-            old.metadata["metrics_by_device"][dev]["cublas"]["cublas/mape"]
+        check_settings(CublasHeadSettings(hidden=(0,)))
+    check_settings(CublasHeadSettings())
