@@ -227,10 +227,11 @@ def _devices_md(meta: dict[str, Any]) -> str:
 
 
 def _screen_md(meta: dict[str, Any]) -> str:
-    """The model card's words on the head that screens the ranking: the screen head, or the student."""
-    who = ("the student (below), which screens too: ranking scores every config with it"
-           if meta.get("screen_head") == "student" else
-           "screen (a small head distilled from gemm: ranking scores every config with it")
+    """The model card's words on the head that screens the ranking: the student, or none (no build writes the
+    older screen head)."""
+    if meta.get("screen_head") != "student":
+        return "no head that screens the ranking (ranking scores every config with the gemm head)."
+    who = "the student (below), which screens too: ranking scores every config with it"
     return (f"{who} and the gemm head only its best {meta.get('screen_keep', '-')} per problem, when there are more "
             "than twice as many).")
 
