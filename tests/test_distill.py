@@ -35,7 +35,7 @@ def distilled(tmp_path_factory, data_dir: Path) -> tuple[Path, Path, dict]:
     from perfmodel.train.refit import refit_student
 
     tmp = tmp_path_factory.mktemp("distilled")
-    before = write_synthetic_model(tmp / "before", seed=3, members=3, hidden=(32, 32), screen="random")
+    before = write_synthetic_model(tmp / "before", seed=3, members=3, hidden=(32, 32), screen=None)
     after = tmp / "after"
     shutil.copytree(before, after)
     refit_student(DistillSettings(model=after, data=data_dir, hidden=(24, 24), epochs=2, random_problems=16,
@@ -126,13 +126,13 @@ def test_folder_without_student_predicts_with_the_gemm_head(distilled) -> None:
         assert np.allclose(np.log(p.predict(PROBS[0], [GemmConfig(64, 64, 32, 8, 3, 4)])), want, atol=1e-3)
 
 
-def test_onnx_written_before_the_predict_graph_still_serves(distilled, tmp_path: Path) -> None:
-    """A model.onnx without predict_log_ms (exported before it existed): predict encodes in torch and runs
-    the head's own graph."""
+def test_onnx_written_before_the_predict_graph_still_serves(screening: Path, tmp_path: Path) -> None:
+    """A model.onnx without predict_log_ms (exported before it existed), of a folder whose student screens (its
+    rank graph kept): predict encodes in torch and runs the head's own graph."""
     import onnx
     from onnx.utils import Extractor
 
-    _, after, _ = distilled
+    after = screening
     folder = tmp_path / "m"
     shutil.copytree(after, folder)
     model = onnx.load(str(folder / "model.onnx"))
@@ -179,16 +179,17 @@ def screening(tmp_path_factory, distilled) -> Path:
     return folder
 
 
-def test_distill_screens_drops_the_screen_head(distilled, screening: Path) -> None:
+def test_distill_screens_makes_the_student_screen(distilled, screening: Path) -> None:
+    # no screen head is written any more (an older layout): --screens makes the student the head that screens
     old, new = artifact.load(distilled[1]), artifact.load(screening)
-    assert "screen" in old.heads and old.screen_name == "screen"
-    assert set(new.heads) == set(old.heads) - {"screen"}
+    assert "screen" not in old.heads and old.screen_name is None and "screen_head" not in old.metadata
+    assert set(new.heads) == set(old.heads)
     assert new.metadata["screen_head"] == "student" and new.screen_name == "student"
     assert new.lead_keep == old.lead_keep and new.screen_keep == old.screen_keep
     from perfmodel.train.folder import _screen_md
 
     assert "student" in _screen_md(new.metadata) and "screen (a small head" not in _screen_md(new.metadata)
-    assert "screen (a small head" in _screen_md(old.metadata)
+    assert "screen (a small head" not in _screen_md(old.metadata) and "student" not in _screen_md(old.metadata)
 
 
 @pytest.mark.parametrize("backend", ["torch", "onnx"])
@@ -220,7 +221,7 @@ def test_the_student_screens_the_ranking(screening: Path, backend: str) -> None:
 
 
 def test_bad_screen_head_is_refused(screening: Path, distilled, tmp_path: Path) -> None:
-    for src, value, match in ((screening, "gemm", "screen_head"), (distilled[1], "student", "a screen head too"),
+    for src, value, match in ((screening, "gemm", "screen_head"), (distilled[1], "screen", "perfmodel migrate"),
                               (distilled[0], "student", "no student head")):
         folder = tmp_path / f"m-{value}-{src.name}"
         shutil.copytree(src, folder)
