@@ -143,7 +143,7 @@ def joint(two, isolated, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("joint")
     s = TrainSettings(data=(two["h100"], two["h200"]), out=tmp / "model", epochs=1, small_head_epochs=1,
                       fast_dev_run=True, tracking_uri=f"sqlite:///{tmp}/mlflow.db", register_name="", progress=False,
-                      baselines=False, hidden=(16, 16), screen_hidden=(8,), pad_members=1, cublas_members=1, device_fraction="h200=0.5",
+                      baselines=False, hidden=(16, 16), pad_members=1, cublas_members=1, device_fraction="h200=0.5",
                       command="pytest tests/test_joint_training.py")
     mp = pytest.MonkeyPatch()
     mp.chdir(tmp)
