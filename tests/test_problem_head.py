@@ -153,15 +153,16 @@ def test_problem_outputs_must_match_the_head(tmp_path, repo_root):
     assert b.encoders["cublas"].names == enc.names and out.shape == (1, 2) and np.isfinite(out.numpy()).all()
 
 
-def test_recipe_takes_problem_or_call(tmp_path, repo_root):
+def test_recipe_takes_problem_and_refuses_call(tmp_path, repo_root):
+    # the separate call heads are of an older layout: a [call] section is refused, naming the problem network
     from perfmodel.train.recipe import load_recipe
 
     base = (repo_root / "recipes" / "ci-small.toml").read_text()
     assert load_recipe(repo_root / "recipes" / "ci-small.toml").problem.members == 1
     path = tmp_path / "r.toml"
     path.write_text(base + "\n[call]\nmembers = 1\n")
-    with pytest.raises(ValueError, match=r"^recipe \[problem\]"):
+    with pytest.raises(ValueError, match=r"^recipe \[call\]: a head of an older layout.*call outputs \(\[problem\]\)"):
         load_recipe(path)
     for name in ("h100", "h200"):  # the shipped recipes build the problem network
         r = load_recipe(repo_root / "recipes" / f"{name}.toml")
-        assert r.call is None and r.problem.members == 5 and r.problem.hidden == (128, 128, 128)
+        assert not hasattr(r, "call") and r.problem.members == 5 and r.problem.hidden == (128, 128, 128)
