@@ -250,6 +250,16 @@ def _settings(tmp: Path, out: Path, **kw):
     return TrainSettings(**{**base, **kw})
 
 
+def test_a_screen_head_is_refused(tmp_path):
+    # the screen head is of an older layout (perfmodel/heads/legacy.py): a non-empty screen_hidden is refused,
+    # naming the field, before anything is fitted
+    from perfmodel.train.pipeline import fit_heads
+
+    with pytest.raises(ValueError, match=r"^screen_hidden: the screen head is of an older layout.*student screens"):
+        fit_heads(_settings(tmp_path, tmp_path / "model", screen_hidden=(8,)), None, None)
+    assert _settings(tmp_path, tmp_path / "model").screen_hidden == ()
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, isolated):
     from perfmodel.train.pipeline import run
@@ -285,10 +295,15 @@ def test_training_writes_a_loadable_model_folder(trained):
     for name in ("model.safetensors", "model.onnx", "metadata.json", "MODEL_CARD.md"):
         assert (out / name).is_file(), name
     bundle = artifact.load(out)
-    assert set(bundle.heads) == {"gemm", "cublas", "pad", "screen", "student"}
+    # current-format heads only: no screen head (the student does not screen here), torch.mm's time the problem
+    # network's one output (no [problem] step)
+    assert set(bundle.heads) == {"gemm", "problem", "pad", "student"}
+    assert bundle.screen_name is None and "screen_head" not in bundle.metadata
+    assert bundle.metadata["problem_outputs"] == ["cublas"] and bundle.heads["problem"].cfg.n_outputs == 1
     assert bundle.heads["student"].cfg.hidden == (16,) and bundle.heads["student"].cfg.members == 1
     assert set(bundle.metadata["student_metrics"]) >= {"student/median_abs_log_diff", "gemm/member_spread_median"}
-    assert bundle.encoders["screen"].kind == "gemm" and bundle.metadata["screen_keep"] >= 1
+    assert bundle.encoders["student"].kind == "gemm" and bundle.metadata["screen_keep"] >= 1
+    assert bundle.encoders["cublas"].kind == "cublas"
     assert bundle.metadata["fast_dev_run"] is True
     gemm = bundle.heads["gemm"].cfg  # two seeds, averaged after each one's floor
     assert (gemm.members, gemm.average, gemm.hidden) == (2, "after_floor", (64, 64))
@@ -296,7 +311,7 @@ def test_training_writes_a_loadable_model_folder(trained):
     pad = bundle.heads["pad"].cfg
     assert (pad.members, pad.average) == (s.pad_members, "before_floor")
     assert pad.hidden == tuple(w * s.pad_members for w in s.pad_hidden)  # the members side by side
-    cublas = bundle.heads["cublas"].cfg  # likewise: cublas_members seeds side by side
+    cublas = bundle.heads["problem"].cfg  # likewise: cublas_members seeds side by side
     assert (cublas.members, cublas.average) == (s.cublas_members, "before_floor")
     assert cublas.hidden == tuple(w * s.cublas_members for w in s.cublas_hidden)
     assert bundle.metadata["dataset"]["gemm_problems"] == 32
