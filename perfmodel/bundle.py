@@ -49,16 +49,20 @@ class OutputColumn(torch.nn.Module):
         return replace(self.head.cfg, n_outputs=1)
 
     def score(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head.score(x)[:, self.column]
+        out = self.head.score(x)
+        return out if self.head.cfg.n_outputs == 1 else out[:, self.column]  # one output: (N,) already
 
     def floor(self, score: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """score (this column's) -> log ms, by the head's floors of the column."""
+        if self.head.cfg.n_outputs == 1:
+            return self.head.floor(score, x)
         full = torch.zeros(score.shape[0], self.head.cfg.n_outputs, dtype=score.dtype)
         full[:, self.column] = score
         return self.head.floor(full, x)[:, self.column]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(x)[:, self.column]
+        out = self.head(x)
+        return out if self.head.cfg.n_outputs == 1 else out[:, self.column]
 
 
 def problem_columns(bundle: "ModelBundle") -> dict[str, int]:
