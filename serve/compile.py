@@ -28,8 +28,9 @@ Policy preset is choices.SETUP). Convolutions keep default mode's lowering whole
 Inductor would lower a channels-last 1x1 convolution as an mm (kernel/conv.py, convert_1x1_conv_to_mm); the
 set-up lowers it as a convolution, as default mode does, unless Policy(conv_1x1_as_mm=True). With pad=True the
 pad_mm pass's padding benchmark is the model's pad decision too (perfmodel.serve.pad_hook). A grouped GEMM (MoE
-experts, torch._grouped_mm) keeps the model's top 2 of Inductor's triton_grouped_mm configs beside aten where the
-model has a grouped head, else aten's _grouped_mm alone (serve/grouped.py). Every other templated op
+experts, torch._grouped_mm) is decided without a benchmark: the model's top-1 of Inductor's triton_grouped_mm
+configs alone where the model has a grouped head (aten's _grouped_mm above grouped.ATEN_ABOVE rows per expert),
+else aten's _grouped_mm alone (serve/grouped.py). Every other templated op
 (convolution, mm_plus_mm, ...; bmm and baddbmm with a model without bmm heads) keeps aten's choice alone, as
 default mode has it.
 
@@ -132,7 +133,7 @@ def _installed(predictor: Predictor, policy: Policy, pad: bool, sizes: Sequence[
         pad_mm._should_pad = pad_hook(predictor, pad_prior)
     try:
         with contextlib.nullcontext() if policy.conv_1x1_as_mm else _default_conv_lowering(), \
-                grouped.installed(predictor):
+                grouped.installed(predictor, alone=True):
             yield
     finally:
         V.set_choices_handler(prior)
