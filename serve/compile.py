@@ -48,6 +48,7 @@ from .choices import (BMM_OPS, BMM_TOP_K, DEFAULT_ATEN, LOG, RANKED_OPS, SETUP, 
                       TRITON_MM, TRITON_TEMPLATE, GemmDecision, Policy, _uid, check_sizes, check_torch_api, decide,
                       filter_choices, handler_class, kept_alone)
 from . import grouped
+from . import specialize as specialize_mod
 from .decisions import BMM_SURE_GAIN  # noqa: F401
 from .pad_hook import pad_hook
 from .predictor import Predictor
@@ -178,14 +179,16 @@ def _backend(options: dict[str, Any], predictor: Predictor, policy: Policy, pad:
 
 
 def compile(model: Any, *, predictor: Predictor | None = None, policy: Policy | None = None, pad: bool = True,
-            options: dict[str, Any] | None = None, sizes: Sequence[int] | None = None, **compile_kwargs: Any) -> Any:
+            options: dict[str, Any] | None = None, sizes: Sequence[int] | None = None, specialize: bool = True,
+            **compile_kwargs: Any) -> Any:
     """torch.compile(model) with the set-up: OPTIONS (plus `options`), and the choices handler, the
     convolution lowering and the pad decision installed around every graph compile (forward and backward,
     the first call's and any recompile's). sizes: for a dynamic compile (dynamic=True, or sizes Dynamo made
     dynamic), the sizes the dynamic dimension takes -- positive ints: a linear layer's M, the tokens a step
     (batch x sequence); where several of a GEMM's dimensions are symbolic, the values of each symbol --; the
     GEMMs of symbolic size are decided over those within the range (None: powers of two across it; summary()
-    says which)."""
+    says which). specialize (with sizes): a call whose inputs' leading (batch) dimension equals one of sizes runs a
+    compile of its own for that size, made at its first such call (serve/specialize.py); False: one dynamic graph."""
     import torch
 
     if "mode" in compile_kwargs or "backend" in compile_kwargs:
@@ -199,17 +202,22 @@ def compile(model: Any, *, predictor: Predictor | None = None, policy: Policy | 
         raise ValueError(f"options: this torch's Inductor has no {unknown}")
     pred, pol = _resolve(predictor, policy, pad)
     compiled = torch.compile(model, backend=_backend(opts, pred, pol, pad, sizes), **compile_kwargs)
-    return CompiledModel(compiled, pred, pol, pad)
+    spec = sizes if sizes and specialize and compile_kwargs.get("dynamic") is not False and specialize_mod.supported() \
+        else None
+    return CompiledModel(compiled, pred, pol, pad, spec)
 
 
 class CompiledModel:
     """What compile() returns: the torch.compile'd model (its backend installs the set-up), which passes any
     other attribute to it (eval(), parameters(), _orig_mod, ...)."""
 
-    def __init__(self, compiled: Any, predictor: Predictor, policy: Policy, pad: bool) -> None:
-        self.__dict__.update(_compiled=compiled, _predictor=predictor, _policy=policy, _pad=pad)
+    def __init__(self, compiled: Any, predictor: Predictor, policy: Policy, pad: bool,
+                 sizes: Sequence[int] | None = None) -> None:
+        self.__dict__.update(_compiled=compiled, _predictor=predictor, _policy=policy, _pad=pad, _sizes=sizes)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self._sizes:  # compile sizes: the leading dimension specialised to each (serve/specialize.py)
+            specialize_mod.mark(args, kwargs, self._sizes)
         return self._compiled(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
