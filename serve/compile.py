@@ -179,7 +179,7 @@ def _backend(options: dict[str, Any], predictor: Predictor, policy: Policy, pad:
 
 
 def compile(model: Any, *, predictor: Predictor | None = None, policy: Policy | None = None, pad: bool = True,
-            options: dict[str, Any] | None = None, sizes: Sequence[int] | None = None, specialize: bool = True,
+            options: dict[str, Any] | None = None, sizes: Sequence[int] | None = None, specialize: bool = False,
             **compile_kwargs: Any) -> Any:
     """torch.compile(model) with the set-up: OPTIONS (plus `options`), and the choices handler, the
     convolution lowering and the pad decision installed around every graph compile (forward and backward,
@@ -187,8 +187,9 @@ def compile(model: Any, *, predictor: Predictor | None = None, policy: Policy | 
     dynamic), the sizes the dynamic dimension takes -- positive ints: a linear layer's M, the tokens a step
     (batch x sequence); where several of a GEMM's dimensions are symbolic, the values of each symbol --; the
     GEMMs of symbolic size are decided over those within the range (None: powers of two across it; summary()
-    says which). specialize (with sizes): a call whose inputs' leading (batch) dimension equals one of sizes runs a
-    compile of its own for that size, made at its first such call (serve/specialize.py); False: one dynamic graph."""
+    says which). specialize=True (with sizes; opt-in): a call whose inputs' leading (batch) dimension equals one of
+    sizes runs a compile of its own for that size, made at its first such call (serve/specialize.py: works on the
+    CPU with torch 2.13; failed inside Dynamo's specialised dispatch on an H200 with torch 2.11)."""
     import torch
 
     if "mode" in compile_kwargs or "backend" in compile_kwargs:

@@ -2,7 +2,7 @@
 
 `compile(model, dynamic=True, sizes=[...])` decides the GEMMs of symbolic size over the range (serve/gemm_decisions.py);
 one kernel for every size still runs the non-GEMM kernels (and the GEMMs) compiled for a symbolic size. With
-specialisation on (the default) every call marks its tensor inputs' leading dimension dynamic with one predicate per
+`specialize=True` (opt-in) every call marks its tensor inputs' leading dimension dynamic with one predicate per
 listed size (`torch._dynamo.mark_dynamic(t, 0, specialize_on=[...])`, torch 2.8 and later): Dynamo traces once and,
 the first time a call's leading dimension equals a listed size, Inductor compiles the graph for that size as a static
 one (the set-up's static decisions, its kernels specialised), dispatched to at run time -- what vLLM calls compile
@@ -10,6 +10,13 @@ sizes. Other sizes run the dynamic graph. A torch without `specialize_on` gets t
 
 The leading dimension is the batch (decode: the tokens a step). A size-1 leading dimension is never marked: Dynamo
 specialises size 1 itself.
+
+Opt-in, because of what was measured: on the CPU (torch 2.13) the listed sizes compile and dispatch as intended
+(tests/test_compile_sizes.py); in the one whole-model run on an H200 (torch 2.11, Llama-3-8B and Qwen2-7B widths,
+benchmarks/results/serving_h200_runs/i46c_mb0.log) the first call at a listed size failed inside Dynamo's
+specialised dispatch ("'NoneType' object has no attribute 'f_code'": its handler of a backend error reads the
+finished trace's frame, so the backend's own error is not shown). Until that error is seen and fixed, the
+dynamic set-up's default is the range decision alone.
 """
 from __future__ import annotations
 

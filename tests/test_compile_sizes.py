@@ -40,7 +40,7 @@ def test_a_listed_size_compiles_its_own_graph(monkeypatch):
     torch._dynamo.reset()
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8)).eval()
-    cm = pc.compile(m, dynamic=True, sizes=[4, 6])
+    cm = pc.compile(m, dynamic=True, sizes=[4, 6], specialize=True)
     seen = []
     with torch.no_grad():
         for b in (1, 4, 5, 6, 4):
@@ -51,11 +51,11 @@ def test_a_listed_size_compiles_its_own_graph(monkeypatch):
     torch._dynamo.reset()
 
 
-def test_specialize_false_keeps_one_dynamic_graph():
+def test_specialisation_is_opt_in():
     import perfmodel.serve.compile as pc
 
     m = torch.nn.Linear(4, 4)
-    cm = pc.compile(m, dynamic=True, sizes=[4], specialize=False)
+    cm = pc.compile(m, dynamic=True, sizes=[4])                   # the default: the range decision alone
     assert cm._sizes is None
-    assert pc.compile(m, dynamic=True, sizes=[4])._sizes == (4,)
-    assert pc.compile(m, dynamic=False, sizes=[4])._sizes is None
+    assert pc.compile(m, dynamic=True, sizes=[4], specialize=True)._sizes == (4,)
+    assert pc.compile(m, dynamic=False, sizes=[4], specialize=True)._sizes is None
