@@ -141,10 +141,11 @@ class _Pruner:
             if self.alone and math.ceil(mi / max(gi, 1)) > ATEN_ABOVE:
                 kept, scores = [], np.zeros(0)
         _local.alone = self.alone and self.head is not None  # _Select: one choice, nothing benchmarked
-        with _lock:
-            _records.append(GroupedDecision(gi, mi, n, k, dtype, b_k_major, len(pruned),
-                                            tuple(_config_tuple(c) for c in kept),
-                                            tuple(float(np.exp(s)) for s in scores)))
+        d = GroupedDecision(gi, mi, n, k, dtype, b_k_major, len(pruned), tuple(_config_tuple(c) for c in kept),
+                            tuple(float(np.exp(s)) for s in scores))
+        with _lock:  # one record a problem: Inductor calls the prune again on the kept config (seen on an H200)
+            if not any((r.g, r.m, r.n, r.k, r.dtype, r.b_k_major) == (gi, mi, n, k, dtype, b_k_major) for r in _records):
+                _records.append(d)
         return kept
 
 

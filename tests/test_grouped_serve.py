@@ -185,6 +185,9 @@ def test_the_set_up_keeps_one_choice_and_benchmarks_nothing():
         kept = _lower()
         assert grouped._local.alone is True
     assert len(kept) == 1
+    with grouped.installed(_predictor(head, enc), alone=True):
+        _lower()                                   # the same problem again: still one record
+    assert len(grouped.decisions()) == 1
     aten, tri1, tri2 = object.__new__(ExternKernelCaller), object(), object()
     assert _select_with([aten, tri1, tri2], alone=True) == [tri1]
     assert _select_with([aten], alone=True) == [aten]
