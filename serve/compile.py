@@ -44,7 +44,8 @@ from typing import Any, Iterator, Sequence
 
 # The set-up is the one choices handler (perfmodel.serve.choices) under its SETUP policy; the names it had stay
 # importable from here.
-from .choices import (BMM_OPS, BMM_TOP_K, DEFAULT_ATEN, LOG, RANKED_OPS, SETUP, TOP_K, TRITON_GAIN,  # noqa: F401
+from .choices import (BMM_OPS, BMM_TOP_K, DEFAULT_ATEN, DETERMINISTIC, LOG, RANKED_OPS, SETUP, TOP_K,  # noqa: F401
+                      TRITON_GAIN,
                       TRITON_MM, TRITON_TEMPLATE, GemmDecision, Policy, _uid, check_sizes, check_torch_api, decide,
                       filter_choices, handler_class, kept_alone)
 from . import grouped
@@ -180,7 +181,7 @@ def _backend(options: dict[str, Any], predictor: Predictor, policy: Policy, pad:
 
 def compile(model: Any, *, predictor: Predictor | None = None, policy: Policy | None = None, pad: bool = True,
             options: dict[str, Any] | None = None, sizes: Sequence[int] | None = None, specialize: bool = False,
-            **compile_kwargs: Any) -> Any:
+            deterministic: bool = False, **compile_kwargs: Any) -> Any:
     """torch.compile(model) with the set-up: OPTIONS (plus `options`), and the choices handler, the
     convolution lowering and the pad decision installed around every graph compile (forward and backward,
     the first call's and any recompile's). sizes: for a dynamic compile (dynamic=True, or sizes Dynamo made
@@ -189,8 +190,12 @@ def compile(model: Any, *, predictor: Predictor | None = None, policy: Policy | 
     GEMMs of symbolic size are decided over those within the range (None: powers of two across it; summary()
     says which). specialize=True (with sizes; opt-in): a call whose inputs' leading (batch) dimension equals one of
     sizes runs a compile of its own for that size, made at its first such call (serve/specialize.py: works on the
-    CPU with torch 2.13; failed inside Dynamo's specialised dispatch on an H200 with torch 2.11)."""
+    CPU with torch 2.13; failed inside Dynamo's specialised dispatch on an H200 with torch 2.11). deterministic=True:
+    the DETERMINISTIC policy (no benchmark: one choice per GEMM, the model's top-1 config or aten's kernel; the same
+    kernels every compile); not with another policy."""
     import torch
+
+    policy = _deterministic_policy(policy, deterministic)
 
     if "mode" in compile_kwargs or "backend" in compile_kwargs:
         name = "mode" if "mode" in compile_kwargs else "backend"
@@ -206,6 +211,16 @@ def compile(model: Any, *, predictor: Predictor | None = None, policy: Policy | 
     spec = sizes if sizes and specialize and compile_kwargs.get("dynamic") is not False and specialize_mod.supported() \
         else None
     return CompiledModel(compiled, pred, pol, pad, spec)
+
+
+def _deterministic_policy(policy: Policy | None, deterministic: bool) -> Policy | None:
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic: expected a bool, got {type(deterministic).__name__}")
+    if not deterministic:
+        return policy
+    if policy is not None and policy != DETERMINISTIC:
+        raise ValueError("deterministic: True sets policy=DETERMINISTIC; pass one or the other")
+    return DETERMINISTIC
 
 
 class CompiledModel:
