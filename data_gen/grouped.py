@@ -121,6 +121,18 @@ def tokens_for(avg_per_expert: int, g: int, topk: int) -> int:
     return max(1, round(avg_per_expert * g / topk))
 
 
+def parse_per_expert(text: str) -> tuple[int, ...]:
+    """--per-expert's comma-separated rows per expert; ValueError naming the flag unless each is in TOKENS_ORDER."""
+    allowed = ",".join(map(str, TOKENS_ORDER))
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ValueError(f"--per-expert: must be some of {allowed}, got {text!r}") from None
+    if not values or any(t not in TOKENS_ORDER for t in values):
+        raise ValueError(f"--per-expert: must be some of {allowed}, got {text!r}")
+    return values
+
+
 def check_choice(name: str, values: tuple[str, ...] | None, allowed: tuple[str, ...]) -> tuple[str, ...] | None:
     """values, checked against allowed; ValueError naming the field otherwise."""
     if values is None:

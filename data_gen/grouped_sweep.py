@@ -32,9 +32,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .grouped import (B_LAYOUTS, DTYPE_BYTES, DTYPES, FAMILIES, GEMMS, KIND, TOKENS_ORDER, GroupedProblem,
-                      GroupedSweepSettings,
-                      estimate, expected_configs, grouped_problems, problem_id, problem_routings, settings_dict,
-                      validate_row)
+                      GroupedSweepSettings, estimate, expected_configs, grouped_problems, parse_per_expert, problem_id,
+                      problem_routings, settings_dict, validate_row)
 # one problem's rows and timing; choice_kind, make_run_fn and operand_as also re-exported for the tests
 from .grouped_timing import ProblemRows, choice_kind, log, make_operands, make_run_fn, offsets, operand_as  # noqa: F401
 
@@ -374,9 +373,7 @@ def add_parser(gsub: argparse._SubParsersAction) -> None:
     g.add_argument("--families", default=None, help=f"comma-separated, some of {','.join(FAMILIES)} (default all)")
     g.add_argument("--dtypes", default=None, help=f"comma-separated, some of {','.join(DTYPES)} (default both)")
     g.add_argument("--gemms", default=None, help=f"comma-separated, some of {','.join(GEMMS)} (default all)")
-    g.add_argument("--per-expert", default=None,
-                   help="comma-separated average rows per expert to sweep, some of " + ",".join(map(str, TOKENS_ORDER))
-                        + " (default all, in the sweep's order)")
+    g.add_argument("--per-expert", default=None, help=f"rows per expert to sweep, some of {TOKENS_ORDER} (default all)")
     g.add_argument("--layouts", choices=("natural", "both"), default=d.layouts,
                    help=f"B layouts: each family's own ({'/'.join(B_LAYOUTS)}) or both (default {d.layouts})")
     g.add_argument("--no-retime", action="store_true",
@@ -411,16 +408,8 @@ def settings_from_args(args: argparse.Namespace) -> GroupedSweepSettings:
             sel[name] = check_choice(name, _split(getattr(args, name)), allowed)
         except ValueError as exc:
             raise ValueError(f"--{exc}") from None
-    per_expert = None
-    if args.per_expert is not None:
-        try:
-            per_expert = tuple(int(x) for x in _split(args.per_expert))
-        except ValueError:
-            raise ValueError(f"--per-expert: must be comma-separated integers, got {args.per_expert!r}") from None
-        bad = [t for t in per_expert if t not in TOKENS_ORDER]
-        if bad or not per_expert:
-            raise ValueError(f"--per-expert: must be some of {','.join(map(str, TOKENS_ORDER))}, got {args.per_expert!r}")
     timing = TimingSettings(budget_ms=args.budget_ms, pre_sleep_us=args.pre_sleep_us)
+    per_expert = None if args.per_expert is None else parse_per_expert(args.per_expert)
     return GroupedSweepSettings(**sel, per_expert=per_expert, layouts=args.layouts, max_problems=args.max_problems,
                                 time_limit_s=args.time_limit, retime=not args.no_retime, timing=timing)
 

@@ -30,6 +30,19 @@ def accumulator_registers(cfg: GemmConfig) -> float:
     return _acc_registers(cfg.block_m, cfg.block_n, cfg.num_warps)
 
 
+# fp32 accumulator registers a thread at or past which a config runs but spills: in the H200's grouped-GEMM sweep
+# (data/h200 grouped parts) every such config (128x256 tiles on 4 warps) ran 2.0-8.5x the problem's best time on all
+# 51 problems that timed it; the served grouped ranking puts them last.
+SPILL_REGISTERS = 256
+SPILL_SCORE = 10.0  # added to a spilling config's log-ms score: last, whatever the head says
+
+
+def spill_scores(block_m, block_n, num_warps):
+    """SPILL_SCORE where a config's accumulator spills (see SPILL_REGISTERS), else 0; ints or numpy arrays."""
+    return np.where(_acc_registers(np.asarray(block_m, dtype=np.float64), np.asarray(block_n, dtype=np.float64),
+                                   np.asarray(num_warps, dtype=np.float64)) >= SPILL_REGISTERS, SPILL_SCORE, 0.0)
+
+
 def _within(smem, regs, spec: DeviceSpec):
     return (smem <= spec.shared_memory_per_block_optin) & (regs <= spec.registers_per_thread_max)
 

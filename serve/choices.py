@@ -131,6 +131,10 @@ SETUP = Policy()
 # (decisions.CUBLAS_MARGIN, measured for the hook: fewer configs compiled and benchmarked for 0.2-0.3 % of kernel
 # time on held-out problems), its top 5.
 MAX_AUTOTUNE = Policy(triton_gain=gain_from_margin(CUBLAS_MARGIN), top_k=HOOK_TOP_K, lowering="max-autotune")
+# The deterministic set-up: no benchmark at all. Per GEMM one choice is handed to Inductor -- the model's top-1
+# config where it is predicted no slower than aten, else aten's kernel -- so a compile gives the same kernels every
+# time (grouped GEMMs decide without a benchmark already); `perfmodel plan` writes these decisions as a lookup table.
+DETERMINISTIC = Policy(keep_aten=False, top_k=1, bmm_top_k=1)
 
 # The parameters of InductorChoices._finalize_template_configs that the handler was written against.
 _EXPECTED_PARAMS = ("self", "template_choices", "kernel_inputs", "templates", "op_name", "kwarg_overrides")

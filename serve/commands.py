@@ -1,4 +1,4 @@
-"""Serving subcommands: `perfmodel rank`, `perfmodel pad`, `perfmodel export-onnx`.
+"""Serving subcommands: `perfmodel rank`, `perfmodel pad`, `perfmodel export-onnx`, `perfmodel plan`.
 
 Dimensions are handed to the schema as typed (an int, else a float, else the text), so that every bad
 value is rejected by GemmProblem/PadProblem with the same one-line message as the Python API.
@@ -88,6 +88,42 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                      help="also set the folder's lead_keep (of the screen's screen_keep, how many the gemm ensemble's "
                           "first member passes on to the whole ensemble; 0: none; metadata.json), as --screen-keep")
     _one_line_errors(exp, "export-onnx")
+    _add_plan(sub)
+
+
+def _add_plan(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("plan", help="decide every GEMM without a GPU and write Inductor's lookup table "
+                                    "(perfmodel.serve.plan: no benchmark at compile time)")
+    p.add_argument("--gemm", action="append", default=[], metavar="OP:DIMS",
+                   help="mm:M,N,K, addmm:M,N,K (1-D bias) or bmm:B,M,N,K, row-major operands; repeatable")
+    p.add_argument("--model-fn", default=None, metavar="PKG.MOD:FACTORY",
+                   help="an importable factory returning (model, example_inputs): its forward's GEMMs, traced on "
+                        "fake tensors (a model built on the meta device works)")
+    p.add_argument("--dtype", default="bfloat16", help="the --gemm operands' dtype: float16, bfloat16 or float32")
+    p.add_argument("--device", default="h100", help="the device planned for: h100 or h200 (the shipped models)")
+    p.add_argument("--model", default=None, help="model folder (default: the shipped one for --device)")
+    p.add_argument("--device-name", default="",
+                   help="the key's device part as torch names the card (default: the --device's, e.g. "
+                        "'NVIDIA H100 80GB HBM3'); 'none': device-agnostic keys")
+    p.add_argument("--no-template-hash", action="store_true",
+                   help="leave out the installed torch's template source hashes (Inductor then skips its check)")
+    p.add_argument("--out", type=Path, default=None, help="write the lookup table (JSON) here")
+    p.add_argument("--json", action="store_true", help="print the table JSON instead of the decisions table")
+    _one_line_errors(p, "plan")
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from .plan import plan
+
+    name = None if args.device_name.lower() == "none" else args.device_name
+    p = _noted(lambda: plan(args.gemm, model_fn=args.model_fn, device=args.device, dtype=args.dtype,
+                            model_dir=args.model, device_name=name, template_hash=not args.no_template_hash))
+    if args.out is not None:
+        p.write(args.out)
+    print(json.dumps(p.table, indent=2) if args.json else p.text())
+    if args.out is not None:
+        print(f"wrote {args.out} ({len(p.table)} keys)", file=sys.stderr)
+    return 0
 
 
 def _tflops(flops: float, ms: float) -> float:
@@ -291,7 +327,7 @@ def _export_keeps(args: argparse.Namespace, folder: Path, bundle: Any, t0: float
 
 
 def run(args: argparse.Namespace) -> int:
-    handlers = {"rank": _rank, "pad": _pad, "export-onnx": _export_onnx}
+    handlers = {"rank": _rank, "pad": _pad, "export-onnx": _export_onnx, "plan": _plan}
     if args.command not in handlers:
         raise ValueError(f"unknown command {args.command}")
     return handlers[args.command](args)

