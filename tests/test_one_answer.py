@@ -68,20 +68,25 @@ def h100() -> Predictor:
 
 @pytest.fixture(scope="module")
 def synthetic(tmp_path_factory: pytest.TempPathFactory) -> Predictor:
-    """A SYNTHETIC model (random weights) with a random call head and the shipped model's domain record."""
+    """A SYNTHETIC model (random weights) whose problem network has a cuBLAS and a call output, and the shipped
+    model's domain record."""
     import torch
 
     from perfmodel.artifact import save
-    from perfmodel.features import FeatureEncoder
     from perfmodel.model import MLPConfig, PerfMLP
     from tests._synthetic import make_synthetic_bundle
 
     bundle = make_synthetic_bundle(seed=5, hidden=(16,), screen="random", with_pad=False)
-    enc = FeatureEncoder(bundle.spec, "cublas")
+    # the problem network with a cuBLAS output (floored, the synthetic one's config) and a call output (unfloored)
+    one = bundle.heads["problem"]
+    cfg = one.cfg
     torch.manual_seed(5)
-    call = PerfMLP(MLPConfig(len(enc), (16,), "none", floor_features=(-1,), learn_overhead=False,
-                             init_overhead_ms=1e-9)).eval()
-    bundle.heads["call"], bundle.encoders["call"] = call, enc
+    two = PerfMLP(MLPConfig(cfg.n_inputs, cfg.hidden, cfg.norm, learn_overhead=cfg.learn_overhead,
+                            init_overhead_ms=cfg.init_overhead_ms, n_outputs=2,
+                            floor_features=(cfg.floor_features[0], -1)))
+    two.set_normalisation(one.x_mean, one.x_std)
+    bundle.heads["problem"] = two.eval()
+    bundle.metadata["problem_outputs"] = ["cublas", "call"]
     bundle.metadata["domain"] = json.loads((REPO / "models" / "h100" / "metadata.json").read_text())["domain"]
     folder = tmp_path_factory.mktemp("one-answer") / "m"
     save(bundle, folder)
