@@ -35,6 +35,24 @@ class DeviceSpec:
     def peak_bytes_per_s(self) -> float:
         return self.dram_bw_gbs * 1e9
 
+    def roofline_ms(self, m: Any, n: Any, k: Any, dtype: Any, allow_tf32: Any = False, batch: Any = 1) -> Any:
+        """The physical floor in ms, float64: FLOPs at this device's peak for the dtype (and TF32) at its max clock,
+        or each operand read once and the output written once at DRAM bandwidth, whichever is longer; the whole
+        batch for a bmm. Arrays broadcast (dtype: one name, or one per element)."""
+        import numpy as np
+
+        from .schema import DTYPE_BYTES
+
+        m, n, k, batch = (np.asarray(v, dtype=np.float64) for v in (m, n, k, batch))
+        dtypes = np.broadcast_to(np.asarray(dtype), np.broadcast(m, n, k).shape)
+        tf32 = np.broadcast_to(np.asarray(allow_tf32, dtype=bool), dtypes.shape)
+        peak = np.array([self.peak_flops(str(d), bool(t)) for d, t in zip(dtypes.ravel(), tf32.ravel())]
+                        ).reshape(dtypes.shape)
+        nbytes = np.array([DTYPE_BYTES[str(d)] for d in dtypes.ravel()], dtype=np.float64).reshape(dtypes.shape)
+        compute = 2.0 * batch * m * n * k / peak
+        memory = batch * (m * k + k * n + m * n) * nbytes / self.peak_bytes_per_s()
+        return 1e3 * np.maximum(compute, memory)
+
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -44,17 +44,8 @@ class OutsideDomainWarning(UserWarning):
 
 def roofline_ms(spec: Any, m: Any, n: Any, k: Any, dtype: str | Sequence[str], allow_tf32: Any = False,
                 batch: Any = 1) -> np.ndarray:
-    """The physical floor in ms, float64: FLOPs at the device's peak for the dtype (and TF32) at its max clock,
-    or each operand read once and the output written once at DRAM bandwidth, whichever is longer; the whole
-    batch for a bmm. Arrays broadcast (dtype: one name, or one per element)."""
-    m, n, k, batch = (np.asarray(v, dtype=np.float64) for v in (m, n, k, batch))
-    dtypes = np.broadcast_to(np.asarray(dtype), np.broadcast(m, n, k).shape)
-    tf32 = np.broadcast_to(np.asarray(allow_tf32, dtype=bool), dtypes.shape)
-    peak = np.array([spec.peak_flops(str(d), bool(t)) for d, t in zip(dtypes.ravel(), tf32.ravel())]).reshape(dtypes.shape)
-    nbytes = np.array([DTYPE_BYTES[str(d)] for d in dtypes.ravel()], dtype=np.float64).reshape(dtypes.shape)
-    compute = 2.0 * batch * m * n * k / peak
-    memory = batch * (m * k + k * n + m * n) * nbytes / spec.peak_bytes_per_s()
-    return 1e3 * np.maximum(compute, memory)
+    """The physical floor in ms, float64 (DeviceSpec.roofline_ms, perfmodel/devices.py)."""
+    return spec.roofline_ms(m, n, k, dtype, allow_tf32, batch)
 
 
 def layout(transpose_left: Any, transpose_right: Any) -> str:

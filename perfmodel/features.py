@@ -264,6 +264,11 @@ class FeatureEncoder:
         flags = (q == q.floor()).to(p.dtype)                                    # m,n,k % 16, % 8; fp32_ieee
         return torch.cat([logs, roofline, p[..., 3:8], flags], -1), prods, mnk
 
+    def encode_problems_cross(self, problems: Sequence[GemmProblem], configs: torch.Tensor,
+                              config_part: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """encode_cross on a list of GemmProblems (problems_tensor, then encode_cross)."""
+        return self.encode_cross(problems_tensor(problems), configs, config_part)
+
     def encode_cross(self, problems: torch.Tensor, configs: torch.Tensor,
                      config_part: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """Every problem (P, 8) with every config (C, 6) -> (P * C, F), problem-major.

@@ -42,7 +42,7 @@ import torch
 
 from perfmodel.artifact import INDUCTOR_GEMM, ModelBundle, inductor_head
 from perfmodel.configs import pruned_space
-from perfmodel.domain import Domain, OutsideDomainWarning, roofline_ms
+from perfmodel.domain import Domain, OutsideDomainWarning
 from perfmodel.features import configs_tensor, problems_array, problems_tensor
 from perfmodel.ranking import screened_rank, screens
 from perfmodel.schema import DTYPES, GemmConfig, GemmProblem
@@ -205,10 +205,11 @@ class Predictor(ConfigSets, CublasAndPad):
         return out
 
     def roofline_ms(self, problems: Sequence[GemmProblem]) -> np.ndarray:
-        """Each problem's physical floor on the model's device (1-D float64 ms; perfmodel.domain.roofline_ms):
+        """Each problem's physical floor on the model's device (1-D float64 ms; DeviceSpec.roofline_ms):
         no time this Predictor returns is below it."""
-        return roofline_ms(self.spec, [p.m for p in problems], [p.n for p in problems], [p.k for p in problems],
-                           [p.dtype for p in problems], [p.allow_tf32 for p in problems], [p.batch for p in problems])
+        return self.spec.roofline_ms([p.m for p in problems], [p.n for p in problems], [p.k for p in problems],
+                                     [p.dtype for p in problems], [p.allow_tf32 for p in problems],
+                                     [p.batch for p in problems])
 
     def floored(self, problems: Sequence[GemmProblem], ms: np.ndarray) -> np.ndarray:
         """ms (P,) or (P, C) float64 floored at each problem's roofline in float64: the heads floor at a float32
@@ -246,12 +247,10 @@ class Predictor(ConfigSets, CublasAndPad):
         computation for both, so their times agree bit for bit."""
         seen = self.as_trained(problems, "gemm")
         with torch.inference_mode():  # no autograd bookkeeping on the encoder's small ops
-            x = self._encoder.encode_cross(problems_tensor(seen), ct, part)  # (P * C, F)
-        z, log_ms = self._run.score_log_ms(self._gemm, x)
+            x = self._encoder.encode_problems_cross(seen, ct, part)  # (P * C, F)
+        z, ms = self._run.served(self._gemm, x, what)
         shape = (len(problems), part.n_configs)
-        z = self._checked(z.numpy().astype(np.float64), what).reshape(shape)
-        ms = self._checked(np.exp(log_ms.numpy().astype(np.float64)), what, positive=True).reshape(shape)
-        return z, self.floored(problems, ms)
+        return z.reshape(shape), self.floored(problems, ms.reshape(shape))
 
 
     def _best(self, problems: list[GemmProblem], ct: torch.Tensor, part: Any, k: int,

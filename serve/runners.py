@@ -22,7 +22,6 @@ import torch
 from torch import nn
 
 from perfmodel.artifact import ModelBundle, inductor_head
-from perfmodel.model import GroupedNet
 
 # Intra-op threads for the torch backend: the network is small (a few hundred rows x 256 wide), so
 # more threads than this mostly add synchronisation.
@@ -52,6 +51,11 @@ def checked(values: np.ndarray, what: str, positive: bool = False) -> np.ndarray
         raise RuntimeError(f"{what}: the model predicted a non-finite or non-positive time")
     return values
 
+def checked_scores_ms(z: np.ndarray, ms: np.ndarray, what: str) -> tuple[np.ndarray, np.ndarray]:
+    """checked(z, what) and checked(ms, what, positive=True), in one call."""
+    return checked(z, what), checked(ms, what, positive=True)
+
+
 class Runner(abc.ABC):
     """What the Predictor runs a model with. Rows are a head's encoded features (N, F) float32.
 
@@ -72,6 +76,12 @@ class Runner(abc.ABC):
     def score_log_ms(self, head: str, x: torch.Tensor, lead: torch.Tensor | None = None
                      ) -> tuple[torch.Tensor, torch.Tensor]:
         """(score, log ms) of the head on x; lead: its lead member's outputs on x (lead()), or None."""
+
+    def served(self, head: str, x: torch.Tensor, what: str) -> tuple[np.ndarray, np.ndarray]:
+        """(score, ms), float64, of the head on x (score_log_ms, then exp), both checked (`checked`: finite, the
+        times positive; RuntimeError naming `what` otherwise)."""
+        z, log_ms = self.score_log_ms(head, x)
+        return checked_scores_ms(z.numpy().astype(np.float64), np.exp(log_ms.numpy().astype(np.float64)), what)
 
     @abc.abstractmethod
     def __call__(self, head: str, x: torch.Tensor) -> np.ndarray:
@@ -119,34 +129,20 @@ class _TorchRunner(Runner):
         self.modules = {name: head.for_serving().eval() for name, head in bundle.heads.items()}
         self.heads = frozenset(self.modules)
         self.kernels = model_kernels(bundle)
-        # per head, its net (the output before the overhead floor): an addmm chain, or a GroupedNet
-        self.nets: dict[str, Any] = {}
-        for name, head in self.modules.items():
-            head.requires_grad_(False)
-            if isinstance(head.net, GroupedNet):
-                self.nets[name] = head.net
-                continue
-            chain = _linear_relu_chain(head)
-            if chain is not None:
-                self.nets[name] = lambda x, chain=chain: _addmm_chain(chain, x)
+        for head in self.modules.values():
+            head.requires_grad_(False).prepare_serving()
 
     def score(self, head: str, x: torch.Tensor) -> torch.Tensor:
-        h = self.modules[head]
         with torch.inference_mode():
-            if head not in self.nets:
-                return h.score(x)
-            z = self.nets[head](x)
-            if h.floors_each_member:
-                return h.overhead_floor(z)
-            return z.squeeze(-1) if h.cfg.n_outputs == 1 else z
+            return self.modules[head].serving_score(x)
 
     def score_log_ms(self, head: str, x: torch.Tensor, lead: torch.Tensor | None = None
                      ) -> tuple[torch.Tensor, torch.Tensor]:
         h = self.modules[head]
-        z = self.score(head, x) if lead is None else None
         with torch.inference_mode():
-            if z is None:
-                z = h.score_with_lead(x, lead)
+            if lead is None:
+                return h.serving_score_log_ms(x)
+            z = h.score_with_lead(x, lead)
             return z, h.floor(z, x)
 
     def lead(self, head: str, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -155,30 +151,6 @@ class _TorchRunner(Runner):
 
     def __call__(self, head: str, x: torch.Tensor) -> np.ndarray:
         return self.score_log_ms(head, x)[1].numpy().astype(np.float64)
-
-
-def _addmm_chain(chain: list[tuple[torch.Tensor, torch.Tensor]], x: torch.Tensor) -> torch.Tensor:
-    h = x
-    for i, (wt, b) in enumerate(chain):
-        h = torch.addmm(b, h, wt)
-        if i < len(chain) - 1:
-            h.relu_()
-    return h
-
-
-def _linear_relu_chain(head: Any) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
-    """[(W^T, b)] of a folded head made of Linear, ReLU, ..., Linear (standardisation folded away)."""
-    if not isinstance(head.net, nn.Sequential):
-        return None
-    mods = list(head.net)
-    if not (torch.all(head.x_mean == 0) and torch.all(head.x_std == 1)):
-        return None
-    if len(mods) % 2 != 1 or not all(isinstance(m, nn.Linear) for m in mods[::2]) \
-            or not all(type(m) is nn.ReLU for m in mods[1::2]):
-        return None
-    return [(m.weight.detach().t().contiguous(), m.bias.detach().clone()) for m in mods[::2]]
-
-
 
 
 class _ConfigPart(tuple):
