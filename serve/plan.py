@@ -53,6 +53,8 @@ class PlanRow:
         return self.aten_ms / self.triton_ms - 1.0 if self.triton else self.triton_ms / self.aten_ms - 1.0
 
 
+_SHORT = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}  # the table's dtype column
+
 def check_device(device: str) -> tuple[str, str]:
     if device not in DEVICES:
         raise ValueError(f"--device: unknown device {device!r}; known: {', '.join(DEVICES)}")
@@ -171,7 +173,7 @@ class Plan:
         for r in self.rows:
             p = r.problem
             lay = ("T" if p.transpose_left else "N") + ("T" if p.transpose_right else "N")
-            dims = (f"{p.batch}x" if p.batch > 1 else "") + f"{p.m}x{p.n}x{p.k} {p.dtype[:4]} {lay}"
+            dims = (f"{p.batch}x" if p.batch > 1 else "") + f"{p.m}x{p.n}x{p.k} {_SHORT.get(p.dtype, p.dtype)} {lay}"
             fmt = lambda v: "-" if v is None else f"{v:.4f}"  # noqa: E731
             c = r.config
             choice = (f"triton {c.block_m}x{c.block_n}x{c.block_k} g{c.group_m} s{c.num_stages} w{c.num_warps}"
