@@ -55,6 +55,7 @@ class PlanRow:
 
 _SHORT = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}  # the table's dtype column
 
+
 def check_device(device: str) -> tuple[str, str]:
     if device not in DEVICES:
         raise ValueError(f"--device: unknown device {device!r}; known: {', '.join(DEVICES)}")
