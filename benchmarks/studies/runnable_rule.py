@@ -30,6 +30,19 @@ RULES = {
 ONE_ITERATION = "one stage where the K loop has one iteration, else every stage"
 
 
+WGMMA = "one stage for a one-iteration K loop; else every stage for fp16/bf16/TF32, one fewer for IEEE fp32"
+
+
+def _wgmma_need(r: dict) -> int:
+    """Hopper's wgmma path (fp16, bf16, TF32) buffers every stage; IEEE fp32 (no wgmma) one fewer (compiles on the
+    CPU for sm_90: a 64x32x128 5-stage fp32 config holds 5 tiles with TF32, 4 without, 1 when K fits one block)."""
+    if -(-r["k"] // r["block_k"]) <= 1:
+        stages = 1
+    else:
+        stages = r["num_stages"] if (r["dtype"] != "float32" or r["allow_tf32"]) else r["num_stages"] - 1
+    return (r["block_m"] + r["block_n"]) * r["block_k"] * DTYPE_BYTES[r["dtype"]] * stages
+
+
 def _one_iteration_need(r: dict) -> int:
     stages = 1 if -(-r["k"] // r["block_k"]) <= 1 else r["num_stages"]
     return (r["block_m"] + r["block_n"]) * r["block_k"] * DTYPE_BYTES[r["dtype"]] * stages
@@ -75,7 +88,7 @@ def study(folder: Path, compile_n: int = 0) -> list[str]:
     out = [f"{folder}: {len(rows)} Triton rows of the bmm template, shared memory limit {limit} bytes"]
     rules = {**{name: (lambda r, f=f: f(r["block_m"], r["block_n"], r["block_k"], r["num_stages"],
                                          DTYPE_BYTES[r["dtype"]])) for name, f in RULES.items()},
-             ONE_ITERATION: _one_iteration_need}
+             ONE_ITERATION: _one_iteration_need, WGMMA: _wgmma_need}
     for name, need in rules.items():
         tab: Counter = Counter()
         for r in rows:
