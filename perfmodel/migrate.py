@@ -33,7 +33,7 @@ from .bundle import PROBLEM, STUDENT, ModelBundle
 from .heads import REGISTRY
 from .heads.legacy import LEGACY
 from .heads.problem import OUTPUTS as PROBLEM_OUTPUTS
-from .model import MLPConfig, PerfMLP
+from .model import MLPConfig, PerfMLP, stack_linears
 from .provenance import append_step, step_record
 
 # the older layout's heads without an exact conversion: the screen head, the static head (kernel="inductor")
@@ -64,18 +64,8 @@ def stack_outputs(heads: list[PerfMLP]) -> PerfMLP:
     floors = tuple(h.cfg.floor_features[0] if h.cfg.floor_features else -1 for h in heads)
     out = PerfMLP(MLPConfig(n_in, hidden, "none", init_overhead_ms=heads[0].cfg.init_overhead_ms,
                             n_outputs=len(heads), floor_features=floors))
-    big = [m for m in out.net if isinstance(m, nn.Linear)]
+    stack_linears([m for m in out.net if isinstance(m, nn.Linear)], lins)  # each head's output kept
     with torch.no_grad():
-        for i, lin in enumerate(big):
-            lin.weight.zero_()
-            lin.bias.zero_()
-            r = c = 0
-            for ls in lins:
-                w, b = ls[i].weight, ls[i].bias
-                cols = slice(None) if i == 0 else slice(c, c + w.shape[1])   # the first layer: every input
-                lin.weight[r:r + w.shape[0], cols] = w
-                lin.bias[r:r + w.shape[0]] = b
-                r, c = r + w.shape[0], c + w.shape[1]
         out.log_overhead.copy_(torch.cat([h.log_overhead.detach().reshape(1) for h in heads]))
     return out.eval()
 

@@ -302,23 +302,8 @@ class PerfMLP(nn.Module):
         out = PerfMLP(MLPConfig(first.n_inputs, hidden, "none", learn_overhead=first.learn_overhead,
                                 init_overhead_ms=first.init_overhead_ms, n_outputs=first.n_outputs, members=k,
                                 average=average, floor_features=first.floor_features))
-        big = [m for m in out.net if isinstance(m, nn.Linear)]
+        stack_linears([m for m in out.net if isinstance(m, nn.Linear)], lins, mean_last=not after)
         with torch.no_grad():
-            for i, lin in enumerate(big):
-                lin.weight.zero_()
-                lin.bias.zero_()
-                r = c = 0
-                for member in lins:
-                    w, b = member[i].weight, member[i].bias
-                    if i == len(big) - 1 and not after:  # output: the mean of the members'
-                        lin.weight[:, c:c + w.shape[1]] = w / k
-                        lin.bias += b / k
-                    else:                          # first: stacked; hidden (and after-floor output): block-diagonal
-                        cols = slice(None) if i == 0 else slice(c, c + w.shape[1])
-                        lin.weight[r:r + w.shape[0], cols] = w
-                        lin.bias[r:r + w.shape[0]] = b
-                    r += w.shape[0]
-                    c += w.shape[1]
             overheads = torch.stack([h.log_overhead.detach() for h in members])
             out.log_overhead.copy_(overheads.reshape(-1) if after else overheads.mean(0))
         return out.eval()
@@ -326,6 +311,29 @@ class PerfMLP(nn.Module):
     @property
     def overhead_ms(self) -> torch.Tensor:
         return self.log_overhead.detach().exp()
+
+
+def stack_linears(big: list[nn.Linear], lins: list[list[nn.Linear]], mean_last: bool = False) -> None:
+    """Fill big, one MLP's Linears, from K MLPs' Linears lins[k] of one depth: the first layers stacked (each reads
+    every input), the hidden ones block-diagonal, the last block-diagonal too (each member's outputs kept) or, with
+    mean_last, the mean of the members' (one set of outputs)."""
+    k = len(lins)
+    with torch.no_grad():
+        for i, lin in enumerate(big):
+            lin.weight.zero_()
+            lin.bias.zero_()
+            r = c = 0
+            for member in lins:
+                w, b = member[i].weight, member[i].bias
+                if i == len(big) - 1 and mean_last:  # output: the mean of the members'
+                    lin.weight[:, c:c + w.shape[1]] = w / k
+                    lin.bias += b / k
+                else:                                # first: stacked; hidden (and a kept output): block-diagonal
+                    cols = slice(None) if i == 0 else slice(c, c + w.shape[1])
+                    lin.weight[r:r + w.shape[0], cols] = w
+                    lin.bias[r:r + w.shape[0]] = b
+                r += w.shape[0]
+                c += w.shape[1]
 
 
 def _logaddexp(z: torch.Tensor, oh: torch.Tensor) -> torch.Tensor:
