@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import warnings
 from typing import Any, Iterator, Sequence
 
 # The hook is the one choices handler (perfmodel.serve.choices) under max-autotune's policy; the names it had stay
@@ -47,19 +46,16 @@ from .pad_hook import (PAD_LOG_SIZE, _configs_in_play, _match_operands, _triton_
                        bmm_pad_decisions, bmm_problem_from_match, pad_decisions, pad_hook, pad_problem_from_match)
 from . import grouped
 from . import pad_hook as _pad
+from .notices import warn_once
 from .predictor import Predictor, _check_top_k
 
 _lock = threading.Lock()
 _installed: dict[str, Any] = {}  # "handler", "prior", "pad_original": guarded by _lock
-_warned: set[str] = set()  # install-time messages warned once: guarded by _lock
 
 
 def _warn_once(key: str, message: str) -> None:
-    with _lock:
-        if key in _warned:
-            return
-        _warned.add(key)
-    warnings.warn(f"perfmodel.serve.inductor: {message}", RuntimeWarning, stacklevel=3)
+    """An install-time message, once a process (serve/notices.py)."""
+    warn_once(f"inductor:{key}", message, source="perfmodel.serve.inductor")
 
 
 def hook_policy(top_k: int = HOOK_TOP_K, ops: Sequence[str] = RANKED_OPS, templates: Sequence[str] = RANKED_TEMPLATES,

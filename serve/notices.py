@@ -9,10 +9,10 @@ _lock = threading.Lock()
 _warned: set[str] = set()  # guarded by _lock
 
 
-def warn_once(key: str, message: str) -> None:
-    """RuntimeWarning "perfmodel: message", the first time `key` is seen in this process."""
+def warn_once(key: str, message: str, source: str = "perfmodel") -> None:
+    """RuntimeWarning "source: message", the first time `key` is seen in this process."""
     with _lock:
         if key in _warned:
             return
         _warned.add(key)
-    warnings.warn(f"perfmodel: {message}", RuntimeWarning, stacklevel=3)
+    warnings.warn(f"{source}: {message}", RuntimeWarning, stacklevel=3)

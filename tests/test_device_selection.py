@@ -74,10 +74,10 @@ def test_live_device_the_model_does_not_know_warns_once(monkeypatch, name, sms):
 
 def test_inductor_hook_says_once_when_the_gpu_is_not_the_models(monkeypatch):
     pytest.importorskip("triton")
-    from perfmodel.serve import inductor as si
+    from perfmodel.serve import inductor as si, notices
 
     p = Predictor.load(device="h100-sxm")
-    monkeypatch.setattr(si, "_warned", set())
+    monkeypatch.setattr(notices, "_warned", set())
     _mock_gpu(monkeypatch, "NVIDIA H100 80GB HBM3", 132)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -170,10 +170,10 @@ def test_joint_model_stale_device_onnx_is_refused(joint_dir, tmp_path):
 
 def test_inductor_hook_says_when_the_predictor_is_for_another_known_device(joint_dir, monkeypatch):
     pytest.importorskip("triton")
-    from perfmodel.serve import inductor as si
+    from perfmodel.serve import inductor as si, notices
 
     p = Predictor.load(joint_dir, device="h100-sxm")
-    monkeypatch.setattr(si, "_warned", set())
+    monkeypatch.setattr(notices, "_warned", set())
     _mock_gpu(monkeypatch, "NVIDIA H200", 132)  # mocked GPU properties
     with pytest.warns(RuntimeWarning, match="loaded for h100-sxm, this GPU is 'h200', which the model also knows"):
         si._check_device(p)

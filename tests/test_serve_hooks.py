@@ -291,7 +291,7 @@ def test_install_fails_soft_on_api_drift(pt: Predictor, monkeypatch: pytest.Monk
     from torch._inductor.choices import InductorChoices
 
     monkeypatch.delattr(InductorChoices, "_finalize_template_configs")
-    monkeypatch.setattr(si, "_warned", set())
+    monkeypatch.setattr(notices, "_warned", set())
     with pytest.warns(RuntimeWarning, match="_finalize_template_configs"):
         assert si.install(3, predictor=pt) is False
     assert not si.is_installed()
