@@ -54,6 +54,9 @@ after the other, each after torch._dynamo.reset() in a fresh Inductor cache:
   perfmodel-static, default-static
                    (the dynamic kind only) the set-up / default mode compiled statically at each size, one compile
                    per size: the reference for what a per-size decision could reach
+  perfmodel-det    compile(model, deterministic=True): the model's call and top-1 config, no benchmark at all
+  perfmodel-sizes  (the dynamic kind) compile(model, dynamic=True, sizes=<the batch sizes>, specialize=True): one
+                   compile of its own per listed batch size (serve/specialize.py)
 
 What LLM servers compile (issue 46), two more kinds of workload (Workload.kind; names start "Dynamic" / "MoE"):
 
@@ -316,11 +319,11 @@ WORKLOADS = [
 VARIANTS = ("default", "max-autotune", "perfmodel", "perfmodel-top1", "perfmodel-top3", "perfmodel-aten", "perfmodel-zero", "perfmodel-1x1mm", "hook",
             "hook-m0", "hook-top1", "hook-nosure", "hook-nocd", "perfmodel-nosure", "perfmodel-bmm3", "perfmodel-v2", "perfmodel-b1", "perfmodel-b2", "perfmodel-b3",
             "perfmodel-b4", "perfmodel-p0", "perfmodel-nosure-p0", "hook-p0", "hook-nosure-p0", "perfmodel-ieee",
-            "perfmodel-static", "default-static")
+            "perfmodel-static", "default-static", "perfmodel-det", "perfmodel-sizes")
 BASELINES = ("default", "max-autotune")
 # The variants of the dynamic-batch kind: default, max-autotune and perfmodel compiled once with dynamic=True; the
 # "-static" ones compiled statically at each size (one compile per size), the reference for per-size decisions.
-DYNAMIC_VARIANTS = ("default", "max-autotune", "perfmodel", "perfmodel-static", "default-static")
+DYNAMIC_VARIANTS = ("default", "max-autotune", "perfmodel", "perfmodel-static", "default-static", "perfmodel-sizes")
 STATIC_REFERENCES = ("perfmodel-static", "default-static")
 TIMED_RUNS = 30
 REL_TOL = 0.05   # relative Frobenius error against eager allowed for a fp16/bf16 model with random weights
@@ -344,7 +347,8 @@ def _policy(variant: str) -> Any:
             "perfmodel-bmm3": Policy(bmm_top_k=3),
             "perfmodel-nosure": Policy(bmm_sure_gain=None),
             "perfmodel-v2": Policy(),
-            "perfmodel-b1": Policy()}[_base(variant)]
+            "perfmodel-b1": Policy(),
+            "perfmodel-sizes": Policy()}[_base(variant)]
 
 
 def _compile(variant: str, module: Any, predictor: Any) -> tuple[Any, Any]:
@@ -373,6 +377,8 @@ def _compile(variant: str, module: Any, predictor: Any) -> tuple[Any, Any]:
         return torch.compile(module, mode="max-autotune"), ctx
     from perfmodel.serve import compile as pc
 
+    if variant == "perfmodel-det":  # the deterministic mode: no benchmark at all
+        return pc.compile(module, predictor=predictor, pad=True, deterministic=True), contextlib.nullcontext()
     return pc.compile(module, predictor=predictor, policy=_policy(variant), pad=True), contextlib.nullcontext()
 
 
@@ -615,7 +621,8 @@ def _label(shape: tuple[int, ...]) -> str:
     return "x".join(map(str, shape))
 
 
-def _serving_compile(variant: str, module: Any, predictor: Any, dynamic: bool, tokens: list[int]) -> tuple[Any, Any]:
+def _serving_compile(variant: str, module: Any, predictor: Any, dynamic: bool, tokens: list[int],
+                     batches: tuple[tuple[int, ...], ...] = ()) -> tuple[Any, Any]:
     """(compiled module, the sizes= given to perfmodel's compile or None) for a variant of the dynamic kind:
     default mode / stock max-autotune / the set-up with dynamic=True, or (the "-static" variants) dynamic=False.
     The set-up gets the workload's M values (tokens a step: batch x sequence) as sizes= where its compile() takes
@@ -632,6 +639,8 @@ def _serving_compile(variant: str, module: Any, predictor: Any, dynamic: bool, t
     from perfmodel.serve import compile as pc
 
     kw = {"sizes": list(tokens)} if dynamic and "sizes" in inspect.signature(pc.compile).parameters else {}
+    if base == "perfmodel-sizes":  # compile sizes: the batch sizes (the inputs' leading dimension) specialised
+        kw = {"sizes": sorted({s[0] for s in batches}), "specialize": True}
     return pc.compile(module, predictor=predictor, policy=_policy("perfmodel"), pad=True, dynamic=dynamic,
                       **kw), kw.get("sizes")
 
@@ -766,7 +775,7 @@ def _run_dynamic_variant(variant: str, wl: Workload, module: Any, size_inputs: d
             from perfmodel.serve import compile as pc
 
             pc.reset()
-        compiled, sizes_arg = _serving_compile(variant, module, predictor, True, tokens)
+        compiled, sizes_arg = _serving_compile(variant, module, predictor, True, tokens, wl.sizes)
         row["sizes_arg"] = sizes_arg
         with fresh():
             run_sizes(compiled, list(wl.sizes))

@@ -41,7 +41,9 @@ DTYPE_BYTES = {"bfloat16": 2, "float16": 2}
 # Average tokens per expert, in the order the sweep reaches them: every family at a decode and a
 # prefill count first, then the rest of the range (decode 1-16 to prefill thousands).
 TOKENS_ORDER = (8, 512, 1, 64, 2048, 16, 128, 4096, 2, 32, 256, 1024, 4, 384, 24, 96, 3, 48, 768, 1536, 192, 12, 6,
-                3072)
+                3072, 0.5, 0.25)
+# Below one row per expert (appended last, so that the order of the others holds): decode with many experts, e.g.
+# 8 sequences routed top-8 over Qwen3-MoE's 128 experts is 0.5 rows per expert, most experts idle.
 
 # Routings timed per problem. even_inductor: the offsets Inductor autotunes with (kernel/mm_grouped.py
 # create_offsets: equal shares rounded to 16 bytes); even: equal shares (differ by at most one token;
@@ -116,16 +118,16 @@ def within(p: GroupedProblem, budget: GroupedBudget) -> bool:
             and max(p.total_m * p.k, p.g * p.k * p.n, p.total_m * p.n) <= budget.max_elems)
 
 
-def tokens_for(avg_per_expert: int, g: int, topk: int) -> int:
+def tokens_for(avg_per_expert: float, g: int, topk: int) -> int:
     """Tokens in the batch that route avg_per_expert rows to each expert on average (at least one)."""
     return max(1, round(avg_per_expert * g / topk))
 
 
-def parse_per_expert(text: str) -> tuple[int, ...]:
+def parse_per_expert(text: str) -> tuple[float, ...]:
     """--per-expert's comma-separated rows per expert; ValueError naming the flag unless each is in TOKENS_ORDER."""
     allowed = ",".join(map(str, TOKENS_ORDER))
     try:
-        values = tuple(int(x) for x in text.split(",") if x.strip())
+        values = tuple(int(v) if (v := float(x)).is_integer() else v for x in text.split(",") if x.strip())
     except ValueError:
         raise ValueError(f"--per-expert: must be some of {allowed}, got {text!r}") from None
     if not values or any(t not in TOKENS_ORDER for t in values):
@@ -146,7 +148,7 @@ def check_choice(name: str, values: tuple[str, ...] | None, allowed: tuple[str, 
 def grouped_problems(families: tuple[str, ...] | None = None, dtypes: tuple[str, ...] | None = None,
                      gemms: tuple[str, ...] | None = None, layouts: str = "both",
                      budget: GroupedBudget = GroupedBudget(),
-                     per_expert: tuple[int, ...] | None = None) -> list[GroupedProblem]:
+                     per_expert: tuple[float, ...] | None = None) -> list[GroupedProblem]:
     """Every problem within the budget, in sweep order: by a priority that puts each family's bf16 gate+up and
     down GEMMs (its model's weight layout) at one decode and one prefill token count first, then further token
     counts (TOKENS_ORDER), with fp16, the up-only GEMM and the other weight layout a few ranks later each;
@@ -331,7 +333,7 @@ class GroupedSweepSettings:
     dtypes: tuple[str, ...] | None = None     # None: both
     gemms: tuple[str, ...] | None = None      # None: all of GEMMS
     layouts: str = "both"                     # "natural": each family's own weight layout only
-    per_expert: tuple[int, ...] | None = None # None: every rows-per-expert value of TOKENS_ORDER
+    per_expert: tuple[float, ...] | None = None # None: every rows-per-expert value of TOKENS_ORDER
     max_problems: int | None = None           # new problems this run
     time_limit_s: float | None = None         # stop cleanly before starting a problem that would pass it
     retime: bool = True                       # re-time every choice on each routing (else Inductor's timings only)
