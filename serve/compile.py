@@ -188,9 +188,9 @@ def compile(model: Any, *, predictor: Predictor | None = None, policy: Policy | 
     dynamic), the sizes the dynamic dimension takes -- positive ints: a linear layer's M, the tokens a step
     (batch x sequence); where several of a GEMM's dimensions are symbolic, the values of each symbol --; the
     GEMMs of symbolic size are decided over those within the range (None: powers of two across it; summary()
-    says which). specialize=True (with sizes; opt-in): a call whose inputs' leading (batch) dimension equals one of
-    sizes runs a compile of its own for that size, made at its first such call (serve/specialize.py: works on the
-    CPU with torch 2.13; failed inside Dynamo's specialised dispatch on an H200 with torch 2.11). deterministic=True:
+    says which). specialize=True (with sizes, for a dynamic compile): a call whose inputs' leading (batch) dimension
+    equals one of sizes runs a compile of its own for that size (static decisions, that dimension static), made at
+    its first such call; other sizes run the dynamic compile, decided over its range (serve/specialize.py). deterministic=True:
     the DETERMINISTIC policy (no benchmark: one choice per GEMM, the model's top-1 config or aten's kernel; the same
     kernels every compile); not with another policy."""
     import torch
@@ -206,10 +206,19 @@ def compile(model: Any, *, predictor: Predictor | None = None, policy: Policy | 
     unknown = [k for k in opts if k not in known]
     if unknown:
         raise ValueError(f"options: this torch's Inductor has no {unknown}")
+    if not isinstance(specialize, bool):
+        raise TypeError(f"specialize: expected a bool, got {type(specialize).__name__}")
+    if specialize and not sizes:
+        raise ValueError("specialize: True needs sizes=[...], the batch sizes to compile on their own")
     pred, pol = _resolve(predictor, policy, pad)
-    compiled = torch.compile(model, backend=_backend(opts, pred, pol, pad, sizes), **compile_kwargs)
-    spec = sizes if sizes and specialize and compile_kwargs.get("dynamic") is not False and specialize_mod.supported() \
-        else None
+    spec = sizes if specialize and compile_kwargs.get("dynamic") is not False else None
+    # with compile sizes the dynamic graph serves the other sizes: its GEMMs are decided over its whole range
+    compiled = torch.compile(model, backend=_backend(opts, pred, pol, pad, None if spec else sizes), **compile_kwargs)
+    if spec:
+        per_size_kwargs = {k: v for k, v in compile_kwargs.items() if k != "dynamic"}
+        per_size = torch.compile(model, backend=_backend(opts, pred, pol, pad, None), dynamic=None, **per_size_kwargs)
+        specialize_mod.ensure_recompile_limit(len(spec))
+        compiled = specialize_mod.Dispatch(compiled, per_size, spec)
     return CompiledModel(compiled, pred, pol, pad, spec)
 
 
@@ -232,12 +241,13 @@ class CompiledModel:
         self.__dict__.update(_compiled=compiled, _predictor=predictor, _policy=policy, _pad=pad, _sizes=sizes)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self._sizes:  # compile sizes: the leading dimension specialised to each (serve/specialize.py)
-            specialize_mod.mark(args, kwargs, self._sizes)
-        return self._compiled(*args, **kwargs)
+        return self._compiled(*args, **kwargs)   # with compile sizes: specialize.Dispatch
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self.__dict__["_compiled"], name)
+        compiled = self.__dict__["_compiled"]
+        if isinstance(compiled, specialize_mod.Dispatch):
+            compiled = compiled.dynamic
+        return getattr(compiled, name)
 
 
 def decisions() -> list[GemmDecision]:

@@ -1,60 +1,79 @@
 """Compile sizes: a dynamic compile's listed batch sizes each get a compile of their own.
 
-`compile(model, dynamic=True, sizes=[...])` decides the GEMMs of symbolic size over the range (serve/gemm_decisions.py);
-one kernel for every size still runs the non-GEMM kernels (and the GEMMs) compiled for a symbolic size. With
-`specialize=True` (opt-in) every call marks its tensor inputs' leading dimension dynamic with one predicate per
-listed size (`torch._dynamo.mark_dynamic(t, 0, specialize_on=[...])`, torch 2.8 and later): Dynamo traces once and,
-the first time a call's leading dimension equals a listed size, Inductor compiles the graph for that size as a static
-one (the set-up's static decisions, its kernels specialised), dispatched to at run time -- what vLLM calls compile
-sizes. Other sizes run the dynamic graph. A torch without `specialize_on` gets the dynamic graph alone.
+`compile(model, dynamic=True, sizes=[...], specialize=True)`: a call whose inputs' leading (batch) dimension is one of
+`sizes` goes to a second torch.compile of the model -- the set-up with static decisions, that dimension marked static
+(`torch._dynamo.mark_static`), the others as Dynamo's automatic dynamic shapes leave them (static until they vary) --
+and every other call to the dynamic compile, whose GEMMs are decided over the range (serve/gemm_decisions.py). Dynamo
+keeps one cache entry per listed size that is called (each with its own CUDA graphs) beside the dynamic one: its
+cache entries are kept per backend, so the two compiles never pick up each other's graphs. What vLLM calls compile
+sizes, dispatched in Python before Dynamo.
 
-The leading dimension is the batch (decode: the tokens a step). A size-1 leading dimension is never marked: Dynamo
-specialises size 1 itself.
+Not through Dynamo's own `mark_dynamic(t, 0, specialize_on=[...])` (torch 2.8 and later), which compiles a listed
+size's graph lazily from the dynamic trace: on torch 2.11 that lazy compile fails on a graph that calls `.item()` on
+a tensor (transformers' Llama rotary embedding reads `attention_scaling` so) with DataDependentOutputException,
+under a masking "'NoneType' object has no attribute 'f_code'" (benchmarks/studies/compile_sizes_repro.py: plain
+torch.compile fails the same way, CUDA graphs on or off; its log in benchmarks/results/serving_h200_runs/).
 
-Opt-in, because of what was measured: on the CPU (torch 2.13) the listed sizes compile and dispatch as intended
-(tests/test_compile_sizes.py); in the one whole-model run on an H200 (torch 2.11, Llama-3-8B and Qwen2-7B widths,
-benchmarks/results/serving_h200_runs/i46c_mb0.log) the first call at a listed size failed inside Dynamo's
-specialised dispatch ("'NoneType' object has no attribute 'f_code'": its handler of a backend error reads the
-finished trace's frame, so the backend's own error is not shown). Until that error is seen and fixed, the
-dynamic set-up's default is the range decision alone.
+The leading dimension is the batch (decode: the sequences of a step). The listed sizes and the dynamic graph count
+against Dynamo's recompile limit: it is raised to fit them (`ensure_recompile_limit`).
 """
 from __future__ import annotations
 
-import inspect
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
-MARK = "_perfmodel_compile_sizes"  # set on a tensor once marked (a tensor is marked once)
+# Cache entries beyond the listed sizes: the dynamic graph, a listed size's recompile when another dimension first
+# varies (automatic dynamic shapes), and room for the user's own
+EXTRA_ENTRIES = 4
 
 
-def supported() -> bool:
-    """Whether this torch's mark_dynamic takes specialize_on."""
+def leading_size(args: Sequence[Any], kwargs: dict[str, Any]) -> int | None:
+    """The leading dimension of the first tensor (with one) among args and kwargs' values, not nested; None if
+    there is none."""
     import torch
 
-    try:
-        return "specialize_on" in inspect.signature(torch._dynamo.mark_dynamic).parameters
-    except (AttributeError, TypeError, ValueError):
-        return False
+    for t in (*args, *kwargs.values()):
+        if isinstance(t, torch.Tensor) and t.dim() > 0:
+            return int(t.shape[0])
+    return None
 
 
-def _equals(size: int) -> Callable[[int], bool]:
-    return lambda x: x == size  # Dynamo reads a predicate's source (inspect.getsource) for its guard
-
-
-def predicates(sizes: Sequence[int]) -> list[Callable[[int], bool]]:
-    return [_equals(int(s)) for s in sizes]
-
-
-def mark(args: Sequence[Any], kwargs: dict[str, Any], sizes: Sequence[int]) -> int:
-    """Mark the leading dimension of every tensor among args and kwargs' values (not nested) dynamic with one
-    specialisation per size; tensors with a leading dimension of 0 or 1, or marked before, are left. The count
-    marked."""
+def mark_static(args: Sequence[Any], kwargs: dict[str, Any], size: int) -> int:
+    """Mark the leading dimension static on every tensor among args and kwargs' values (not nested) whose leading
+    dimension is `size`; the count marked."""
     import torch
 
     n = 0
     for t in (*args, *kwargs.values()):
-        if not isinstance(t, torch.Tensor) or t.dim() == 0 or t.shape[0] <= 1 or getattr(t, MARK, None):
-            continue
-        torch._dynamo.mark_dynamic(t, 0, specialize_on=predicates(sizes))
-        setattr(t, MARK, tuple(sizes))
-        n += 1
+        if isinstance(t, torch.Tensor) and t.dim() > 0 and t.shape[0] == size:
+            torch._dynamo.mark_static(t, 0)
+            n += 1
     return n
+
+
+def ensure_recompile_limit(n_sizes: int) -> int:
+    """Raise Dynamo's per-frame recompile limit (recompile_limit; cache_size_limit on older torch) to hold the
+    listed sizes' entries beside the dynamic one; never lowers it. The limit in force."""
+    import torch._dynamo.config as dc
+
+    name = "recompile_limit" if hasattr(dc, "recompile_limit") else "cache_size_limit"
+    want = n_sizes + EXTRA_ENTRIES
+    if getattr(dc, name) < want:
+        setattr(dc, name, want)
+    return getattr(dc, name)
+
+
+class Dispatch:
+    """Routes a call to the per-size compile (its leading dimension listed) or the dynamic one."""
+
+    def __init__(self, dynamic: Any, per_size: Any, sizes: Sequence[int]) -> None:
+        self.dynamic, self.per_size, self.sizes = dynamic, per_size, frozenset(int(s) for s in sizes)
+        self.calls = {"per_size": 0, "dynamic": 0}
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        b = leading_size(args, kwargs)
+        if b is not None and b in self.sizes:
+            mark_static(args, kwargs, b)
+            self.calls["per_size"] += 1
+            return self.per_size(*args, **kwargs)
+        self.calls["dynamic"] += 1
+        return self.dynamic(*args, **kwargs)

@@ -1,4 +1,5 @@
-"""Compile sizes (serve/specialize.py): with sizes=, each listed batch size gets a compile of its own (CPU)."""
+"""Compile sizes (serve/specialize.py): with sizes= and specialize=True, each listed batch size gets a compile of its
+own, the other sizes the dynamic one (CPU)."""
 from __future__ import annotations
 
 import pytest
@@ -6,30 +7,42 @@ import torch
 
 from perfmodel.serve import specialize
 
-pytestmark = pytest.mark.skipif(not specialize.supported(), reason="this torch's mark_dynamic has no specialize_on")
+
+def test_leading_size_and_mark_static():
+    a, b = torch.zeros(8, 4), torch.zeros(32, 2)
+    assert specialize.leading_size((3, a), {"b": b}) == 8
+    assert specialize.leading_size((), {"b": b}) == 32
+    assert specialize.leading_size((torch.tensor(1.0),), {}) is None
+    assert specialize.mark_static((a,), {"b": b}, 8) == 1
+    assert 0 in a._dynamo_static_indices and not hasattr(b, "_dynamo_static_indices")
 
 
-def test_mark_sets_one_predicate_per_size_and_leaves_size_one_alone():
-    a, b, one = torch.zeros(8, 4), torch.zeros(32, 2), torch.zeros(1, 4)
-    assert specialize.mark((a, one), {"b": b, "n": 3}, (8, 32)) == 2
-    preds = a._specialize_on[0]
-    assert [p(8) for p in preds] == [True, False] and [p(32) for p in preds] == [False, True]
-    assert not hasattr(one, "_specialize_on") or 0 not in one._specialize_on
-    assert specialize.mark((a,), {}, (8, 32)) == 0          # a tensor is marked once
+def test_recompile_limit_raised_never_lowered():
+    import torch._dynamo.config as dc
+
+    name = "recompile_limit" if hasattr(dc, "recompile_limit") else "cache_size_limit"
+    with dc.patch(name, 8):
+        assert specialize.ensure_recompile_limit(3) == 8
+        assert specialize.ensure_recompile_limit(10) == 10 + specialize.EXTRA_ENTRIES
 
 
-def test_a_listed_size_compiles_its_own_graph(monkeypatch):
-    """Backend compiles counted at Inductor's compile_fx: the first call (size 1, Dynamo specialises it) one; the
-    first at a listed size the dynamic graph and that size's own; an unlisted size and a repeat none."""
+def test_listed_sizes_compile_their_own_graphs(monkeypatch):
+    """Graph compiles counted at Inductor's compile_fx (its outermost call) and which compile each call went to: a
+    listed size compiles a static graph of its own at its first call, an unlisted size the dynamic graph once, a
+    repeat nothing; outputs equal eager's."""
     import torch._inductor.compile_fx as cfx
 
     import perfmodel.serve.compile as pc
 
-    calls, depth = [], [0]
+    calls, depth, shapes = [], [0], []
     real = cfx.compile_fx
 
-    def counted(gm, inputs, *a, **kw):  # compile_fx may call itself: the outermost call is one graph's compile
-        calls.extend([1] if depth[0] == 0 else [])
+    def counted(gm, inputs, *a, **kw):
+        if depth[0] == 0:
+            calls.append(1)
+            vals = [n.meta.get("example_value") for n in gm.graph.nodes if n.op == "placeholder"]
+            shapes.append(any(isinstance(v, torch.SymInt) or isinstance(v, torch.Tensor) and
+                              any(isinstance(d, torch.SymInt) for d in v.shape) for v in vals))
         depth[0] += 1
         try:
             return real(gm, inputs, *a, **kw)
@@ -43,19 +56,26 @@ def test_a_listed_size_compiles_its_own_graph(monkeypatch):
     cm = pc.compile(m, dynamic=True, sizes=[4, 6], specialize=True)
     seen = []
     with torch.no_grad():
-        for b in (1, 4, 5, 6, 4):
+        for b in (4, 5, 6, 4, 7, 6):
             x = torch.randn(b, 16)
             assert torch.allclose(cm(x), m(x), rtol=1e-4, atol=1e-5)
             seen.append(len(calls))
-    assert seen == [1, 3, 3, 4, 4]
+    assert seen == [1, 2, 3, 3, 3, 3]
+    assert cm._compiled.calls == {"per_size": 4, "dynamic": 2}
+    # the listed sizes' graphs are static; the dynamic one has a symbolic size
+    assert shapes == [False, True, False]
     torch._dynamo.reset()
 
 
-def test_specialisation_is_opt_in():
+def test_specialisation_is_opt_in_and_checked():
     import perfmodel.serve.compile as pc
 
     m = torch.nn.Linear(4, 4)
     cm = pc.compile(m, dynamic=True, sizes=[4])                   # the default: the range decision alone
-    assert cm._sizes is None
+    assert cm._sizes is None and not isinstance(cm._compiled, specialize.Dispatch)
     assert pc.compile(m, dynamic=True, sizes=[4], specialize=True)._sizes == (4,)
     assert pc.compile(m, dynamic=False, sizes=[4], specialize=True)._sizes is None
+    with pytest.raises(ValueError, match="specialize: True needs sizes"):
+        pc.compile(m, dynamic=True, specialize=True)
+    with pytest.raises(TypeError, match="specialize: expected a bool"):
+        pc.compile(m, dynamic=True, sizes=[4], specialize="yes")
