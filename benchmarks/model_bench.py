@@ -55,6 +55,11 @@ after the other, each after torch._dynamo.reset() in a fresh Inductor cache:
                    (the dynamic kind only) the set-up / default mode compiled statically at each size, one compile
                    per size: the reference for what a per-size decision could reach
   perfmodel-det    compile(model, deterministic=True): the model's call and top-1 config, no benchmark at all
+  table            (the static kind) torch.compile(module, options=SETUP_OPTIONS) with the workload's table from
+                   `perfmodel plan` (--tables DIR, <slug>.json: --plan-tables makes them on a CPU) as
+                   config.lookup_table.table under torch's LookupTableChoices -- perfmodel NOT imported (the worker
+                   loads the predictor at its first perfmodel / hook variant: list "table" before them); its row
+                   counts the table's hits and misses and says whether perfmodel was imported
   perfmodel-sizes  (the dynamic kind) compile(model, dynamic=True, sizes=<the batch sizes>, specialize=True): one
                    compile of its own per listed batch size (serve/specialize.py)
 
@@ -89,7 +94,14 @@ perfmodel's decisions for its variants.
 
 Results merge into --out by (workload, variant): a run resumes where the last one stopped (--force re-runs).
 Runs made in parallel (one GPU each, their own --out) merge with --merge A.json B.json --out ALL.json (CPU).
---list prints the workloads with their kind.
+--list prints the workloads with their kind. The perfmodel and perfmodel-det rows keep the table the compile recorded
+(lookup_table: perfmodel.serve.compile.lookup_table()).
+
+Decisions as an artifact (issue 50; docs/integration.md), on a CPU:
+
+    python -m benchmarks.model_bench --plan-tables benchmarks/results/plan_tables_h200 --device h200 \
+        --workloads "GPT-2 124M;BERT-large;Llama-3-8B widths (2 layers), bf16, decode;Qwen2-7B widths"
+    python -m benchmarks.model_bench --compare-tables RESULTS.json --tables benchmarks/results/plan_tables_h200
 """
 from __future__ import annotations
 
@@ -319,13 +331,25 @@ WORKLOADS = [
 VARIANTS = ("default", "max-autotune", "perfmodel", "perfmodel-top1", "perfmodel-top3", "perfmodel-aten", "perfmodel-zero", "perfmodel-1x1mm", "hook",
             "hook-m0", "hook-top1", "hook-nosure", "hook-nocd", "perfmodel-nosure", "perfmodel-bmm3", "perfmodel-v2", "perfmodel-b1", "perfmodel-b2", "perfmodel-b3",
             "perfmodel-b4", "perfmodel-p0", "perfmodel-nosure-p0", "hook-p0", "hook-nosure-p0", "perfmodel-ieee",
-            "perfmodel-static", "default-static", "perfmodel-det", "perfmodel-sizes")
+            "perfmodel-static", "default-static", "perfmodel-det", "perfmodel-sizes", "table")
 BASELINES = ("default", "max-autotune")
 # The variants of the dynamic-batch kind: default, max-autotune and perfmodel compiled once with dynamic=True; the
 # "-static" ones compiled statically at each size (one compile per size), the reference for per-size decisions.
 DYNAMIC_VARIANTS = ("default", "max-autotune", "perfmodel", "perfmodel-static", "default-static", "perfmodel-sizes")
 STATIC_REFERENCES = ("perfmodel-static", "default-static")
 TIMED_RUNS = 30
+# The set-up's Inductor options (perfmodel.serve.compile.OPTIONS), written out so that the "table" variant compiles
+# with them without importing perfmodel (tests/test_model_bench.py checks that the two are equal).
+SETUP_OPTIONS = {
+    "triton.cudagraphs": True,
+    "max_autotune": False,
+    "max_autotune_pointwise": False,
+    "coordinate_descent_tuning": False,
+    "max_autotune_gemm": True,
+    "max_autotune_gemm_backends": "ATEN,TRITON",
+    "max_autotune_conv_backends": "ATEN",
+}
+TABLES = REPO / "benchmarks/results/plan_tables_h200"
 REL_TOL = 0.05   # relative Frobenius error against eager allowed for a fp16/bf16 model with random weights
 
 
@@ -351,7 +375,59 @@ def _policy(variant: str) -> Any:
             "perfmodel-sizes": Policy()}[_base(variant)]
 
 
-def _compile(variant: str, module: Any, predictor: Any) -> tuple[Any, Any]:
+def slug(name: str) -> str:
+    """A workload's name as a file name: lower case, runs of anything but letters and digits as one '-'."""
+    import re
+
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def load_table(tables: Path, name: str) -> dict[str, Any]:
+    """The workload's lookup table, tables/<slug>.json. FileNotFoundError naming --tables and the file."""
+    path = Path(tables) / f"{slug(name)}.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"--tables: no table for {name!r} ({path}); make it on a CPU with "
+                                f"python -m benchmarks.model_bench --plan-tables {tables} --workloads '{name}'")
+    return json.loads(path.read_text())
+
+
+def _table_context(table: dict[str, Any], counts: dict[str, Any]) -> Any:
+    """For the block: table as Inductor's config.lookup_table.table and torch's LookupTableChoices (a subclass
+    counting, per lookup, a hit, a miss of a key not in the table, or a skip: the key in the table but no entry
+    for the call's templates -- say an addmm's subgraph-template call) as the choices handler; both restored
+    after. No perfmodel import."""
+    import contextlib
+
+    from torch._inductor import config
+    from torch._inductor.lookup_table import LookupTableChoices
+    from torch._inductor.virtualized import V
+
+    class CountingLookupTableChoices(LookupTableChoices):
+        def lookup_template_configs(self, kernel_inputs: Any, op_name: str, *args: Any, **kwargs: Any) -> Any:
+            found = super().lookup_template_configs(kernel_inputs, op_name, *args, **kwargs)
+            key = self.make_lookup_key(kernel_inputs, op_name, include_device=True)
+            what = "hits" if found else "skips" if key in table else "misses"
+            counts[what] += 1
+            if what == "misses" and len(counts["missed"]) < 50:
+                counts["missed"].append(key)
+            return found
+
+    @contextlib.contextmanager
+    def ctx() -> Any:
+        prior_table, prior = config.lookup_table.table, V.choices
+        config.lookup_table.table = table
+        V.set_choices_handler(CountingLookupTableChoices())
+        try:
+            yield
+        finally:
+            V.set_choices_handler(prior)
+            config.lookup_table.table = prior_table
+
+    return ctx()
+
+
+def _compile(variant: str, module: Any, predictor: Any, table: dict[str, Any] | None = None,
+             counts: dict[str, Any] | None = None) -> tuple[Any, Any]:
     """(compiled module, the context its calls run in). The perfmodel variants are
     perfmodel.serve.compile.compile(), as users run it: its backend installs the set-up around every graph
     compile, the backward's included (the pad-decision clock then times Inductor's own pad benchmarks, for
@@ -365,6 +441,8 @@ def _compile(variant: str, module: Any, predictor: Any) -> tuple[Any, Any]:
         return torch.compile(module, mode="reduce-overhead"), contextlib.nullcontext()
     if variant == "max-autotune":
         return torch.compile(module, mode="max-autotune"), contextlib.nullcontext()
+    if variant == "table":  # the plan's table, perfmodel not imported
+        return torch.compile(module, options=dict(SETUP_OPTIONS)), _table_context(table, counts)
     if variant.startswith("hook"):
         from perfmodel.serve import inductor
 
@@ -472,7 +550,7 @@ def _top_kernels(step: Callable, n: int = 25) -> list:
 
 
 def _run_variant(variant: str, wl: Workload, module: Any, inputs: tuple, fwd: Callable, ref: dict, predictor: Any,
-                 flush: Any, cycles_per_ms: float, feedback: _Feedback) -> dict[str, Any]:
+                 flush: Any, cycles_per_ms: float, feedback: _Feedback, tables: Path = TABLES) -> dict[str, Any]:
     import torch
     import torch._dynamo
     from torch._inductor import utils as ind_utils
@@ -487,7 +565,12 @@ def _run_variant(variant: str, wl: Workload, module: Any, inputs: tuple, fwd: Ca
 
         pc.reset()
     feedback.rows = []
-    compiled, ctx = _compile(variant, module, predictor)
+    table, counts = None, None
+    if _base(variant) == "table":
+        table = load_table(tables, wl.name)
+        counts = {"hits": 0, "misses": 0, "skips": 0, "missed": []}
+        row["table"] = {"file": f"{slug(wl.name)}.json", "keys": len(table), "lookups": counts}
+    compiled, ctx = _compile(variant, module, predictor, table, counts)
     with fresh(), ctx:
 
         def step() -> Any:
@@ -554,6 +637,10 @@ def _run_variant(variant: str, wl: Workload, module: Any, inputs: tuple, fwd: Ca
 
         row["decisions"] = [asdict(d) for d in pc.decisions()]
         row["summary"] = pc.summary()
+        if _base(variant) in ("perfmodel", "perfmodel-det"):  # compared with the CPU plan's (--compare-tables)
+            row["lookup_table"] = pc.lookup_table()
+    if _base(variant) == "table":  # after the compile: perfmodel must not have come in by any path
+        row["perfmodel_imported"] = any(m in sys.modules for m in ("perfmodel", "serve"))
     counters = torch._dynamo.utils.counters
     row["graphs"] = int(counters["stats"].get("unique_graphs", 0))
     compiled = None  # frees the compiled model (its CUDA-graph pool) before the next variant
@@ -826,7 +913,7 @@ def _wait_for_compile_workers(timeout: float = 120.0) -> None:
         AsyncCompile.wait_pool_ready(timeout=timeout)
 
 
-def _worker(name: str, variants: list[str], model: str | None, res_file: Path) -> None:
+def _worker(name: str, variants: list[str], model: str | None, res_file: Path, tables: Path = TABLES) -> None:
     import torch
 
     wl = next(w for w in WORKLOADS if w.name == name)
@@ -874,19 +961,26 @@ def _worker(name: str, variants: list[str], model: str | None, res_file: Path) -
     _wait_for_compile_workers()
     torch._dynamo.reset()
     predictor = None
-    if any(v.startswith(("perfmodel", "hook")) for v in variants):  # the hooks get --model's predictor too
+
+    def load_predictor() -> Any:
+        """--model's predictor (the hooks get it too), loaded at the first perfmodel / hook variant: perfmodel is
+        not imported before it (the "table" variant runs without it)."""
         from perfmodel.serve.predictor import Predictor
 
         t0 = time.perf_counter()
-        predictor = Predictor.load(model)
-        result["predictor"] = {"source": str(Path(predictor.source).name), "backend": predictor.backend,
-                               "device": predictor.device, "load_s": time.perf_counter() - t0}
+        p = Predictor.load(model)
+        result["predictor"] = {"source": str(Path(p.source).name), "backend": p.backend, "device": p.device,
+                               "load_s": time.perf_counter() - t0}
+        return p
+
     flush = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device=dev)
     cycles_per_ms = _spin_cycles_per_ms()
     feedback = _Feedback()
     grad_ctx = torch.enable_grad if wl.train else torch.no_grad
     for v in variants:
         try:
+            if predictor is None and v.startswith(("perfmodel", "hook")):
+                predictor = load_predictor()
             with grad_ctx():
                 if wl.kind == "dynamic":
                     def progress(row: dict, v: str = v) -> None:
@@ -897,7 +991,7 @@ def _worker(name: str, variants: list[str], model: str | None, res_file: Path) -
                                                                  flush, cycles_per_ms, feedback, progress)
                 else:
                     result["variants"][v] = _run_variant(v, wl, module, inputs, fwd, ref, predictor, flush,
-                                                         cycles_per_ms, feedback)
+                                                         cycles_per_ms, feedback, tables)
         except Exception as exc:  # noqa: BLE001 -- one variant's failure must not lose the others
             # a dynamic-kind variant keeps the sizes it measured (progress()), without step_ms: the runner re-runs it
             kept = {k: x for k, x in result["variants"].get(v, {}).items() if k != "step_ms"} \
@@ -1379,10 +1473,11 @@ def select_workloads(spec: str) -> list[Workload]:
 
 def variants_for(wl: Workload, variants: list[str]) -> list[str]:
     """The variants of `variants` that a workload's kind runs: the dynamic kind DYNAMIC_VARIANTS' (repeats
-    included), any other kind all but the static references (which exist for the dynamic kind only)."""
+    included), any other kind all but the static references (which exist for the dynamic kind only); "table" the
+    static kind only."""
     if wl.kind == "dynamic":
         return [v for v in variants if _base(v) in DYNAMIC_VARIANTS]
-    return [v for v in variants if _base(v) not in STATIC_REFERENCES]
+    return [v for v in variants if _base(v) not in STATIC_REFERENCES and (wl.kind == "static" or _base(v) != "table")]
 
 
 def merge_files(results: dict[str, Any], others: list[dict[str, Any]]) -> dict[str, Any]:
@@ -1397,6 +1492,67 @@ def merge_files(results: dict[str, Any], others: list[dict[str, Any]]) -> dict[s
             results["workloads"][name] = {**prev, **{k: v for k, v in r.items() if k != "variants"},
                                           "variants": {**prev.get("variants", {}), **r.get("variants", {})}}
     return results
+
+
+# ------------------------------------------------------------------------------------- decisions as an artifact
+def plan_tables(out_dir: Path, workloads: list[Workload], device: str = "h200", model: str | None = None
+                ) -> dict[str, Any]:
+    """CPU: each static workload's `perfmodel plan` (serve.plan.plan on its forward, traced on the meta device --
+    no weights allocated, no GPU) written as out_dir/<slug>.json (the lookup table the "table" variant compiles
+    with) and <slug>.txt (plan.text()). template_hash=False: the Triton templates' source hash differs between
+    torch versions (the plan is made with the CPU's torch, the compile runs on the GPU's), and an entry without
+    one is accepted by torch's check. Limits (serve/plan_trace.py): the forward as traced on the meta device, where
+    scaled_dot_product_attention decomposes to its math (two bmm per layer) that a CUDA compile runs as a fused
+    kernel: those keys are in the plan's table only and never looked up. {workload: its table's key count}."""
+    import torch
+
+    from perfmodel.serve.plan import plan
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    done = {}
+    for wl in workloads:
+        if wl.kind != "static" or wl.train:
+            raise ValueError(f"--plan-tables: {wl.name!r} is not a static inference workload")
+        t0 = time.perf_counter()
+        meta = torch.device("meta")
+        with meta:
+            module, inputs, fwd = wl.build(meta)
+        p = plan(model=lambda *a, m=module, f=fwd: f(m, *a), inputs=inputs, device=device, model_dir=model,
+                 template_hash=False)
+        p.model = f"models/{Path(p.model).name}" if p.model else p.model  # the folder, not this machine's path
+        p.write(out_dir / f"{slug(wl.name)}.json")
+        (out_dir / f"{slug(wl.name)}.txt").write_text(f"{wl.name}\n{p.text()}\n")
+        done[wl.name] = len(p.table)
+        print(f"[model_bench] {wl.name}: {len(p.rows)} GEMMs, {len(p.table)} keys "
+              f"({time.perf_counter() - t0:.0f} s) -> {out_dir / slug(wl.name)}.json", flush=True)
+    return done
+
+
+def compare_tables(results: dict[str, Any], tables: Path, variant: str = "perfmodel-det") -> dict[str, Any]:
+    """CPU: per workload with a table in `tables` and a `variant` row holding the table its GPU compile recorded
+    (lookup_table), the two compared (serve.plan.compare_tables: keys in both, only in the plan's, only in the
+    compile's, entries that differ ignoring template_hash), printed; {workload: the comparison}."""
+    from perfmodel.serve.plan import compare_tables as compare
+
+    out = {}
+    for name, r in results.get("workloads", {}).items():
+        path = Path(tables) / f"{slug(name)}.json"
+        recorded = r.get("variants", {}).get(variant, {}).get("lookup_table")
+        if not path.is_file() or recorded is None:
+            continue
+        c = compare(json.loads(path.read_text()), recorded)
+        out[name] = {"both": c["both"], "only_plan": c["only_a"], "only_compile": c["only_b"], "differ": c["differ"],
+                     "equal": c["equal"]}
+        print(f"{name}: {'equal' if c['equal'] else 'differ'}; keys in both {c['both']}, only in the plan "
+              f"{len(c['only_a'])}, only in the compile {len(c['only_b'])}, entries that differ {len(c['differ'])}")
+        for what, keys in (("only in the plan", c["only_a"]), ("only in the compile", c["only_b"]),
+                           ("differ", list(c["differ"]))):
+            for k in keys:
+                print(f"  {what}: {k}")
+    if not out:
+        print(f"no workload has both a table in {tables} and a {variant} row with lookup_table")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1417,6 +1573,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--list", action="store_true", help="print the workloads (name, kind, sizes) and exit")
     ap.add_argument("--report-calls", action="store_true",
                     help="CPU: print the model's cuBLAS-or-Triton calls against Inductor's own benchmark in --out")
+    ap.add_argument("--tables", type=Path, default=TABLES,
+                    help="the \"table\" variant's lookup tables, one <slug>.json per workload (default %(default)s)")
+    ap.add_argument("--plan-tables", type=Path, default=None, metavar="DIR",
+                    help="CPU: write each --workloads' plan (perfmodel plan of its forward) to DIR/<slug>.json and .txt")
+    ap.add_argument("--device", default="h200", help="--plan-tables: the plan's device (serve.plan.DEVICES)")
+    ap.add_argument("--compare-tables", type=Path, default=None, metavar="RESULTS",
+                    help="CPU: compare each table in --tables with the one RESULTS' perfmodel-det row recorded")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--res", type=Path, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -1425,7 +1588,18 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         ap.error(f"--variants: unknown {bad}; choose from {', '.join(VARIANTS)}")
     if args.worker:
-        _worker(args.worker, variants, args.model, args.res)
+        _worker(args.worker, variants, args.model, args.res, args.tables)
+        return 0
+    if args.plan_tables:
+        wanted = select_workloads(args.workloads) if args.workloads else []
+        if not wanted:
+            ap.error("--plan-tables: give --workloads (names or prefixes of static workloads)")
+        plan_tables(args.plan_tables, wanted, args.device, args.model)
+        return 0
+    if args.compare_tables:
+        if not args.compare_tables.is_file():
+            ap.error(f"--compare-tables: no such file {args.compare_tables}")
+        compare_tables(json.loads(args.compare_tables.read_text()), args.tables)
         return 0
     if args.list:
         for w in WORKLOADS:
@@ -1481,7 +1655,7 @@ def main(argv: list[str] | None = None) -> int:
             break
         args.out.parent.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", __spec__.name, "--worker", wl.name, "--variants", ",".join(todo),
-               "--res", str(partial)] + (["--model", args.model] if args.model else [])
+               "--res", str(partial), "--tables", str(args.tables)] + (["--model", args.model] if args.model else [])
         t0 = time.perf_counter()
         print(f"[model_bench] {wl.name}: {', '.join(todo)}", flush=True)
         try:

@@ -16,7 +16,8 @@ bmm / baddbmm call (InductorChoices._finalize_template_configs, before any choic
 - every other choice: SETUP lowers as default mode does (default mode's aten kernel alone: DEFAULT_ATEN);
   MAX_AUTOTUNE leaves it to Inductor (aten::addmm only gives way to aten::bias_addmm).
 
-Every decision is recorded (decisions(), summary() in perfmodel.serve.compile). A failure inside the handler
+Every decision is recorded (decisions(), summary() in perfmodel.serve.compile), and what each call kept as
+Inductor's lookup table (lookup_table() there: record_table). A failure inside the handler
 falls back to Inductor's choices with one warning. Imports neither the Triton @autotune adapter nor Inductor at
 import time.
 """
@@ -36,6 +37,7 @@ from .decisions import BMM_SURE_GAIN, CUBLAS_MARGIN, check_bmm_sure_gain, gain_f
 from .gemm_decisions import decide, kept_alone, rank_positions  # noqa: F401  (the decision, importable from here)
 from .kernel_inputs import kwargs_to_gemm, problem_from_kernel_inputs, symbolic_problem, template_allow_tf32
 from .notices import warn_once
+from .plan import kernel_inputs_key, merge_entries, table_entry
 from .predictor import Predictor, _check_top_k
 
 MM_OPS = ("mm", "addmm")
@@ -178,13 +180,14 @@ class GemmDecision:
 
 class DecisionLog:
     """What the handlers decided (thread-safe): decisions by (op, problem, covers), first seen first; other ops
-    left to aten / Inductor, with their counts; fallbacks."""
+    left to aten / Inductor, with their counts; fallbacks; and the choices kept as a lookup table (record_table)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.decisions: dict[tuple, GemmDecision] = {}
         self.other_ops: dict[str, int] = {}
         self.errors: list[str] = []
+        self.table: dict[str, list[dict[str, Any]]] = {}
 
     def record(self, d: GemmDecision, prob: GemmProblem, with_configs: bool) -> GemmDecision:
         """d, recorded; a call without Triton choices (addmm's aten call) records only where the op's Triton call
@@ -208,6 +211,7 @@ class DecisionLog:
             self.decisions.clear()
             self.other_ops.clear()
             self.errors.clear()
+            self.table.clear()
 
 
 LOG = DecisionLog()
@@ -268,9 +272,43 @@ def _max_autotune_choices(choices: list, ranked: list[int], kept: list[int], alo
     return choices if len(out) == len(choices) else out  # nothing dropped: Inductor's own list
 
 
+def record_table(log: DecisionLog, kernel_inputs: Any, op_name: str, kept: list) -> None:
+    """The kept choices of one call as lookup-table entries (plan.table_entry: an aten choice by its uid, a Triton
+    mm / bmm config with its kwargs and template hash) under the key torch's LookupTableChoices looks this call up
+    by (plan.kernel_inputs_key; device-agnostic off CUDA), merged into log.table. Not written: choices of other
+    templates (a TMA, decompose-k or subgraph template the max-autotune hook keeps) and configs outside the model's
+    space -- a table of the set-up's compile holds all it kept, one of the hook's compile may not."""
+    try:
+        key = kernel_inputs_key(kernel_inputs, op_name)
+        k = int(kernel_inputs.mnk_hinted()[2])
+    except (AttributeError, TypeError, ValueError, IndexError):
+        return
+    entries = []
+    for c in kept:
+        uid = _uid(c)
+        if uid.startswith("aten::"):
+            entries.append(table_entry(uid))
+        elif uid in RANKED_TEMPLATES:
+            try:
+                cfg = kwargs_to_gemm(c.params.to_kwargs())
+            except (ValueError, TypeError):
+                continue
+            entries.append(table_entry(uid, cfg, k, getattr(c.template, "src_hash", None)))
+    with log.lock:
+        merge_entries(log.table, key, entries)
+
+
 def select(choices: list, kernel_inputs: Any, op_name: str, predictor: Predictor, policy: Policy,
            sizes: Sequence[int] | None = None, log: DecisionLog = LOG) -> list:
-    """The choices of one _finalize_template_configs call that the handler keeps (see the module docstring)."""
+    """The choices of one _finalize_template_configs call that the handler keeps (see the module docstring),
+    recorded as lookup-table entries (record_table)."""
+    out = _select(choices, kernel_inputs, op_name, predictor, policy, sizes, log)
+    record_table(log, kernel_inputs, op_name, out)
+    return out
+
+
+def _select(choices: list, kernel_inputs: Any, op_name: str, predictor: Predictor, policy: Policy,
+            sizes: Sequence[int] | None, log: DecisionLog) -> list:
     default = policy.lowering == "default"
     if op_name not in policy.ops or (op_name in BMM_OPS and not predictor.has_bmm):
         log.other(op_name)

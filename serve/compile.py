@@ -257,6 +257,25 @@ def decisions() -> list[GemmDecision]:
         return list(LOG.decisions.values())
 
 
+def lookup_table() -> dict[str, list[dict[str, Any]]]:
+    """What the handler kept since the last reset(), as Inductor's lookup table (torch._inductor.lookup_table, the
+    format `perfmodel plan` writes: choices.record_table): per mm / addmm / bmm / baddbmm call the key torch's
+    LookupTableChoices builds from its kernel inputs and the kept choices' entries. A deterministic compile's
+    table, set as config.lookup_table.table under LookupTableChoices, gives the same choices without perfmodel."""
+    with LOG.lock:
+        return {k: [dict(e) for e in v] for k, v in LOG.table.items()}
+
+
+def write_lookup_table(path: Any) -> Any:
+    """lookup_table() written as JSON to path (a str or Path); the Path."""
+    import json
+    from pathlib import Path
+
+    path = Path(path)
+    path.write_text(json.dumps(lookup_table(), indent=2) + "\n")
+    return path
+
+
 def reset() -> None:
     LOG.reset()
     grouped.reset()

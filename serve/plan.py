@@ -16,6 +16,7 @@ Inductor then benchmarks (two choices instead of ~20). docs/integration.md, "Dec
 """
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,16 +109,69 @@ def aten_id(g: Gemm) -> str:
     return f"aten::{g.op}"
 
 
-def triton_entry(g: Gemm, cfg: GemmConfig, template_hash: str | None) -> dict[str, Any]:
-    """A Triton template's lookup-table entry: the kwargs Inductor's mm heuristics give a config
-    (template_heuristics/triton.py, _convert_config_to_template_kwargs) and the template's source hash."""
-    k = g.mats[0].shape[-1]
-    e = {"template_id": TRITON_ID[g.op], "EVEN_K": k % cfg.block_k == 0, "USE_FAST_ACCUM": False,
+def table_entry(template_id: str, cfg: GemmConfig | None = None, k: int = 0, template_hash: str | None = None
+                ) -> dict[str, Any]:
+    """One lookup-table entry, as the plan and the compile's recorded table (choices.record_table) both write it: an
+    aten choice as its template_id alone; a Triton template's config (cfg, for a GEMM of reduction size k) as the
+    kwargs Inductor's mm heuristics give it (template_heuristics/triton.py, _convert_config_to_template_kwargs) and
+    the template's source hash (None: left out)."""
+    if cfg is None:
+        return {"template_id": template_id}
+    e = {"template_id": template_id, "EVEN_K": k % cfg.block_k == 0, "USE_FAST_ACCUM": False,
          "ACC_TYPE": "tl.float32", "num_stages": cfg.num_stages, "num_warps": cfg.num_warps,
          "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "GROUP_M": cfg.group_m}
     if template_hash is not None:
         e["template_hash"] = template_hash
     return e
+
+
+def triton_entry(g: Gemm, cfg: GemmConfig, template_hash: str | None) -> dict[str, Any]:
+    """A Triton template's lookup-table entry for the Gemm (table_entry)."""
+    return table_entry(TRITON_ID[g.op], cfg, g.mats[0].shape[-1], template_hash)
+
+
+@functools.cache
+def _cuda_device_name(index: int | None) -> str:
+    import torch
+
+    return torch.cuda.get_device_properties(index).gcnArchName
+
+
+def kernel_inputs_key(kernel_inputs: Any, op: str) -> str:
+    """The lookup key torch's LookupTableChoices.make_lookup_key(include_device=True) builds for Inductor's kernel
+    inputs of an op (dtypes(), shapes_hinted(), strides_hinted(), _scalars; the device part gcnArchName of its CUDA
+    device). Kernel inputs on another device (or without device(), as the CPU tests' stand-ins): the
+    device-agnostic key, which torch tries second (torch itself looks nothing up off CUDA)."""
+    device = kernel_inputs.device() if callable(getattr(kernel_inputs, "device", None)) else None
+    name = _cuda_device_name(device.index) if device is not None and device.type == "cuda" else None
+    operands = [Operand(str(dt).replace("torch.", ""), tuple(int(s) for s in shape), tuple(int(s) for s in stride))
+                for dt, shape, stride in zip(kernel_inputs.dtypes(), kernel_inputs.shapes_hinted(),
+                                             kernel_inputs.strides_hinted())]
+    scalars = tuple((getattr(kernel_inputs, "_scalars", None) or {}).items())
+    return lookup_key(name, operands, scalars, op)
+
+
+def merge_entries(table: dict[str, list[dict[str, Any]]], key: str, entries: Sequence[dict[str, Any]]) -> None:
+    """table[key] with entries appended (those not already there, in order); no key for no entries."""
+    if entries:
+        have = table.setdefault(key, [])
+        have.extend(e for e in entries if e not in have)
+
+
+def compare_tables(a: dict[str, list[dict[str, Any]]], b: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Two lookup tables compared: keys in both, only in a, only in b, and the keys in both whose entries differ
+    ignoring template_hash and their order (it differs between torch versions: a plan made with another torch
+    than the compile's). equal: no key in one only and no entries that differ."""
+    def norm(entries: list[dict[str, Any]]) -> list[str]:
+        return sorted(json.dumps({k: v for k, v in e.items() if k != "template_hash"}, sort_keys=True)
+                      for e in entries)
+
+    both = sorted(set(a) & set(b))
+    differ = {k: {"a": a[k], "b": b[k]} for k in both if norm(a[k]) != norm(b[k])}
+    out = {"both": len(both), "only_a": sorted(set(a) - set(b)), "only_b": sorted(set(b) - set(a)),
+           "differ": differ}
+    out["equal"] = not (out["only_a"] or out["only_b"] or differ)
+    return out
 
 
 def template_hashes() -> dict[str, str | None]:
@@ -133,7 +187,7 @@ def entries_for(g: Gemm, prob: GemmProblem, triton: bool, cfg: GemmConfig | None
                 hashes: dict[str, str | None]) -> dict[str, list[dict[str, Any]]]:
     """The table entries of one decided GEMM (see the module docstring for addmm's two keys)."""
     tri = [triton_entry(g, cfg, hashes.get(TRITON_ID[g.op]))] if cfg is not None else []
-    aten = [{"template_id": aten_id(g)}]
+    aten = [table_entry(aten_id(g))]
     scalars = g.scalars
     if g.op != "addmm":
         return {lookup_key(device_name, g.operands, scalars, g.op): tri if triton and tri else aten}

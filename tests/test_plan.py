@@ -201,3 +201,61 @@ def test_compile_deterministic_argument():
         _deterministic_policy(MAX_AUTOTUNE, True)
     with pytest.raises(TypeError, match="deterministic"):
         _deterministic_policy(None, "yes")
+
+
+# ---------------------------------------------------------------------------------------------- the recorded table
+def test_recorded_key_is_torchs(planned, monkeypatch):
+    """kernel_inputs_key on Inductor's own MMKernelInputs (CUDA InputBuffers, no GPU touched; the device name
+    stubbed) equals the installed torch's LookupTableChoices.make_lookup_key and the plan's key."""
+    from torch._inductor.graph import GraphLowering
+    from torch._inductor.lookup_table import LookupTableChoices
+    from torch._inductor.virtualized import V
+
+    class OnCpu(LookupTableChoices):
+        @staticmethod
+        def _get_device_key(device):
+            return H100 if device.type == "cuda" else None
+
+    monkeypatch.setattr(plan_mod, "_cuda_device_name", lambda index: H100)
+    with V.set_graph_handler(GraphLowering(torch.fx.symbolic_trace(lambda x: x))):
+        for r in planned.rows:
+            g = r.gemm
+            for side, ki in _inductor_inputs(g.op, g.operands, g.scalars).items():
+                key = plan_mod.kernel_inputs_key(ki, g.op)
+                assert key == OnCpu().make_lookup_key(ki, g.op, include_device=True), side
+                assert key in planned.table, side
+
+
+def test_recorded_table_equals_the_plans(predictor, tmp_path):
+    """SYNTHETIC choices (tests/_inductor.py, stand-in kernel inputs without a device: device-agnostic keys): the
+    deterministic handler's recorded table (record_table) equals the plan's of the same GEMMs, template hash
+    aside; a second call of one shape adds nothing; reset() clears it."""
+    from perfmodel.configs import inductor_default_configs
+    from perfmodel.serve import compile as pc
+
+    shapes = ((4096, 4096, 4096), (100, 200, 300), (8, 1024, 1024))
+    pc.reset()
+    for m, n, k in shapes + shapes[:1]:
+        choices = [choice("aten::mm")] + [choice("triton::mm", c) for c in inductor_default_configs()]
+        select(choices, MMInputs(m, n, k, torch.bfloat16), "mm", predictor, DETERMINISTIC)
+    recorded = pc.lookup_table()
+    p = plan([f"mm:{m},{n},{k}" for m, n, k in shapes], predictor=predictor, device_name=None, template_hash=False)
+    assert len(recorded) == 3 and all(len(v) == 1 for v in recorded.values())
+    cmp = plan_mod.compare_tables(p.table, recorded)
+    assert cmp["equal"] and cmp["both"] == 3, cmp
+    assert {e["template_id"] for v in recorded.values() for e in v} == {"aten::mm", "triton::mm"}
+    assert json.loads(pc.write_lookup_table(tmp_path / "table.json").read_text()) == recorded
+    pc.reset()
+    assert pc.lookup_table() == {}
+
+
+def test_compare_tables_names_each_difference():
+    a = {"k1": [{"template_id": "aten::mm"}], "k2": [{"template_id": "triton::mm", "BLOCK_M": 64, "template_hash": "x"}],
+         "k3": [{"template_id": "aten::mm"}]}
+    b = {"k1": [{"template_id": "aten::mm"}], "k2": [{"template_id": "triton::mm", "BLOCK_M": 64, "template_hash": "y"}],
+         "k4": [{"template_id": "aten::mm"}]}
+    cmp = plan_mod.compare_tables(a, b)
+    assert (cmp["both"], cmp["only_a"], cmp["only_b"], cmp["differ"], cmp["equal"]) == (2, ["k3"], ["k4"], {}, False)
+    b["k2"][0]["BLOCK_M"] = 128
+    assert list(plan_mod.compare_tables(a, b)["differ"]) == ["k2"]
+    assert plan_mod.compare_tables(a, a)["equal"]
