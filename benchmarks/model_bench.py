@@ -1243,7 +1243,10 @@ def serving_markdown(results: dict[str, Any]) -> str:
                   f"{TIMED_RUNS} CUDA-graph replays at that size, L2 flushed (ms; \"off\": output off eager). "
                   "Compile = the first call at every size, summed (the first size's compile + recompiles and new "
                   "sizes' first runs); captures = the four calls after each first (CUDA-graph recording).", ""]
-        crit = dynamic_criteria(results)
+        crit: dict[str, list[dict[str, Any]]] = {}
+        for ours in ("perfmodel", "perfmodel-sizes"):  # the range decision alone, and with compile sizes
+            for name, cs in dynamic_criteria(results, ours).items():
+                crit.setdefault(name, []).extend(cs)
         for name, r in dyn.items():
             vs = r.get("variants", {})
             cols = [v for v in _variant_order(vs) if vs[v].get("sizes")]
