@@ -10,7 +10,7 @@ import torch
 from perfmodel.serve import plan as plan_mod
 from perfmodel.serve.choices import DETERMINISTIC, LOG, Policy, select
 from perfmodel.serve.plan import plan
-from perfmodel.serve.plan_trace import trace_gemms
+from perfmodel.serve.plan_trace import opaque_sdpa, trace_gemms
 
 from tests._inductor import MMInputs, choice
 
@@ -170,6 +170,41 @@ def test_trace_finds_gemms_without_a_gpu(predictor):
     p = plan(model_fn="tests.test_plan:build_net", predictor=predictor, device="h200")
     assert [r.gemm.op for r in p.rows] == ["addmm", "mm", "bmm"]
     assert all(k.startswith("NVIDIA H200+") for k in p.table)
+
+
+class _Attn(torch.nn.Module):
+    """One attention layer: fused (scaled_dot_product_attention) or eager (its matmuls written out)."""
+
+    def __init__(self, eager: bool) -> None:
+        super().__init__()
+        self.eager, self.qkv, self.out = eager, torch.nn.Linear(64, 192, bias=False), torch.nn.Linear(64, 64, bias=False)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q, k, v = (t.view(b, s, 4, 16).transpose(1, 2) for t in self.qkv(x).split(64, dim=-1))
+        if self.eager:
+            o = torch.softmax(q @ k.transpose(-1, -2) / 4.0, dim=-1) @ v
+        else:
+            o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out(o.transpose(1, 2).reshape(b, s, 64))
+
+
+@pytest.mark.parametrize("eager", [False, True])
+def test_trace_keeps_sdpa_opaque(eager):
+    """scaled_dot_product_attention is no GEMM of the plan (a CUDA compile runs it fused; traced off CUDA its math
+    decomposition would give fp32 bmm); eager attention's matmuls are planned as bmm; the function is restored."""
+    import torch.nn.functional as F
+
+    prior = F.scaled_dot_product_attention
+    with torch.device("meta"):
+        model, x = _Attn(eager).to(torch.bfloat16), torch.empty(2, 8, 64, dtype=torch.bfloat16)
+    got = [(g.op, g.operands[0].dtype, g.mats[0].shape, g.mats[1].shape) for g in trace_gemms(model, (x,))]
+    attn = [("bmm", "bfloat16", (8, 8, 16), (8, 16, 8)), ("bmm", "bfloat16", (8, 8, 8), (8, 8, 16))] if eager else []
+    assert got == [("mm", "bfloat16", (16, 64), (64, 192))] + attn + [("mm", "bfloat16", (16, 64), (64, 64))]
+    assert F.scaled_dot_product_attention is prior
+    real = torch.randn(1, 2, 4, 8)
+    with opaque_sdpa():
+        assert torch.equal(F.scaled_dot_product_attention(real, real, real), prior(real, real, real))
 
 
 # ---------------------------------------------------------------------------------------------- deterministic
