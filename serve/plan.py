@@ -6,13 +6,14 @@
     print(p.text()); p.write("table.json")
 
 Every mm / addmm / bmm / baddbmm (given, or traced without a GPU: serve/plan_trace.py) is decided as the
-deterministic set-up decides it (choices.DETERMINISTIC: the model's top-1 of Inductor's default Triton configs where
-it is predicted no slower than aten, else aten's kernel), and written under the key torch's LookupTableChoices builds
-from the kernel inputs ("<device name>+((dtype, shape, stride), ...)[+alpha=1&beta=1]+<op>"). An mm or bmm gets one
-entry (no benchmark in the compile); an addmm is looked up under two keys in torch's lowering (aten's choices with
-the bias as given, the Triton templates' with it expanded to [M, N]), and a key that misses falls back to all of
-Inductor's choices for that call, so both keys are written: aten's kernel and the model's top-1 config, which
-Inductor then benchmarks (two choices instead of ~20). docs/integration.md, "Decisions as an artifact".
+deterministic set-up decides it (choices.DETERMINISTIC: the model's top-1 of the Triton configs Inductor offers for
+the problem -- offered_configs: the installed torch's CUDA template heuristic, its config list scaled to the sizes --
+where it is predicted no slower than aten, else aten's kernel), and written as the one choice the deterministic
+compile keeps and records (choices.select, record_table) under the key torch's LookupTableChoices builds from the
+kernel inputs ("<device name>+((dtype, shape, stride), ...)[+alpha=1&beta=1]+<op>"): one entry per GEMM, nothing
+left to benchmark. An addmm is keyed as torch 2.11's lowering keys it for aten and Triton alike, the bias expanded to
+[M, N] (stride 0 along M), and holds aten::bias_addmm (default mode's aten kernel, choices.DEFAULT_ATEN) or the Triton
+config. docs/integration.md, "Decisions as an artifact".
 """
 from __future__ import annotations
 
@@ -22,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from perfmodel.configs import inductor_default_configs
 from perfmodel.schema import GemmConfig, GemmProblem, is_column_major
 
 from .plan_trace import Gemm, Operand, load_factory, parse_gemm, trace_gemms
@@ -183,20 +183,25 @@ def template_hashes() -> dict[str, str | None]:
     return {mm_template.uid: mm_template.src_hash, bmm_template.uid: bmm_template.src_hash}
 
 
+def kernel_gemm(g: Gemm, prob: GemmProblem) -> Gemm:
+    """The Gemm as Inductor's lowering hands it to the choices (its kernel inputs): an addmm's bias expanded to
+    [M, N] (mm_args; torch 2.11's tuned_addmm keys aten's and the Triton template's choices alike under it), other
+    ops as they are."""
+    if g.op != "addmm":
+        return g
+    bias, a, b = g.operands
+    return Gemm(g.op, (expanded_bias(bias, prob.m, prob.n), a, b), g.scalars)
+
+
 def entries_for(g: Gemm, prob: GemmProblem, triton: bool, cfg: GemmConfig | None, device_name: str | None,
                 hashes: dict[str, str | None]) -> dict[str, list[dict[str, Any]]]:
-    """The table entries of one decided GEMM (see the module docstring for addmm's two keys)."""
-    tri = [triton_entry(g, cfg, hashes.get(TRITON_ID[g.op]))] if cfg is not None else []
-    aten = [table_entry(aten_id(g))]
-    scalars = g.scalars
-    if g.op != "addmm":
-        return {lookup_key(device_name, g.operands, scalars, g.op): tri if triton and tri else aten}
-    bias, a, b = g.operands
-    expanded = (expanded_bias(bias, prob.m, prob.n), a, b)
-    out = {lookup_key(device_name, g.operands, scalars, g.op): aten}
-    if tri:
-        out[lookup_key(device_name, expanded, scalars, g.op)] = tri
-    return out
+    """The table entry of one decided GEMM, as the deterministic compile records it (choices.select with
+    DETERMINISTIC, record_table): one key (kernel_gemm's), holding the Triton config where triton, else default
+    mode's aten kernel (aten::bias_addmm for an addmm with a broadcast bias, choices.DEFAULT_ATEN)."""
+    kg = kernel_gemm(g, prob)
+    entry = triton_entry(kg, cfg, hashes.get(TRITON_ID[g.op])) if triton and cfg is not None \
+        else table_entry(aten_id(kg))
+    return {lookup_key(device_name, kg.operands, kg.scalars, g.op): [entry]}
 
 
 @dataclass
@@ -232,7 +237,7 @@ class Plan:
             fmt = lambda v: "-" if v is None else f"{v:.4f}"  # noqa: E731
             c = r.config
             choice = (f"triton {c.block_m}x{c.block_n}x{c.block_k} g{c.group_m} s{c.num_stages} w{c.num_warps}"
-                      if r.triton and c is not None else aten_id(r.gemm))
+                      if r.triton and c is not None else aten_id(kernel_gemm(r.gemm, r.problem)))
             margin = "-" if r.margin is None else f"{100 * r.margin:.1f}%"
             lines.append(f"{r.gemm.op:<8} {dims:<26} {fmt(r.aten_ms):>9} {fmt(r.triton_ms):>9}  {choice:<34} "
                          f"{margin:>7}")
@@ -248,17 +253,58 @@ def _predictor(spec: str, model_dir: str | Path | None, backend: str | None) -> 
     return p.with_kernel("inductor") if p.has_static else p
 
 
-def decide_gemm(predictor: Any, g: Gemm, device_name: str | None, hashes: dict[str, str | None]) -> PlanRow:
-    """One GEMM decided as the deterministic set-up decides it (choices.DETERMINISTIC), over Inductor's default
-    configs; a bmm without the model's bmm heads, or a problem it does not cover, goes to aten."""
+@functools.cache
+def offered_configs(op: str, m: int, n: int, k: int, dtype: str, shared_memory: int | None = None
+                    ) -> tuple[GemmConfig, ...]:
+    """The Triton configs Inductor offers a static (m, n, k) GEMM of op on a CUDA device, in its order: the installed
+    torch's CUDA template heuristic for the op's template (template_heuristics registry, device "cuda"), its
+    default config list scaled to the sizes and de-duplicated (BaseConfigHeuristic.preprocess_mm_configs:
+    _scale_mm_configs -- e.g. BLOCK_M shrunk to 16 for M=8 --, _finalize_mm_configs -- num_warps capped at one per
+    16x16 tile), computed on the CPU under a stand-in graph whose size vars resolve the static ints. Where Inductor
+    prunes by shared memory (config.max_autotune_prune_choices_based_on_shared_mem) the device's shared_memory
+    stands in for the CUDA property (None: not pruned). The list the compile's choices handler ranks."""
+    import torch
+    from torch._inductor import config
+    from torch._inductor.sizevars import SizeVarAllocator
+    from torch._inductor.template_heuristics.registry import get_template_heuristic
+    from torch._inductor.virtualized import V
+
+    from .kernel_inputs import kwargs_to_gemm
+
+    h = get_template_heuristic(TRITON_ID[op], "cuda", op)
+    if not callable(getattr(h, "get_mm_configs", None)):
+        raise RuntimeError(f"torch has no CUDA Triton config heuristic for {TRITON_ID[op]} ({op})")
+    size = torch.empty((), dtype=getattr(torch, dtype)).element_size()
+
+    class _Graph:  # what _scale_mm_configs reads off V.graph
+        sizevars = SizeVarAllocator()
+
+    with V.set_graph_handler(_Graph()), config.patch(max_autotune_gemm_search_space="DEFAULT",
+                                                     max_autotune_prune_choices_based_on_shared_mem=False):
+        tcs = list(h.get_mm_configs()(m, n, k, dtype_size=size, op_name=op))
+    out = []
+    for tc in tcs:
+        cfg = kwargs_to_gemm({**tc.kwargs, "num_stages": tc.num_stages, "num_warps": tc.num_warps})
+        if config.max_autotune_prune_choices_based_on_shared_mem and shared_memory is not None and \
+                h.get_shared_memory_estimation(cfg, size, False, 0) > shared_memory:
+            continue
+        out.append(cfg)
+    return tuple(out)
+
+
+def decide_gemm(predictor: Any, g: Gemm, device_name: str | None, hashes: dict[str, str | None],
+                shared_memory: int | None = None) -> PlanRow:
+    """One GEMM decided as the deterministic set-up decides it (choices.DETERMINISTIC), over the configs Inductor
+    offers for it (offered_configs); a bmm without the model's bmm heads, or a problem it does not cover, goes to
+    aten."""
     from . import gemm_decisions as gd
     from .choices import DETERMINISTIC
 
     prob = problem_of(g)
+    cfgs = list(offered_configs(g.op, prob.m, prob.n, prob.k, prob.dtype, shared_memory))
     keep, best, aten_ms = False, [], None
     if prob.batch == 1 or predictor.has_bmm:
-        keep, best, aten_ms = gd.decide(predictor, prob, None, DETERMINISTIC)
-    cfgs = inductor_default_configs()
+        keep, best, aten_ms = gd.decide(predictor, prob, cfgs, DETERMINISTIC)
     cfg = cfgs[best[0][0]] if best else None
     return PlanRow(g, prob, aten_ms, best[0][1] if best else None, cfg, bool(keep and best),
                    entries_for(g, prob, bool(keep and best), cfg, device_name, hashes))
@@ -285,5 +331,9 @@ def plan(gemms: Sequence[str | Gemm] = (), *, model_fn: str | None = None, model
     pred = predictor if predictor is not None else _predictor(spec, model_dir, backend)
     name = torch_name if device_name == "" else device_name
     hashes = template_hashes() if template_hash else {}
-    rows = [decide_gemm(pred, g, name, hashes) for g in found]
+    # where Inductor prunes configs by shared memory it reads the CUDA device's property: the device spec's here
+    from perfmodel.devices import get_spec
+
+    smem = get_spec(spec).shared_memory_per_block_optin
+    rows = [decide_gemm(pred, g, name, hashes, smem) for g in found]
     return Plan(device, name, str(getattr(pred, "source", "")), rows)

@@ -1,7 +1,10 @@
 """The GEMMs of a plan (perfmodel.serve.plan) without a GPU: from `--gemm` specs, or traced from a model.
 
 A model is traced with make_fx under FakeTensorMode and Inductor's decomposition table (select_decomp_table):
-no kernel runs, no GPU is needed, a model built on the meta device works. Each aten.mm / addmm / bmm / baddbmm node
+no kernel runs, no GPU is needed, a model built on the meta device works. torch.nn.functional's
+scaled_dot_product_attention is kept opaque while tracing (a custom op, opaque_sdpa): traced off CUDA it decomposes
+into math bmm (fp32) that a CUDA compile runs as one fused attention kernel, so its insides are no GEMMs of the
+compile; attention written as matmuls (eager attention) still gives its bmm. Each aten.mm / addmm / bmm / baddbmm node
 gives its operands' dtype, shape and strides as traced -- what Inductor's GEMM lowerings (kernel/mm.py,
 kernel/bmm.py) then key their lookups on. Limits: the forward only; Inductor's post-grad passes (e.g. an addmm
 unfused into mm + a pointwise bias, operands copied to another layout) run later and are not seen: a GEMM they
@@ -9,6 +12,8 @@ change is keyed differently in the compile, where the table then misses and Indu
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -103,6 +108,47 @@ def _operand(val: Any) -> Operand:
                    tuple(int(s) for s in val.stride()))
 
 
+@functools.cache
+def _sdpa_op() -> Any:
+    """perfmodel_plan::sdpa, a custom op standing for scaled_dot_product_attention: runs it (real tensors), and on
+    fake tensors returns its output (query's dtype, shape [..., L, Ev]) without tracing into it."""
+    import torch
+
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    @torch.library.custom_op("perfmodel_plan::sdpa", mutates_args=(), schema=(
+        "(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, float dropout_p=0.0, bool is_causal=False, "
+        "float? scale=None, bool enable_gqa=False) -> Tensor"))
+    def op(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        return sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+                    enable_gqa=enable_gqa).clone()
+
+    @op.register_fake
+    def _(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        return query.new_empty(tuple(query.shape[:-1]) + (value.shape[-1],))
+
+    return op
+
+
+@contextlib.contextmanager
+def opaque_sdpa():
+    """torch.nn.functional.scaled_dot_product_attention replaced by _sdpa_op for the block (models that look it up
+    at call time, as transformers' sdpa attention does)."""
+    import torch.nn.functional as F
+
+    op, prior = _sdpa_op(), F.scaled_dot_product_attention
+
+    def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        return op(query, key, value, attn_mask, float(dropout_p), bool(is_causal),
+                  None if scale is None else float(scale), bool(enable_gqa))
+
+    F.scaled_dot_product_attention = sdpa
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = prior
+
+
 def trace_gemms(model: Any, inputs: tuple) -> list[Gemm]:
     """The model's forward GEMMs, traced on fake tensors (see the module docstring), in graph order; repeated
     calls of one shape kept once."""
@@ -114,7 +160,7 @@ def trace_gemms(model: Any, inputs: tuple) -> list[Gemm]:
     ops = {getattr(torch.ops.aten, op).default: op for op in GEMM_OPS}
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     fake = tuple(mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in inputs)
-    with mode, torch.no_grad():
+    with mode, torch.no_grad(), opaque_sdpa():
         gm = make_fx(lambda *a: model(*a), decomposition_table=select_decomp_table(), tracing_mode="fake")(*fake)
     out: dict[Gemm, None] = {}
     for n in gm.graph.nodes:

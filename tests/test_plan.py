@@ -10,7 +10,7 @@ import torch
 from perfmodel.serve import plan as plan_mod
 from perfmodel.serve.choices import DETERMINISTIC, LOG, Policy, select
 from perfmodel.serve.plan import plan
-from perfmodel.serve.plan_trace import trace_gemms
+from perfmodel.serve.plan_trace import opaque_sdpa, trace_gemms
 
 from tests._inductor import MMInputs, choice
 
@@ -64,17 +64,21 @@ def test_rows_and_entries(planned):
             assert key.startswith(H100 + "+((torch.bfloat16, ") and key.endswith("+" + r.gemm.op)
             assert len(entries) == 1
     addmm = rows[("addmm", 8)]
-    keys = sorted(addmm.entries)  # aten's key (bias as given) and the Triton templates' (bias expanded)
-    assert [k.split("+")[1].split("), ")[0] for k in keys] == ["((torch.bfloat16, [1024], [1]",
-                                                               "((torch.bfloat16, [8, 1024], [0, 1]"]
+    (key,) = addmm.entries  # one key, the bias expanded to [M, N], as the deterministic compile records it
+    assert key.split("+")[1].split("), ")[0] == "((torch.bfloat16, [8, 1024], [0, 1]"
+    assert key.endswith("+alpha=1&beta=1+addmm")
+    (entry,) = addmm.entries[key]
+    assert entry["template_id"] == ("triton::mm" if addmm.triton else "aten::bias_addmm")
     table = json.loads(json.dumps(planned.table))
-    assert table == planned.table and len(table) == 5
+    assert table == planned.table and len(table) == 4
     assert "Triton" in planned.text() and "margin" in planned.text()
 
 
 def _inductor_inputs(op, operands, scalars):
     """Inductor's own MMKernelInputs for the operands (InputBuffers on a CUDA device: no GPU touched); an addmm's
-    Triton-side inputs with the bias expanded by Inductor's own mm_args, as tuned_addmm builds them."""
+    with the bias expanded by Inductor's own mm_args, as torch 2.11's tuned_addmm builds them for aten's choices
+    and the Triton template's alike (the key its deterministic compile recorded; torch 2.13 builds aten's choices
+    from the bias as given)."""
     from torch._inductor import ir
     from torch._inductor.kernel.mm_common import mm_args
     from torch._inductor.kernel_inputs import MMKernelInputs
@@ -85,8 +89,7 @@ def _inductor_inputs(op, operands, scalars):
     if op != "addmm":
         return {"both": MMKernelInputs(nodes)}
     *_, mat1, mat2, expanded = mm_args(nodes[1], nodes[2], nodes[0])
-    return {"aten": MMKernelInputs(nodes, scalars=dict(scalars)),
-            "triton": MMKernelInputs([expanded, mat1, mat2], scalars=dict(scalars))}
+    return {"both": MMKernelInputs([expanded, mat1, mat2], scalars=dict(scalars))}
 
 
 def test_torch_loader_finds_every_entry(planned):
@@ -116,14 +119,14 @@ def test_torch_loader_finds_every_entry(planned):
         for r in planned.rows:
             g = r.gemm
             for side, ki in _inductor_inputs(g.op, g.operands, g.scalars).items():
-                uids = [plan_mod.aten_id(g), plan_mod.TRITON_ID[g.op]]
+                uids = [plan_mod.aten_id(plan_mod.kernel_gemm(g, r.problem)), plan_mod.TRITON_ID[g.op]]
                 got = OnCpu().lookup_template_configs(ki, g.op, uids, hashes)
                 key = OnCpu().make_lookup_key(ki, g.op, include_device=True)
                 want = {e["template_id"]: [{k: v for k, v in e.items() if k not in ("template_id", "template_hash")}]
                         for e in table[key]}
                 assert got == want, (side, key)
                 found += 1
-        assert found == 5
+        assert found == 4
         # a stale template hash is refused by torch's check
         stale = {k: [dict(e, template_hash="0" * 64) if "BLOCK_M" in e else e for e in v] for k, v in table.items()}
         table.clear()
@@ -167,6 +170,41 @@ def test_trace_finds_gemms_without_a_gpu(predictor):
     p = plan(model_fn="tests.test_plan:build_net", predictor=predictor, device="h200")
     assert [r.gemm.op for r in p.rows] == ["addmm", "mm", "bmm"]
     assert all(k.startswith("NVIDIA H200+") for k in p.table)
+
+
+class _Attn(torch.nn.Module):
+    """One attention layer: fused (scaled_dot_product_attention) or eager (its matmuls written out)."""
+
+    def __init__(self, eager: bool) -> None:
+        super().__init__()
+        self.eager, self.qkv, self.out = eager, torch.nn.Linear(64, 192, bias=False), torch.nn.Linear(64, 64, bias=False)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q, k, v = (t.view(b, s, 4, 16).transpose(1, 2) for t in self.qkv(x).split(64, dim=-1))
+        if self.eager:
+            o = torch.softmax(q @ k.transpose(-1, -2) / 4.0, dim=-1) @ v
+        else:
+            o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out(o.transpose(1, 2).reshape(b, s, 64))
+
+
+@pytest.mark.parametrize("eager", [False, True])
+def test_trace_keeps_sdpa_opaque(eager):
+    """scaled_dot_product_attention is no GEMM of the plan (a CUDA compile runs it fused; traced off CUDA its math
+    decomposition would give fp32 bmm); eager attention's matmuls are planned as bmm; the function is restored."""
+    import torch.nn.functional as F
+
+    prior = F.scaled_dot_product_attention
+    with torch.device("meta"):
+        model, x = _Attn(eager).to(torch.bfloat16), torch.empty(2, 8, 64, dtype=torch.bfloat16)
+    got = [(g.op, g.operands[0].dtype, g.mats[0].shape, g.mats[1].shape) for g in trace_gemms(model, (x,))]
+    attn = [("bmm", "bfloat16", (8, 8, 16), (8, 16, 8)), ("bmm", "bfloat16", (8, 8, 8), (8, 8, 16))] if eager else []
+    assert got == [("mm", "bfloat16", (16, 64), (64, 192))] + attn + [("mm", "bfloat16", (16, 64), (64, 64))]
+    assert F.scaled_dot_product_attention is prior
+    real = torch.randn(1, 2, 4, 8)
+    with opaque_sdpa():
+        assert torch.equal(F.scaled_dot_product_attention(real, real, real), prior(real, real, real))
 
 
 # ---------------------------------------------------------------------------------------------- deterministic
@@ -229,14 +267,15 @@ def test_recorded_key_is_torchs(planned, monkeypatch):
 def test_recorded_table_equals_the_plans(predictor, tmp_path):
     """SYNTHETIC choices (tests/_inductor.py, stand-in kernel inputs without a device: device-agnostic keys): the
     deterministic handler's recorded table (record_table) equals the plan's of the same GEMMs, template hash
-    aside; a second call of one shape adds nothing; reset() clears it."""
-    from perfmodel.configs import inductor_default_configs
+    aside -- the Triton choices those Inductor offers for each problem (plan.offered_configs, scaled to the sizes:
+    BLOCK_M 16 for M=8) --; a second call of one shape adds nothing; reset() clears it."""
     from perfmodel.serve import compile as pc
 
     shapes = ((4096, 4096, 4096), (100, 200, 300), (8, 1024, 1024))
     pc.reset()
     for m, n, k in shapes + shapes[:1]:
-        choices = [choice("aten::mm")] + [choice("triton::mm", c) for c in inductor_default_configs()]
+        offered = plan_mod.offered_configs("mm", m, n, k, "bfloat16")
+        choices = [choice("aten::mm")] + [choice("triton::mm", c) for c in offered]
         select(choices, MMInputs(m, n, k, torch.bfloat16), "mm", predictor, DETERMINISTIC)
     recorded = pc.lookup_table()
     p = plan([f"mm:{m},{n},{k}" for m, n, k in shapes], predictor=predictor, device_name=None, template_hash=False)
@@ -259,3 +298,51 @@ def test_compare_tables_names_each_difference():
     b["k2"][0]["BLOCK_M"] = 128
     assert list(plan_mod.compare_tables(a, b)["differ"]) == ["k2"]
     assert plan_mod.compare_tables(a, a)["equal"]
+
+
+# ---------------------------------------------------------------------------------------------- offered configs
+def test_offered_configs_are_inductors_scaled_list():
+    """plan.offered_configs: the installed torch's CUDA mm heuristic's list scaled to the problem and de-duplicated
+    (BaseConfigHeuristic._scale_mm_configs / _finalize_mm_configs): for M=8 every BLOCK_M is 16 (next_power_of_2(8)
+    raised to the minimum block 16), num_warps capped at one per 16x16 tile -- among them the two configs the H200's
+    deterministic compile kept for Llama-3-8B's decode (benchmarks/results/lookup_tables_h200_recorded)."""
+    from perfmodel.configs import inductor_default_configs
+    from perfmodel.schema import GemmConfig
+
+    big = plan_mod.offered_configs("mm", 4096, 4096, 4096, "bfloat16")
+    assert list(big) == inductor_default_configs()  # nothing to scale, nothing merged
+    small = plan_mod.offered_configs("mm", 8, 14336, 4096, "bfloat16")
+    assert {c.block_m for c in small} == {16} and len(small) == len(set(small)) < len(big)
+    assert small[0] == GemmConfig(16, 32, 16, 8, 1, 2)
+    assert GemmConfig(16, 128, 128, 8, 4, 4) in small and GemmConfig(16, 128, 128, 8, 4, 8) in small
+    assert all(c.num_warps <= c.block_m * c.block_n // 256 for c in small)
+    assert plan_mod.offered_configs("bmm", 8, 14336, 4096, "bfloat16") == small
+
+
+def test_triton_entry_is_torchs_template_kwargs():
+    """The plan's Triton entry for a scaled config equals the kwargs torch's own mm heuristic makes of it
+    (MMTemplateConfigMixin._convert_config_to_template_kwargs: EVEN_K, ACC_TYPE, ...), hint_override aside."""
+    from torch._inductor.runtime.triton_compat import Config
+    from torch._inductor.sizevars import SizeVarAllocator
+    from torch._inductor.template_heuristics.registry import get_template_heuristic
+    from torch._inductor.virtualized import V
+
+    from perfmodel.serve.plan_trace import parse_gemm
+
+    class Graph:
+        sizevars = SizeVarAllocator()
+
+    h = get_template_heuristic("triton::mm", "cuda", "mm")
+    with V.set_graph_handler(Graph()):
+        _entries_are_torchs(h, Config, parse_gemm)
+
+
+def _entries_are_torchs(h, Config, parse_gemm):
+    for dtype, (m, n, k) in (("bfloat16", (8, 14336, 4096)), ("float32", (100, 200, 300))):
+        g = parse_gemm(f"mm:{m},{n},{k}", dtype)
+        for cfg in plan_mod.offered_configs("mm", m, n, k, dtype):
+            tc = Config(dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m),
+                        num_stages=cfg.num_stages, num_warps=cfg.num_warps)
+            want = h._convert_config_to_template_kwargs(tc, m, n, k, getattr(torch, dtype))
+            got = plan_mod.triton_entry(g, cfg, None)
+            assert got == dict(want, template_id="triton::mm"), cfg
