@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -46,6 +46,7 @@ class PlanRow:
     config: GemmConfig | None       # the model's top-1 Triton config (None: none ranked)
     triton: bool                    # the choice: Triton (config) or aten
     entries: dict[str, list[dict[str, Any]]]
+    padded_from: Gemm | None = None  # the mm as traced, where the model's pad decision padded it (pad_gemm)
 
     @property
     def margin(self) -> float | None:
@@ -239,6 +240,9 @@ class Plan:
             choice = (f"triton {c.block_m}x{c.block_n}x{c.block_k} g{c.group_m} s{c.num_stages} w{c.num_warps}"
                       if r.triton and c is not None else aten_id(kernel_gemm(r.gemm, r.problem)))
             margin = "-" if r.margin is None else f"{100 * r.margin:.1f}%"
+            if r.padded_from is not None:
+                a, b = r.padded_from.mats
+                choice += f" (padded from {a.shape[0]}x{b.shape[1]}x{a.shape[1]})"
             lines.append(f"{r.gemm.op:<8} {dims:<26} {fmt(r.aten_ms):>9} {fmt(r.triton_ms):>9}  {choice:<34} "
                          f"{margin:>7}")
         return "\n".join(lines)
@@ -292,6 +296,35 @@ def offered_configs(op: str, m: int, n: int, k: int, dtype: str, shared_memory: 
     return tuple(out)
 
 
+def _padded(o: Operand, shape: tuple[int, int]) -> Operand:
+    """o as pad_mm's pad_dim leaves it: unchanged if its shape is, else a new contiguous tensor of `shape`."""
+    return o if tuple(o.shape) == shape else Operand(o.dtype, shape, (shape[1], 1))
+
+
+def pad_gemm(predictor: Any, g: Gemm) -> tuple[Gemm, bool]:
+    """An mm as the set-up's compile lowers it: where a dimension is misaligned and the model's pad decision pads it
+    (the set-up's pad hook: serve/pad_hook.py, decisions.hook_pad_decision with the Triton template in play), Inductor's
+    pad_mm pads M and K of mat1 and K and N of mat2 to the dtype's alignment (a dimension of size 1 never) and the
+    padded operand is a new contiguous tensor (pad_mm.pad_dim: a cat with zeros); the GEMM Inductor then lowers, and
+    so keys, is that one. (g, False) where nothing is padded. The operands' producers are not known here: the
+    padding time is counted for both (pad_mm excludes it for an operand it can plan padded)."""
+    from perfmodel.configs import inductor_default_configs
+    from perfmodel.schema import PadProblem
+
+    from .decisions import hook_pad_decision
+
+    if g.op != "mm" or any(len(o.shape) != 2 for o in g.mats) or g.mats[0].dtype not in ("float16", "bfloat16",
+                                                                                            "float32"):
+        return g, False
+    a, b = g.mats
+    pp = PadProblem(m=a.shape[0], k=a.shape[1], n=b.shape[1], dtype=a.dtype,
+                    transpose_left=is_column_major(a.shape, a.stride), transpose_right=is_column_major(b.shape, b.stride))
+    if not pp.needs_padding() or not hook_pad_decision(predictor, pp, True, list(inductor_default_configs())).should_pad:
+        return g, False
+    m, k, n = pp.padded_dims()
+    return Gemm(g.op, (_padded(a, (m, k)), _padded(b, (k, n))), g.scalars), True
+
+
 def decide_gemm(predictor: Any, g: Gemm, device_name: str | None, hashes: dict[str, str | None],
                 shared_memory: int | None = None) -> PlanRow:
     """One GEMM decided as the deterministic set-up decides it (choices.DETERMINISTIC), over the configs Inductor
@@ -335,5 +368,9 @@ def plan(gemms: Sequence[str | Gemm] = (), *, model_fn: str | None = None, model
     from perfmodel.devices import get_spec
 
     smem = get_spec(spec).shared_memory_per_block_optin
-    rows = [decide_gemm(pred, g, name, hashes, smem) for g in found]
+    rows = []
+    for g in found:  # an mm the model pads is planned as Inductor then lowers it (pad_gemm)
+        lowered, padded = pad_gemm(pred, g)
+        row = decide_gemm(pred, lowered, name, hashes, smem)
+        rows.append(replace(row, padded_from=g) if padded else row)
     return Plan(device, name, str(getattr(pred, "source", "")), rows)

@@ -346,3 +346,33 @@ def _entries_are_torchs(h, Config, parse_gemm):
             want = h._convert_config_to_template_kwargs(tc, m, n, k, getattr(torch, dtype))
             got = plan_mod.triton_entry(g, cfg, None)
             assert got == dict(want, template_id="triton::mm"), cfg
+
+
+@pytest.mark.parametrize("pads", [True, False])
+def test_an_mm_the_model_pads_is_keyed_as_pad_mm_lowers_it(predictor, monkeypatch, pads):
+    """GPT-2's lm head (x @ W.T, N = 50257 misaligned for fp16): where the pad decision (stubbed here: the set-up's
+    hook_pad_decision) pads, pad_mm pads N to 50264 and mat2 becomes a new contiguous tensor, and the plan keys the
+    padded mm as the H200 compile recorded it ([768, 50264] stride [50264, 1]); else the mm as traced."""
+    from perfmodel.schema import PadDecision
+    from perfmodel.serve import decisions
+    from perfmodel.serve.plan_trace import Gemm, Operand
+
+    seen = []
+
+    def decide(pred, pp, in_play, configs):
+        seen.append((pp.m, pp.k, pp.n, pp.transpose_right, in_play))
+        return PadDecision(pads, 1.0, 0.9)
+
+    monkeypatch.setattr(decisions, "hook_pad_decision", decide)
+    lm_head = Gemm("mm", (Operand("float16", (4096, 768), (768, 1)), Operand("float16", (768, 50257), (1, 768))))
+    p = plan([lm_head], predictor=predictor, device="h200", template_hash=False)
+    assert seen == [(4096, 768, 50257, True, True)]
+    (key,) = p.table
+    if pads:
+        assert "(torch.float16, [768, 50264], [50264, 1])" in key and p.rows[0].padded_from == lm_head
+        assert "padded from 4096x50257x768" in p.text()
+    else:
+        assert "(torch.float16, [768, 50257], [1, 768])" in key and p.rows[0].padded_from is None
+    aligned = Gemm("mm", (Operand("float16", (4096, 768), (768, 1)), Operand("float16", (768, 768), (1, 768))))
+    plan([aligned], predictor=predictor, device="h200", template_hash=False)
+    assert len(seen) == 1  # nothing misaligned: no pad decision asked
