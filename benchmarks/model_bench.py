@@ -1504,9 +1504,8 @@ def plan_tables(out_dir: Path, workloads: list[Workload], device: str = "h200", 
     no weights allocated, no GPU) written as out_dir/<slug>.json (the lookup table the "table" variant compiles
     with) and <slug>.txt (plan.text()). template_hash=False: the Triton templates' source hash differs between
     torch versions (the plan is made with the CPU's torch, the compile runs on the GPU's), and an entry without
-    one is accepted by torch's check. Limits (serve/plan_trace.py): the forward as traced on the meta device, where
-    scaled_dot_product_attention decomposes to its math (two bmm per layer) that a CUDA compile runs as a fused
-    kernel: those keys are in the plan's table only and never looked up. {workload: its table's key count}."""
+    one is accepted by torch's check. Limits (serve/plan_trace.py, docs/integration.md): the forward as traced on the
+    meta device (scaled_dot_product_attention kept opaque), with the CPU's torch. {workload: its table's key count}."""
     import torch
 
     from perfmodel.serve.plan import plan

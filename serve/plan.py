@@ -317,8 +317,9 @@ def pad_gemm(predictor: Any, g: Gemm) -> tuple[Gemm, bool]:
                                                                                             "float32"):
         return g, False
     a, b = g.mats
-    pp = PadProblem(m=a.shape[0], k=a.shape[1], n=b.shape[1], dtype=a.dtype,
-                    transpose_left=is_column_major(a.shape, a.stride), transpose_right=is_column_major(b.shape, b.stride))
+    prob = problem_of(g)
+    pp = PadProblem(m=prob.m, k=prob.k, n=prob.n, dtype=prob.dtype, transpose_left=prob.transpose_left,
+                    transpose_right=prob.transpose_right)
     if not pp.needs_padding() or not hook_pad_decision(predictor, pp, True, list(inductor_default_configs())).should_pad:
         return g, False
     m, k, n = pp.padded_dims()
