@@ -1498,14 +1498,30 @@ def merge_files(results: dict[str, Any], others: list[dict[str, Any]]) -> dict[s
 
 
 # ------------------------------------------------------------------------------------- decisions as an artifact
+def _Forward(module: Any, fwd: Callable) -> Any:
+    """module and the workload's forward (fwd(module, *inputs)) as one torch.nn.Module: the plan then traces it with
+    the module's parameters as fake tensors on the GPU device (serve/plan_trace.py)."""
+    import torch
+
+    class Forward(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.module = module
+
+        def forward(self, *a: Any) -> Any:
+            return fwd(self.module, *a)
+
+    return Forward()
+
+
 def plan_tables(out_dir: Path, workloads: list[Workload], device: str = "h200", model: str | None = None
                 ) -> dict[str, Any]:
-    """CPU: each static workload's `perfmodel plan` (serve.plan.plan on its forward, traced on the meta device --
+    """CPU: each static workload's `perfmodel plan` (serve.plan.plan on its forward, built on the meta device --
     no weights allocated, no GPU) written as out_dir/<slug>.json (the lookup table the "table" variant compiles
     with) and <slug>.txt (plan.text()). template_hash=False: the Triton templates' source hash differs between
     torch versions (the plan is made with the CPU's torch, the compile runs on the GPU's), and an entry without
-    one is accepted by torch's check. Limits (serve/plan_trace.py, docs/integration.md): the forward as traced on the
-    meta device (scaled_dot_product_attention kept opaque), with the CPU's torch. {workload: its table's key count}."""
+    one is accepted by torch's check. Limits (serve/plan_trace.py, docs/integration.md): the forward as built on the
+    meta device, traced as a CUDA compile sees it (serve/plan_trace.py), with the installed torch. {workload: its table's key count}."""
     import torch
 
     from perfmodel.serve.plan import plan
@@ -1520,8 +1536,7 @@ def plan_tables(out_dir: Path, workloads: list[Workload], device: str = "h200", 
         meta = torch.device("meta")
         with meta:
             module, inputs, fwd = wl.build(meta)
-        p = plan(model=lambda *a, m=module, f=fwd: f(m, *a), inputs=inputs, device=device, model_dir=model,
-                 template_hash=False)
+        p = plan(model=_Forward(module, fwd), inputs=inputs, device=device, model_dir=model, template_hash=False)
         p.model = f"models/{Path(p.model).name}" if p.model else p.model  # the folder, not this machine's path
         p.write(out_dir / f"{slug(wl.name)}.json")
         (out_dir / f"{slug(wl.name)}.txt").write_text(f"{wl.name}\n{p.text()}\n")

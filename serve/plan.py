@@ -18,7 +18,9 @@ config. docs/integration.md, "Decisions as an artifact".
 from __future__ import annotations
 
 import functools
+import itertools
 import json
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
@@ -159,17 +161,56 @@ def merge_entries(table: dict[str, list[dict[str, Any]]], key: str, entries: Seq
         have.extend(e for e in entries if e not in have)
 
 
+_OPERAND = re.compile(r"\(torch\.(\w+), \[([^\]]*)\], \[([^\]]*)\]\)")
+
+
+def canonical_key(key: str) -> str:
+    """A lookup key with the strides of its operands' size-1 dimensions written '*': no kernel reads them, and
+    Inductor's IR gives them values a trace cannot know (0 or the contiguous stride, by how the operand was viewed)."""
+    def one(m: re.Match) -> str:
+        shape = [d.strip() for d in m.group(2).split(",") if d.strip()]
+        stride = [d.strip() for d in m.group(3).split(",") if d.strip()]
+        stride = ["*" if d == "1" else st for d, st in zip(shape, stride)]
+        return f"(torch.{m.group(1)}, [{', '.join(shape)}], [{', '.join(stride)}])"
+
+    return _OPERAND.sub(one, key)
+
+
+def stride_aliases(operands: Sequence[Operand]) -> list[tuple[Operand, ...]]:
+    """The operands with every size-1 dimension's stride as traced, 0, or the contiguous stride (canonical_key's
+    '*'), each combination once, the traced first: the keys a compile may build for one GEMM (entries_for writes
+    the entry under each, so that the compile finds it whichever Inductor's IR gives)."""
+    per_operand = []
+    for o in operands:
+        contiguous = [1] * len(o.shape)
+        for i in range(len(o.shape) - 2, -1, -1):
+            contiguous[i] = contiguous[i + 1] * max(o.shape[i + 1], 1)
+        choices = [dict.fromkeys((st, 0, c)) if d == 1 else (st,)
+                   for d, st, c in zip(o.shape, o.stride, contiguous)]
+        per_operand.append([replace(o, stride=tuple(c)) for c in itertools.product(*choices)])
+    return [tuple(c) for c in itertools.product(*per_operand)]
+
+
 def compare_tables(a: dict[str, list[dict[str, Any]]], b: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """Two lookup tables compared: keys in both, only in a, only in b, and the keys in both whose entries differ
-    ignoring template_hash and their order (it differs between torch versions: a plan made with another torch
-    than the compile's). equal: no key in one only and no entries that differ."""
+    """Two lookup tables compared, keys taken as canonical_key (the strides of size-1 dimensions ignored: a plan
+    holds one key per such stride, stride_aliases): keys in both, only in a, only in b, and the keys in both whose
+    entries differ ignoring template_hash and their order (it differs between torch versions: a plan made with
+    another torch than the compile's). equal: no key in one only and no entries that differ."""
     def norm(entries: list[dict[str, Any]]) -> list[str]:
         return sorted(json.dumps({k: v for k, v in e.items() if k != "template_hash"}, sort_keys=True)
                       for e in entries)
 
-    both = sorted(set(a) & set(b))
-    differ = {k: {"a": a[k], "b": b[k]} for k in both if norm(a[k]) != norm(b[k])}
-    out = {"both": len(both), "only_a": sorted(set(a) - set(b)), "only_b": sorted(set(b) - set(a)),
+    def canon(t: dict[str, list[dict[str, Any]]]) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for k, v in t.items():
+            have = out.setdefault(canonical_key(k), [])
+            have.extend(e for e in norm(v) if e not in have)
+        return {k: sorted(v) for k, v in out.items()}
+
+    ca, cb = canon(a), canon(b)
+    both = sorted(set(ca) & set(cb))
+    differ = {k: {"a": ca[k], "b": cb[k]} for k in both if ca[k] != cb[k]}
+    out = {"both": len(both), "only_a": sorted(set(ca) - set(cb)), "only_b": sorted(set(cb) - set(ca)),
            "differ": differ}
     out["equal"] = not (out["only_a"] or out["only_b"] or differ)
     return out
@@ -197,12 +238,12 @@ def kernel_gemm(g: Gemm, prob: GemmProblem) -> Gemm:
 def entries_for(g: Gemm, prob: GemmProblem, triton: bool, cfg: GemmConfig | None, device_name: str | None,
                 hashes: dict[str, str | None]) -> dict[str, list[dict[str, Any]]]:
     """The table entry of one decided GEMM, as the deterministic compile records it (choices.select with
-    DETERMINISTIC, record_table): one key (kernel_gemm's), holding the Triton config where triton, else default
+    DETERMINISTIC, record_table): kernel_gemm's key and its stride_aliases, each holding the Triton config where triton, else default
     mode's aten kernel (aten::bias_addmm for an addmm with a broadcast bias, choices.DEFAULT_ATEN)."""
     kg = kernel_gemm(g, prob)
     entry = triton_entry(kg, cfg, hashes.get(TRITON_ID[g.op])) if triton and cfg is not None \
         else table_entry(aten_id(kg))
-    return {lookup_key(device_name, kg.operands, kg.scalars, g.op): [entry]}
+    return {lookup_key(device_name, ops, kg.scalars, g.op): [entry] for ops in stride_aliases(kg.operands)}
 
 
 @dataclass

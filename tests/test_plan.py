@@ -376,3 +376,86 @@ def test_an_mm_the_model_pads_is_keyed_as_pad_mm_lowers_it(predictor, monkeypatc
     aligned = Gemm("mm", (Operand("float16", (4096, 768), (768, 1)), Operand("float16", (768, 768), (1, 768))))
     plan([aligned], predictor=predictor, device="h200", template_hash=False)
     assert len(seen) == 1  # nothing misaligned: no pad decision asked
+
+
+# ------------------------------------------------------------------------- the trace as a CUDA compile sees it
+def _qkv(dtype=torch.float16, b=2, h=4, n=8, d=16):
+    return tuple(torch.empty(b, h, n, d, dtype=dtype, device="meta") for _ in range(3))
+
+
+def test_cuda_sdpa_fused_follows_torchs_checks():
+    """torch's CUDA choice (sdp_utils): flash for half without a mask; memory-efficient attention with a mask whose
+    last dimension has stride 1, fp32 too; no fused kernel for a mask broadcast along its last dimension (stride 0,
+    what transformers builds for BERT under Dynamo), for 3-D inputs, or for a head dim efficient attention cannot
+    align (fp16 with a mask: a multiple of 8)."""
+    from perfmodel.serve.plan_trace import cuda_sdpa_fused
+
+    q, k, v = _qkv()
+    assert cuda_sdpa_fused(q, k, v, None, True)
+    row = torch.empty(2, 1, 1, 8, dtype=torch.bool, device="meta")
+    assert cuda_sdpa_fused(q, k, v, row.expand(2, 1, 8, 8))                      # last-dim stride 1
+    assert not cuda_sdpa_fused(q, k, v, torch.empty(2, 1, 8, 1, dtype=torch.bool, device="meta").expand(2, 1, 8, 8))
+    assert cuda_sdpa_fused(*_qkv(torch.float32), row.expand(2, 1, 8, 8))        # efficient attention takes fp32
+    assert not cuda_sdpa_fused(*(t[0] for t in _qkv()))                          # 3-D
+    assert not cuda_sdpa_fused(*_qkv(d=12), row.expand(2, 1, 8, 8))              # 12 % 8 with a mask
+    assert cuda_sdpa_fused(*_qkv(d=12))                                           # flash takes it without one
+
+
+class _MaskedAttn(torch.nn.Module):
+    """Attention with a mask broadcast along its last dimension (stride 0), as transformers builds BERT's under
+    Dynamo: a CUDA compile runs it as torch's math, in fp32 for fp16 inputs."""
+
+    def forward(self, q, k, v, keep):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep.expand(2, 1, 8, 8))
+
+
+def test_trace_runs_sdpa_as_math_where_no_fused_kernel_takes_it():
+    q, k, v = _qkv()
+    keep = torch.empty(2, 1, 8, 1, dtype=torch.bool, device="meta")
+    got = [(g.op, g.operands[0].dtype, g.mats[0].shape, g.mats[1].shape)
+           for g in trace_gemms(_MaskedAttn(), (q, k, v, keep))]
+    assert got == [("bmm", "float32", (8, 8, 16), (8, 16, 8)), ("bmm", "float32", (8, 8, 8), (8, 8, 16))]
+
+
+class _Rotary(torch.nn.Module):
+    """An outer product as transformers' rotary embedding writes it ([1, 64, 1] @ [1, 1, n]), on CPU tensors."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("inv_freq", torch.ones(64))
+
+    def forward(self, pos):
+        return self.inv_freq[None, :, None].float() @ pos[:, None, :].float()
+
+
+def test_trace_sees_a_batch_one_bmm_as_inductors_mm():
+    """A bmm of batch 1 is the mm Inductor's joint-graph pass makes of it, where the installed torch lowers the outer
+    product as a GEMM at all (torch 2.11 does; 2.13's bmm decomposition makes it a pointwise product)."""
+    from perfmodel.serve.plan_trace import Gemm, Operand, batch_one_as_mm
+
+    g = Gemm("bmm", (Operand("float32", (1, 64, 1), (64, 1, 1)), Operand("float32", (1, 1, 512), (512, 512, 1))))
+    assert batch_one_as_mm(g) == Gemm("mm", (Operand("float32", (64, 1), (1, 1)),
+                                              Operand("float32", (1, 512), (512, 1))))
+    two = Gemm("bmm", (Operand("float32", (2, 64, 1), (64, 1, 1)), Operand("float32", (2, 1, 512), (512, 512, 1))))
+    assert batch_one_as_mm(two) == two
+    got = trace_gemms(_Rotary(), (torch.zeros(1, 512, dtype=torch.int64),))
+    assert all(g.op == "mm" for g in got)          # traced with meta tensors although the module is on the CPU
+    assert _Rotary().inv_freq.device.type == "cpu"
+
+
+def test_keys_alias_the_strides_of_size_one_dims():
+    """The entry is written under every stride a size-1 dimension may get in Inductor's IR (as traced, 0, the
+    contiguous one); compare_tables sees them as one key and tells a missing GEMM from a different one."""
+    from perfmodel.serve.plan import canonical_key, compare_tables, lookup_key, stride_aliases
+    from perfmodel.serve.plan_trace import Operand
+
+    a, b = Operand("float32", (64, 1), (1, 1)), Operand("float32", (1, 512), (512, 1))
+    keys = {lookup_key("NVIDIA H200", ops, (), "mm") for ops in stride_aliases((a, b))}
+    recorded = "NVIDIA H200+((torch.float32, [64, 1], [1, 0]), (torch.float32, [1, 512], [0, 1]))+mm"
+    assert recorded in keys and len(keys) == 2 * 2   # {1, 0} for a, {512, 0} for b
+    assert {canonical_key(k) for k in keys} == {canonical_key(recorded)}
+    entry = [{"template_id": "mm"}]
+    assert compare_tables(dict.fromkeys(keys, entry), {recorded: entry})["equal"]
+    other = compare_tables(dict.fromkeys(keys, entry), {recorded: [{"template_id": "aten::mm"}]})
+    assert not other["equal"] and len(other["differ"]) == 1
+    assert stride_aliases((Operand("float16", (8, 64), (64, 1)),)) == [(Operand("float16", (8, 64), (64, 1)),)]
