@@ -58,7 +58,7 @@ def static_results(bundle: artifact.ModelBundle, ds, split: np.ndarray) -> dict 
     ranked against those static times, in the autotune mode and in the inductor mode (with the static head,
     or a config network's inductor mode; train/static_head.py's ranking_metrics); None when the model has no
     inductor mode or the folder no static rows of test problems."""
-    from .static_head import has_static_rows, load_static, ranking_metrics, split_static
+    from .static_head import has_static_rows, load_static, ranking_metrics, split_static, worst_static
 
     mode = artifact.inductor_mode(bundle.heads)
     if mode is None or not has_static_rows(ds.folder):
@@ -68,7 +68,8 @@ def static_results(bundle: artifact.ModelBundle, ds, split: np.ndarray) -> dict 
         return None
     calls = {name: artifact.problem_output(bundle, name) for name in (artifact.CALL, artifact.CALL_STATIC)}
     return {"problems": len(st.problems), "autotune": ranking_metrics(bundle, None, st, calls[artifact.CALL]),
-            "inductor": ranking_metrics(bundle, mode, st, calls[artifact.CALL_STATIC])}
+            "inductor": ranking_metrics(bundle, mode, st, calls[artifact.CALL_STATIC]),
+            "worst": {"autotune": worst_static(bundle, None, st), "inductor": worst_static(bundle, mode, st)}}
 
 
 def run_eval(args: argparse.Namespace) -> int:

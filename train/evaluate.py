@@ -11,7 +11,7 @@ from perfmodel import artifact
 from .data import GemmTable, PadTable
 from .folder import TABLE_KEYS, format_table  # noqa: F401  (the evaluation table, re-exported)
 from .metrics import (MODES, _geomean, _spearman, cublas_metrics, inductor_defaults, pad_metrics,  # noqa: F401
-                      per_problem, random_choice, rank_path, rank_rows, screened, summarize)
+                      per_problem, random_choice, rank_path, rank_rows, screened, summarize, worst_problems)
 
 
 ScoreFn = Callable[[GemmTable], np.ndarray]

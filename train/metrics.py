@@ -84,14 +84,42 @@ def rank_rows(gemm_score: np.ndarray, gemm_log_ms: np.ndarray, screen_score: np.
     return idx[0].numpy(), log_ms[0].numpy()
 
 
+LAYOUTS = ("NN", "NT", "TN", "TT")
+
+
+def layout_masks(table: GemmTable) -> dict[str, np.ndarray]:
+    """Per operand layout ("layout/NT": A row-major, B column-major), the problems of table that have it (only the
+    layouts present)."""
+    left, right = table.problems[:, 6] > 0.5, table.problems[:, 7] > 0.5
+    out = {}
+    for name in LAYOUTS:
+        mask = (left == (name[0] == "T")) & (right == (name[1] == "T"))
+        if mask.any():
+            out[f"layout/{name}"] = mask
+    return out
+
+
+def worst_problems(table: GemmTable, score: np.ndarray, n: int = 5) -> list[dict[str, object]]:
+    """The n problems of table whose top-1 efficiency by score (lower = predicted faster) is lowest: key, dtype
+    mode, layout, top-1 and top-5."""
+    pp = per_problem(table, score)
+    out = []
+    for i in np.argsort(np.nan_to_num(pp["top1"], nan=np.inf), kind="stable")[:n]:
+        lay = "".join("T" if table.problems[i, c] > 0.5 else "N" for c in (6, 7))
+        out.append({"problem": table.problem_keys[i], "mode": str(table.modes[i]), "layout": lay,
+                    "m": int(table.problems[i, 0]), "n": int(table.problems[i, 1]), "k": int(table.problems[i, 2]),
+                    "top1": float(pp["top1"][i]), "top5": float(pp["top5"][i])})
+    return out
+
+
 def summarize(table: GemmTable, pred_log_ms: np.ndarray, score: np.ndarray | None = None) -> dict[str, float]:
-    """Metrics of one model's predictions (log ms per row), overall and per dtype mode. score: what
+    """Metrics of one model's predictions (log ms per row), overall, per dtype mode and per layout. score: what
     ranks the rows (default the log ms; a head's score before its floors, PerfMLP.score)."""
     pp = per_problem(table, pred_log_ms if score is None else score)
     pred = np.exp(np.minimum(pred_log_ms, 50.0))
     ape = np.abs(pred - table.ms) / table.ms
     out: dict[str, float] = {}
-    masks = {"all": np.ones(len(table.problems), bool)} | {m: table.modes == m for m in MODES}
+    masks = {"all": np.ones(len(table.problems), bool)} | {m: table.modes == m for m in MODES} | layout_masks(table)
     for name, mask in masks.items():
         if not mask.any():
             continue

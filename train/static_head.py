@@ -124,7 +124,7 @@ def ranking_metrics(bundle: artifact.ModelBundle, head: PerfMLP | None, table: G
     (train/call_head.py), else by the cuBLAS head's time against the best predicted one."""
     o = static_outputs(bundle, head, table)
     r = ev.rank_path(table, o["log_ms"], o["screen"], bundle.screen_keep, o["score"], o["lead"], bundle.lead_keep)
-    out = {k: v for k, v in r.items() if "top1" in k or "top5" in k or "spearman" in k}
+    out = {k: v for k, v in r.items() if "top1" in k or "top5" in k or "spearman" in k or k.endswith("/problems")}
     cublas = artifact.problem_output(bundle, "cublas")
     if cublas is not None and np.isfinite(table.cublas_ms).any():
         with torch.inference_mode():
@@ -136,6 +136,15 @@ def ranking_metrics(bundle: artifact.ModelBundle, head: PerfMLP | None, table: G
             score = None if call is None else call.score(cx).double().numpy()
         out.update(ev.cublas_metrics(table, cub, best, score))
     return out
+
+
+def worst_static(bundle: artifact.ModelBundle, head: PerfMLP | None, table: GemmTable, n: int = 5) -> list[dict]:
+    """The n problems of table ranked worst (top-1) by the serving path with (head) or without the inductor mode's
+    head (ranking_metrics' order; train/metrics.py worst_problems)."""
+    o = static_outputs(bundle, head, table)
+    order = ev.screened(table, o["score"], o["log_ms"], o["screen"], bundle.screen_keep, o["lead"], bundle.lead_keep) \
+        if o["screen"] is not None else o["score"]
+    return ev.worst_problems(table, order, n)
 
 
 def mode_figures(bundle: artifact.ModelBundle, head: PerfMLP, st: GemmTable, log: Any, what: str,
