@@ -11,7 +11,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import torch
 
-from perfmodel.configs import runnable
+from perfmodel.configs import runnable, runnable_for
 from perfmodel.features import configs_tensor
 from perfmodel.schema import DTYPE_BYTES, DTYPES, GemmConfig, GemmProblem
 
@@ -22,12 +22,25 @@ _CONFIG_CACHE_SIZE = 32
 
 
 class _Fits(dict):
-    """{dtype size: (C,) bool, which configs of a set the device can run}, and the sizes for which it
-    can run them all (checked once per config set, not per call)."""
+    """{dtype size: (C,) bool, which configs of a set the device runs for every problem of that size (the operand
+    tiles of every stage fit)}, the sizes for which that is all of them (checked once per config set, not per
+    call), and the set's configs (C, 6), for the problem's own rule on the others (perfmodel.configs.runnable_for)."""
 
-    def __init__(self, masks: dict[int, np.ndarray]) -> None:
+    def __init__(self, masks: dict[int, np.ndarray], configs: np.ndarray | None = None) -> None:
         super().__init__(masks)
         self.all_runnable = frozenset(b for b, m in masks.items() if m.all())
+        self.configs = configs
+
+    def mask(self, p: GemmProblem, spec: Any) -> np.ndarray:
+        """(C,) bool: the configs the device runs for p -- every config that fits for any problem, and of the
+        others those that fit at p's sizes, layout and TF32 flag."""
+        m = self[p.dtype_bytes]
+        rest = np.flatnonzero(~m)
+        if self.configs is None or not len(rest):
+            return m
+        out = m.copy()
+        out[rest] = runnable_for(self.configs[rest], [p], spec)[0]
+        return out
 
 
 class ConfigSets:
@@ -42,7 +55,8 @@ class ConfigSets:
     def _config_entry(self, ct: torch.Tensor) -> tuple[torch.Tensor, Any, dict[int, np.ndarray]]:
         """What a config set's calls reuse: its tensor, its config-only encoding, and per dtype size which
         of its configs the device can run (perfmodel.configs.runnable)."""
-        fits = _Fits({b: runnable(ct.numpy(), float(b), self.spec) for b in set(DTYPE_BYTES.values())})
+        cn = ct.numpy()
+        fits = _Fits({b: runnable(cn, float(b), self.spec) for b in set(DTYPE_BYTES.values())}, cn[:, :6])
         return ct, _ConfigPart.of(self._encoder, ct), fits
 
     def _configs(self, configs: Any, dtype: str) -> tuple[Sequence[GemmConfig], torch.Tensor, Any, dict]:
@@ -90,7 +104,7 @@ class ConfigSets:
         """(configs, their tensor, their config-only encoding, _runnable's (P, C) mask or None) of a config list
         for problems of dtype: _configs and _runnable in one call."""
         cfgs, ct, part, fits = self._configs(configs, dtype)
-        return cfgs, ct, part, self._runnable(fits, problems)
+        return cfgs, ct, part, self._runnable(fits, problems, self.spec)
 
     def config_set(self, configs: Any, problems: Sequence[GemmProblem]) -> tuple[list, torch.Tensor, np.ndarray | None]:
         """(configs, their tensor (C, ...), (P, C) bool of the configs the model's device can run for each problem,
@@ -98,24 +112,28 @@ class ConfigSets:
         space for the problems' one dtype): the Predictor's cached config sets, for a head scored outside it
         (perfmodel.serve.bmm)."""
         cfgs, ct, _, fits = self._configs(configs, self._common_dtype(list(problems), configs))
-        return list(cfgs), ct, self._runnable(fits, problems)
+        return list(cfgs), ct, self._runnable(fits, problems, self.spec)
 
     @staticmethod
-    def _runnable(fits: dict[int, np.ndarray], problems: Sequence[GemmProblem]) -> np.ndarray | None:
+    def _runnable(fits: dict[int, np.ndarray], problems: Sequence[GemmProblem], spec: Any = None) -> np.ndarray | None:
         """(P, C) bool: which configs the model's device can run for each problem (fits: _config_entry's
-        masks per dtype size); None when all can (the default spaces, and nearly every user list)."""
+        masks per dtype size; the others by the problem's own rule, `_Fits.mask`, where spec is given); None
+        when all can (the default spaces, and nearly every user list)."""
         runs_all = fits.all_runnable
         if len(problems) == 1:  # one problem (a rank call): no generator
             if problems[0].dtype_bytes in runs_all:
                 return None
         elif all(p.dtype_bytes in runs_all for p in problems):
             return None
-        return np.stack([fits[p.dtype_bytes] for p in problems])
+        if spec is None or not isinstance(fits, _Fits):
+            return np.stack([fits[p.dtype_bytes] for p in problems])
+        ok = np.stack([fits.mask(p, spec) for p in problems])
+        return None if ok.all() else ok  # the problems' own rule runs them all
 
     def _unrunnable_inf(self, ms: np.ndarray, fits: dict[int, np.ndarray], problems: Sequence[GemmProblem]) -> np.ndarray:
         """ms (P, C) with inf where the device cannot run the config (docs/design.md: such a config
         predicts inf and ranks after every runnable one)."""
-        ok = self._runnable(fits, problems)
+        ok = self._runnable(fits, problems, self.spec)
         return ms if ok is None else np.where(ok, ms, np.inf)
 
     @staticmethod
