@@ -26,12 +26,12 @@ class _Fits(dict):
     tiles of every stage fit)}, the sizes for which that is all of them (checked once per config set, not per
     call), and the set's configs (C, 6), for the problem's own rule on the others (perfmodel.configs.runnable_for)."""
 
-    def __init__(self, masks: dict[int, np.ndarray], configs: np.ndarray | None = None) -> None:
+    def __init__(self, masks: dict[int, np.ndarray], configs: np.ndarray | None = None, spec: Any = None) -> None:
         super().__init__(masks)
         self.all_runnable = frozenset(b for b, m in masks.items() if m.all())
-        self.configs = configs
+        self.configs, self.spec = configs, spec
 
-    def mask(self, p: GemmProblem, spec: Any) -> np.ndarray:
+    def mask(self, p: GemmProblem) -> np.ndarray:
         """(C,) bool: the configs the device runs for p -- every config that fits for any problem, and of the
         others those that fit at p's sizes, layout and TF32 flag."""
         m = self[p.dtype_bytes]
@@ -39,7 +39,7 @@ class _Fits(dict):
         if self.configs is None or not len(rest):
             return m
         out = m.copy()
-        out[rest] = runnable_for(self.configs[rest], [p], spec)[0]
+        out[rest] = runnable_for(self.configs[rest], [p], self.spec)[0]
         return out
 
 
@@ -56,7 +56,7 @@ class ConfigSets:
         """What a config set's calls reuse: its tensor, its config-only encoding, and per dtype size which
         of its configs the device can run (perfmodel.configs.runnable)."""
         cn = ct.numpy()
-        fits = _Fits({b: runnable(cn, float(b), self.spec) for b in set(DTYPE_BYTES.values())}, cn[:, :6])
+        fits = _Fits({b: runnable(cn, float(b), self.spec) for b in set(DTYPE_BYTES.values())}, cn[:, :6], self.spec)
         return ct, _ConfigPart.of(self._encoder, ct), fits
 
     def _configs(self, configs: Any, dtype: str) -> tuple[Sequence[GemmConfig], torch.Tensor, Any, dict]:
@@ -104,7 +104,7 @@ class ConfigSets:
         """(configs, their tensor, their config-only encoding, _runnable's (P, C) mask or None) of a config list
         for problems of dtype: _configs and _runnable in one call."""
         cfgs, ct, part, fits = self._configs(configs, dtype)
-        return cfgs, ct, part, self._runnable(fits, problems, self.spec)
+        return cfgs, ct, part, self._runnable(fits, problems)
 
     def config_set(self, configs: Any, problems: Sequence[GemmProblem]) -> tuple[list, torch.Tensor, np.ndarray | None]:
         """(configs, their tensor (C, ...), (P, C) bool of the configs the model's device can run for each problem,
@@ -112,28 +112,28 @@ class ConfigSets:
         space for the problems' one dtype): the Predictor's cached config sets, for a head scored outside it
         (perfmodel.serve.bmm)."""
         cfgs, ct, _, fits = self._configs(configs, self._common_dtype(list(problems), configs))
-        return list(cfgs), ct, self._runnable(fits, problems, self.spec)
+        return list(cfgs), ct, self._runnable(fits, problems)
 
     @staticmethod
-    def _runnable(fits: dict[int, np.ndarray], problems: Sequence[GemmProblem], spec: Any = None) -> np.ndarray | None:
+    def _runnable(fits: dict[int, np.ndarray], problems: Sequence[GemmProblem]) -> np.ndarray | None:
         """(P, C) bool: which configs the model's device can run for each problem (fits: _config_entry's
-        masks per dtype size; the others by the problem's own rule, `_Fits.mask`, where spec is given); None
-        when all can (the default spaces, and nearly every user list)."""
+        masks per dtype size, the others by the problem's own rule, `_Fits.mask`); None when all can (the
+        default spaces, and nearly every user list)."""
         runs_all = fits.all_runnable
         if len(problems) == 1:  # one problem (a rank call): no generator
             if problems[0].dtype_bytes in runs_all:
                 return None
         elif all(p.dtype_bytes in runs_all for p in problems):
             return None
-        if spec is None or not isinstance(fits, _Fits):
+        if not isinstance(fits, _Fits):
             return np.stack([fits[p.dtype_bytes] for p in problems])
-        ok = np.stack([fits.mask(p, spec) for p in problems])
+        ok = np.stack([fits.mask(p) for p in problems])
         return None if ok.all() else ok  # the problems' own rule runs them all
 
     def _unrunnable_inf(self, ms: np.ndarray, fits: dict[int, np.ndarray], problems: Sequence[GemmProblem]) -> np.ndarray:
         """ms (P, C) with inf where the device cannot run the config (docs/design.md: such a config
         predicts inf and ranks after every runnable one)."""
-        ok = self._runnable(fits, problems, self.spec)
+        ok = self._runnable(fits, problems)
         return ms if ok is None else np.where(ok, ms, np.inf)
 
     @staticmethod
