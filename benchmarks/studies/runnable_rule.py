@@ -9,7 +9,16 @@ half failed, from those groups, and N of the rows the last rule calls unrunnable
 sm_90 -- data_gen/kernel.py's static kernel, every size a constant as Inductor compiles its template -- and Triton's
 own `metadata.shared` against the device's limit.
 
+With --measure N (issue 49: the rule measured, not assumed): a seeded sample of every part's Triton rows (gemm,
+gemm_static, bmm) of both folders -- up to N where the per-config rule and the GPU disagree, N from groups that both
+ran and failed, N at random, one row per compiled kernel, and the issue's 2047 / 2048 bf16 example -- each compiled
+on the CPU for sm_90 as its part timed it (`part_shared`), Triton's `metadata.shared` cached in
+benchmarks/results/runnable_rule_compiled.json (a rerun compiles only what the cache lacks); then, as with
+--evaluate alone, the served rule (perfmodel.configs.shared_memory_need / runnable_for) against those counts and
+against the GPU's outcome on every Triton row, beside the per-config rule.
+
     python -m benchmarks.studies.runnable_rule [--data data/h100 data/h200] [--compile 24] [--out FILE]
+    python -m benchmarks.studies.runnable_rule --measure 300 [--workers 2] --out benchmarks/results/runnable_rule.txt
 """
 from __future__ import annotations
 
@@ -360,6 +369,66 @@ def evaluate(folders: list[Path], path: Path = CACHE) -> list[str]:
     return out
 
 
+SPILL_TILES = [(bm, bn, w) for bm, bn in ((64, 64), (64, 128), (128, 64), (128, 128), (64, 256), (256, 64),
+                                          (128, 256), (256, 128)) for w in (4, 8)]
+
+
+def spills(size: int = 4096, block_k: int = 32, stages: int = 3) -> list[str]:
+    """Register spills of wide tiles (not served; the issue's optional part): the static kernel of a size^3 NN GEMM
+    compiled on the CPU for sm_90, its PTX through Triton's ptxas -v: registers a thread and spill bytes, for IEEE
+    fp32, TF32 and bf16."""
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+
+    ptxas = Path(triton.__file__).parent / "backends/nvidia/bin/ptxas"
+    out = [f"ptxas -v (sm_90a) of the static kernel, {size}^3 NN, BLOCK_K {block_k}, {stages} stages: "
+           "registers a thread, spill stores / loads (bytes)"]
+    for dtype, tf32 in (("float32", False), ("float32", True), ("bfloat16", False)):
+        cells = []
+        for bm, bn, w in SPILL_TILES:
+            r = dict(m=size, n=size, k=size, dtype=dtype, allow_tf32=tf32, transpose_left=False,
+                     transpose_right=False, block_m=bm, block_n=bn, block_k=block_k, group_m=8, num_stages=stages,
+                     num_warps=w)
+            ptx = _compiled_kernel(r).asm["ptx"]
+            with tempfile.TemporaryDirectory() as d:
+                src = Path(d) / "k.ptx"
+                src.write_text(ptx)
+                log = subprocess.run([str(ptxas), "-v", "--gpu-name", "sm_90a", str(src), "-o", str(Path(d) / "k.o")],
+                                     capture_output=True, text=True).stderr
+            regs = re.search(r"Used (\d+) registers", log)
+            st = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+            cells.append(f"{bm}x{bn}/w{w}: {regs.group(1) if regs else '?'} regs, "
+                         f"{st.group(1) if st else '?'}/{st.group(2) if st else '?'}")
+        out.append(f"  {dtype}{' tf32' if tf32 else ''}: " + "; ".join(cells))
+    return out
+
+
+def _compiled_kernel(r: dict):
+    """The static kernel of a row compiled for sm_90 (`compiled_shared`'s compile, the whole result)."""
+    import inspect
+
+    import torch
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    from perfmodel.data_gen import kernel
+    from perfmodel.data_gen.problems import strides
+
+    ints, meta = kernel._args(r["m"], r["n"], r["k"], strides(_problem(r)), _cfg(r), getattr(torch, r["dtype"]),
+                              r["allow_tf32"], static=True)
+    stages, warps = meta.pop("num_stages"), meta.pop("num_warps")
+    names = list(inspect.signature(kernel.matmul_kernel.fn).parameters)
+    ptr = {"float16": "*fp16", "bfloat16": "*bf16", "float32": "*fp32"}[r["dtype"]]
+    sig = {x: ptr if i < 3 else "constexpr" for i, x in enumerate(names)}
+    consts = {x: (ints[i - 3] if i < 12 else meta[x]) for i, x in enumerate(names) if i >= 3}
+    src = triton.compiler.ASTSource(fn=kernel.matmul_kernel, signature=sig, constexprs=consts,
+                                    attrs={(i,): [["tt.divisibility", 16]] for i in range(3)})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+
+
 _ROW_FIELDS = ("m", "n", "k", "dtype", "allow_tf32", "transpose_left", "transpose_right", "block_m", "block_n",
                "block_k", "group_m", "num_stages", "num_warps")
 
@@ -374,7 +443,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache", type=Path, default=CACHE)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--evaluate", action="store_true", help="the served rule against the cache and every row")
+    ap.add_argument("--spills", action="store_true", help="ptxas -v register spills of wide tiles (not served)")
     args = ap.parse_args(argv)
+    if args.spills:
+        lines = spills()
+        print("\n".join(lines))
+        if args.out:
+            args.out.write_text("\n".join(lines) + "\n")
+        return 0
     if args.measure:
         measure(args.data, args.measure, args.cache, args.workers)
     if args.measure or args.evaluate:
