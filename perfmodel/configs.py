@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 import random
 from dataclasses import astuple
 
@@ -100,6 +101,15 @@ def runnable_for(configs: np.ndarray, problems, spec: DeviceSpec) -> np.ndarray:
     need = shared_memory_need(bm, bn, bk, stages, warps, e, ieee.astype(bool), m, n, k, tl.astype(bool),
                               tr.astype(bool))
     return _within(need, _acc_registers(bm, bn, warps), spec)
+
+
+def rule_key(p) -> tuple:
+    """What of a problem `runnable_for` reads: its dtype size, IEEE fp32 or not, layouts, the 16-byte alignment
+    of M, N and K in bytes, and K up to the largest BLOCK_K (one K iteration or more). Problems with equal keys get
+    equal masks (serve caches them per config set)."""
+    e = DTYPE_BYTES[p.dtype]
+    return (e, p.dtype == "float32" and not p.allow_tf32, p.transpose_left, p.transpose_right,
+            math.gcd(p.m * e, 16), math.gcd(p.n * e, 16), math.gcd(p.k * e, 16), min(p.k, max(BLOCK_SIZES) + 1))
 
 
 def fits(cfg: GemmConfig, dtype: str, spec: DeviceSpec, problem=None) -> bool:

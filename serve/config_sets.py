@@ -11,7 +11,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import torch
 
-from perfmodel.configs import runnable, runnable_for
+from perfmodel.configs import rule_key, runnable, runnable_for
 from perfmodel.features import configs_tensor
 from perfmodel.schema import DTYPE_BYTES, DTYPES, GemmConfig, GemmProblem
 
@@ -30,16 +30,24 @@ class _Fits(dict):
         super().__init__(masks)
         self.all_runnable = frozenset(b for b, m in masks.items() if m.all())
         self.configs, self.spec = configs, spec
+        self._by_key: dict[tuple, np.ndarray] = {}
 
     def mask(self, p: GemmProblem) -> np.ndarray:
         """(C,) bool: the configs the device runs for p -- every config that fits for any problem, and of the
-        others those that fit at p's sizes, layout and TF32 flag."""
+        others those that fit at p's sizes, layout and TF32 flag (kept per perfmodel.configs.rule_key: an
+        autotuner's list asked about shape after shape computes each kind of shape once)."""
         m = self[p.dtype_bytes]
-        rest = np.flatnonzero(~m)
-        if self.configs is None or not len(rest):
+        if self.configs is None or p.dtype_bytes in self.all_runnable:
             return m
-        out = m.copy()
-        out[rest] = runnable_for(self.configs[rest], [p], self.spec)[0]
+        key = rule_key(p)
+        out = self._by_key.get(key)
+        if out is None:
+            rest = np.flatnonzero(~m)
+            out = m.copy()
+            out[rest] = runnable_for(self.configs[rest], [p], self.spec)[0]
+            if len(self._by_key) >= 1024:  # bounded: a few hundred kinds of shape in practice
+                self._by_key.clear()
+            self._by_key[key] = out
         return out
 
 

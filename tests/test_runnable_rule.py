@@ -94,3 +94,23 @@ def test_served_mask_admits_the_example(tmp_path: Path) -> None:
     assert np.isfinite(ms[0, 0]) == limit_ok and (np.isinf(ms[1, 0]) or fits(cfgs[0], "bfloat16", pt.spec, even))
     top = pt.rank(odd, cfgs, top_k=2)
     assert all(np.isfinite(t) for _, t in top) == limit_ok
+
+
+def test_rule_key_decides_the_mask() -> None:
+    """serve caches a config set's per-problem masks by rule_key: problems with equal keys get equal masks."""
+    import random
+    from dataclasses import astuple
+
+    from perfmodel.configs import exhaustive_space, rule_key
+
+    rng = random.Random(0)
+    ct = np.array([astuple(c) for c in exhaustive_space()])
+    probs = [GemmProblem(m=rng.choice([1, 7, 16, 100, 333, 2047, 2048]) * rng.choice([1, 16]),
+                         n=rng.choice([1, 3, 64, 1000, 2047, 4096]), k=rng.choice([16, 40, 64, 100, 256, 257, 3000, 4096]),
+                         dtype=rng.choice(["float16", "bfloat16", "float32"]), allow_tf32=rng.random() < 0.5,
+                         transpose_left=rng.random() < 0.5, transpose_right=rng.random() < 0.5) for _ in range(300)]
+    masks = runnable_for(ct, probs, H200)
+    seen: dict[tuple, np.ndarray] = {}
+    for p, m in zip(probs, masks):
+        assert (seen.setdefault(rule_key(p), m) == m).all(), p
+    assert len(seen) < len(probs)  # the check compared something
