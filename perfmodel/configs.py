@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import itertools
+import math
 import random
+from dataclasses import astuple
 
 import numpy as np
 
@@ -47,15 +49,74 @@ def _within(smem, regs, spec: DeviceSpec):
     return (smem <= spec.shared_memory_per_block_optin) & (regs <= spec.registers_per_thread_max)
 
 
+def _async_copies(rows, cols, contiguous, stride, dtype_bytes, warps):
+    """Whether Triton pipelines an operand tile's loads with cp.async (at least 4 bytes a thread): the bytes one
+    thread can move at once -- the 16-byte alignment of the stride between contiguous runs (stride * dtype bytes),
+    the run within the tile (contiguous * dtype bytes), the tile's bytes per thread, 16 at most -- reach 4."""
+    align = np.gcd(np.asarray(stride * dtype_bytes, dtype=np.int64), 16)
+    vec = np.minimum(np.minimum(align, contiguous * dtype_bytes), rows * cols * dtype_bytes // (32 * warps))
+    return vec >= 4
+
+
+def shared_memory_need(bm, bn, bk, stages, warps, dtype_bytes, ieee_fp32, m, n, k, transpose_left, transpose_right,
+                       static=True):
+    """Triton 3.6's shared memory for the mm template's operand buffers on sm_90 (Hopper), on ints or numpy arrays
+    broadcast together (e.g. configs (1, C), problems (P, 1)). Per operand tile (A: BM x BK, B: BK x BN): num_stages
+    buffers where the dot is wgmma (fp16 / bf16 / TF32 with num_warps >= 4 and BLOCK_M >= 64), num_stages - 1 where
+    it is not (IEEE fp32, or mma.sync), if the tile's loads are pipelined (cp.async: `_async_copies`; more than one
+    stage; with static shapes, as Inductor compiles, more than one K iteration); else one buffer. Triton's epilogue
+    scratch (at most BM x BN x dtype bytes, reused after the loop) is left out: it never exceeds 128 KiB for a tile
+    within the register bound, so it decides nothing. Fitted on Triton's compile for sm_90 of the timed rows
+    (benchmarks/studies/runnable_rule.py --measure; benchmarks/results/runnable_rule.txt): never above Triton's
+    count, equal to it wherever the operand buffers are the larger."""
+    bm, bn, bk, stages, warps, e = (np.asarray(x, dtype=np.int64) for x in (bm, bn, bk, stages, warps, dtype_bytes))
+    m, n, k = (np.asarray(x, dtype=np.int64) for x in (m, n, k))
+    tl, tr, ieee = (np.asarray(x, dtype=bool) for x in (transpose_left, transpose_right, ieee_fp32))
+    wgmma = ~ieee & (warps >= 4) & (bm >= 64)
+    loop = (stages > 1) & (~np.asarray(static, dtype=bool) | (k > bk))
+    buffers = np.where(wgmma, stages, stages - 1)
+    a = _async_copies(bm, bk, np.where(tl, bm, bk), np.where(tl, m, k), e, warps) & loop
+    b = _async_copies(bk, bn, np.where(tr, bk, bn), np.where(tr, k, n), e, warps) & loop
+    return bm * bk * e * np.where(a, buffers, 1) + bn * bk * e * np.where(b, buffers, 1)
+
+
 def runnable(configs: np.ndarray, dtype_bytes: np.ndarray | float, spec: DeviceSpec) -> np.ndarray:
     """`fits` for many at once: configs (C, 6) in GemmConfig field order, dtype_bytes broadcastable to
-    (P, 1) or a scalar -> bool (P, C) (or (C,)): within the device's shared memory and registers."""
+    (P, 1) or a scalar -> bool (P, C) (or (C,)): within the device's shared memory and registers for every
+    problem (the operand tiles of every stage, which `shared_memory_need` never exceeds); `runnable_for` says
+    which of the others a given problem runs."""
     bm, bn, bk, _, stages, warps = (configs[:, i] for i in range(6))
     return _within(_smem_bytes(bm, bn, bk, stages, np.asarray(dtype_bytes, dtype=np.float64)),
                    _acc_registers(bm, bn, warps), spec)
 
 
-def fits(cfg: GemmConfig, dtype: str, spec: DeviceSpec) -> bool:
+def runnable_for(configs: np.ndarray, problems, spec: DeviceSpec) -> np.ndarray:
+    """(P, C) bool: which configs (C, 6, GemmConfig field order) the device runs for each problem (a sequence of
+    perfmodel.schema.GemmProblem): `shared_memory_need` at the problem's sizes, layout, dtype and TF32 flag within
+    the device's shared memory, and the accumulator within its registers."""
+    cols = np.array([(p.m, p.n, p.k, DTYPE_BYTES[p.dtype], p.dtype == "float32" and not p.allow_tf32,
+                      p.transpose_left, p.transpose_right) for p in problems], dtype=np.int64).reshape(-1, 7)
+    m, n, k, e, ieee, tl, tr = (cols[:, i:i + 1] for i in range(7))
+    bm, bn, bk, _, stages, warps = (np.asarray(configs[:, i], dtype=np.int64)[None, :] for i in range(6))
+    need = shared_memory_need(bm, bn, bk, stages, warps, e, ieee.astype(bool), m, n, k, tl.astype(bool),
+                              tr.astype(bool))
+    return _within(need, _acc_registers(bm, bn, warps), spec)
+
+
+def rule_key(p) -> tuple:
+    """What of a problem `runnable_for` reads: its dtype size, IEEE fp32 or not, layouts, the 16-byte alignment
+    of M, N and K in bytes, and K up to the largest BLOCK_K (one K iteration or more). Problems with equal keys get
+    equal masks (serve caches them per config set)."""
+    e = DTYPE_BYTES[p.dtype]
+    return (e, p.dtype == "float32" and not p.allow_tf32, p.transpose_left, p.transpose_right,
+            math.gcd(p.m * e, 16), math.gcd(p.n * e, 16), math.gcd(p.k * e, 16), min(p.k, max(BLOCK_SIZES) + 1))
+
+
+def fits(cfg: GemmConfig, dtype: str, spec: DeviceSpec, problem=None) -> bool:
+    """Whether the device runs cfg: for every problem of dtype (problem None: the operand tiles of every stage
+    within shared memory), or for one problem (`runnable_for`)."""
+    if problem is not None:
+        return bool(runnable_for(np.array([astuple(cfg)]), [problem], spec)[0, 0])
     return bool(_within(shared_memory_bytes(cfg, dtype), accumulator_registers(cfg), spec))
 
 

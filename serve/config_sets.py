@@ -11,7 +11,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import torch
 
-from perfmodel.configs import runnable
+from perfmodel.configs import rule_key, runnable, runnable_for
 from perfmodel.features import configs_tensor
 from perfmodel.schema import DTYPE_BYTES, DTYPES, GemmConfig, GemmProblem
 
@@ -22,12 +22,33 @@ _CONFIG_CACHE_SIZE = 32
 
 
 class _Fits(dict):
-    """{dtype size: (C,) bool, which configs of a set the device can run}, and the sizes for which it
-    can run them all (checked once per config set, not per call)."""
+    """{dtype size: (C,) bool, which configs of a set the device runs for every problem of that size (the operand
+    tiles of every stage fit)}, the sizes for which that is all of them (checked once per config set, not per
+    call), and the set's configs (C, 6), for the problem's own rule on the others (perfmodel.configs.runnable_for)."""
 
-    def __init__(self, masks: dict[int, np.ndarray]) -> None:
+    def __init__(self, masks: dict[int, np.ndarray], configs: np.ndarray | None = None, spec: Any = None) -> None:
         super().__init__(masks)
         self.all_runnable = frozenset(b for b, m in masks.items() if m.all())
+        self.configs, self.spec = configs, spec
+        self._by_key: dict[tuple, np.ndarray] = {}
+
+    def mask(self, p: GemmProblem) -> np.ndarray:
+        """(C,) bool: the configs the device runs for p -- every config that fits for any problem, and of the
+        others those that fit at p's sizes, layout and TF32 flag (kept per perfmodel.configs.rule_key: an
+        autotuner's list asked about shape after shape computes each kind of shape once)."""
+        m = self[p.dtype_bytes]
+        if self.configs is None or p.dtype_bytes in self.all_runnable:
+            return m
+        key = rule_key(p)
+        out = self._by_key.get(key)
+        if out is None:
+            rest = np.flatnonzero(~m)
+            out = m.copy()
+            out[rest] = runnable_for(self.configs[rest], [p], self.spec)[0]
+            if len(self._by_key) >= 1024:  # bounded: a few hundred kinds of shape in practice
+                self._by_key.clear()
+            self._by_key[key] = out
+        return out
 
 
 class ConfigSets:
@@ -42,7 +63,8 @@ class ConfigSets:
     def _config_entry(self, ct: torch.Tensor) -> tuple[torch.Tensor, Any, dict[int, np.ndarray]]:
         """What a config set's calls reuse: its tensor, its config-only encoding, and per dtype size which
         of its configs the device can run (perfmodel.configs.runnable)."""
-        fits = _Fits({b: runnable(ct.numpy(), float(b), self.spec) for b in set(DTYPE_BYTES.values())})
+        cn = ct.numpy()
+        fits = _Fits({b: runnable(cn, float(b), self.spec) for b in set(DTYPE_BYTES.values())}, cn[:, :6], self.spec)
         return ct, _ConfigPart.of(self._encoder, ct), fits
 
     def _configs(self, configs: Any, dtype: str) -> tuple[Sequence[GemmConfig], torch.Tensor, Any, dict]:
@@ -103,14 +125,18 @@ class ConfigSets:
     @staticmethod
     def _runnable(fits: dict[int, np.ndarray], problems: Sequence[GemmProblem]) -> np.ndarray | None:
         """(P, C) bool: which configs the model's device can run for each problem (fits: _config_entry's
-        masks per dtype size); None when all can (the default spaces, and nearly every user list)."""
+        masks per dtype size, the others by the problem's own rule, `_Fits.mask`); None when all can (the
+        default spaces, and nearly every user list)."""
         runs_all = fits.all_runnable
         if len(problems) == 1:  # one problem (a rank call): no generator
             if problems[0].dtype_bytes in runs_all:
                 return None
         elif all(p.dtype_bytes in runs_all for p in problems):
             return None
-        return np.stack([fits[p.dtype_bytes] for p in problems])
+        if not isinstance(fits, _Fits):
+            return np.stack([fits[p.dtype_bytes] for p in problems])
+        ok = np.stack([fits.mask(p) for p in problems])
+        return None if ok.all() else ok  # the problems' own rule runs them all
 
     def _unrunnable_inf(self, ms: np.ndarray, fits: dict[int, np.ndarray], problems: Sequence[GemmProblem]) -> np.ndarray:
         """ms (P, C) with inf where the device cannot run the config (docs/design.md: such a config

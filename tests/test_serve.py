@@ -361,7 +361,7 @@ configs = st.builds(GemmConfig, block_m=POW2, block_n=POW2, block_k=POW2, group_
 @given(prob=problems, cfgs=st.lists(configs, min_size=1, max_size=8))
 def test_property_valid_inputs_predict(pt: Predictor, prob: GemmProblem, cfgs: list[GemmConfig]) -> None:
     ms = pt.predict(prob, cfgs)
-    ok = np.array([fits(c, prob.dtype, pt.spec) for c in cfgs])
+    ok = np.array([fits(c, prob.dtype, pt.spec, prob) for c in cfgs])
     # a config the device can run: a finite positive time; one it cannot: inf (docs/design.md)
     assert ms.shape == (len(cfgs),) and np.all(np.isfinite(ms[ok])) and np.all(ms[ok] > 0)
     assert np.all(np.isinf(ms[~ok]))
