@@ -1,0 +1,264 @@
+"""The Triton tutorial's matmul kernel, as an `@triton.autotune` user writes it, timed over configs of the model's
+space on problems the project's data does not hold (GPU), and the model's ranking of those times (CPU).
+
+The kernel is the matmul of Triton's tutorial 03 (grouped program order, K-masked loads, fp32 accumulator), with
+the operands' strides as arguments (so NN and NT run one kernel) and tl.dot's input precision as a constexpr (TF32
+or IEEE for fp32). It is compiled as Triton's autotuner compiles it: sizes and strides run-time arguments, Triton's
+own specialisation (divisibility by 16, strides of 1). Per problem: `--configs` configs (the device's pruned space,
+perfmodel.configs.stratified_sample, seeded per problem), each compiled in a pool of worker processes, then timed
+with the dataset's protocol (perfmodel.data_gen.measure.Bench: L2 flushed, median of >= 10 clean runs), its output
+checked against a float64 torch.mm and its time against the physical floor (perfmodel.devices roofline_ms). A config
+Triton refuses (shared memory, threads) is recorded as failed. Rows are written after each problem; --time-limit
+stops between problems.
+
+    python -m benchmarks.tutorial_bench time --out benchmarks/results/tutorial_h200.json [--time-limit 400]   # GPU
+    python -m benchmarks.tutorial_bench eval benchmarks/results/tutorial_h200.json [--model models/h200]     # CPU
+
+eval: per problem, the model's top-1 and top-5 (Predictor.rank over the configs that ran, the dataset kernel's
+"autotune" mode: the tutorial kernel is compiled as the autotuner compiles the dataset's) against the best timed:
+top-1 / top-5 efficiency (best ms / ms of the pick, best of the five), per dtype mode and layout, the worst problems,
+and how many configs that ran the model calls unrunnable.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import triton
+import triton.language as tl
+
+# (M, N, K) x dtype mode x layout: sizes the data does not hold (odd M, unaligned N/K, LLM widths at small M).
+SIZES = [(16, 4096, 4096), (64, 11008, 4096), (128, 5120, 5120), (333, 3072, 1024), (1000, 2304, 768),
+         (2047, 2047, 2047), (4096, 1024, 4096), (3000, 4097, 1000), (512, 14336, 4096), (8192, 768, 3072),
+         (256, 1000, 2000), (1536, 6144, 1536)]
+MODES = ("float16", "bfloat16", "tf32", "float32")
+LAYOUTS = ("NN", "NT")
+
+
+@triton.jit
+def tutorial_matmul(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                    BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+                    GROUP_SIZE_M: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    pid = tl.program_id(axis=0)
+    num_pid_m = tl.cdiv(M, BLOCK_SIZE_M)
+    num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)
+    num_pid_in_group = GROUP_SIZE_M * num_pid_n
+    group_id = pid // num_pid_in_group
+    first_pid_m = group_id * GROUP_SIZE_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_SIZE_M)
+    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
+    pid_n = (pid % num_pid_in_group) // group_size_m
+    offs_am = (pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)) % M
+    offs_bn = (pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)) % N
+    offs_k = tl.arange(0, BLOCK_SIZE_K)
+    a_ptrs = a_ptr + (offs_am[:, None] * stride_am + offs_k[None, :] * stride_ak)
+    b_ptrs = b_ptr + (offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn)
+    accumulator = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_SIZE_K)):
+        a = tl.load(a_ptrs, mask=offs_k[None, :] < K - k * BLOCK_SIZE_K, other=0.0)
+        b = tl.load(b_ptrs, mask=offs_k[:, None] < K - k * BLOCK_SIZE_K, other=0.0)
+        accumulator = tl.dot(a, b, accumulator, input_precision=INPUT_PRECISION)
+        a_ptrs += BLOCK_SIZE_K * stride_ak
+        b_ptrs += BLOCK_SIZE_K * stride_bk
+    c = accumulator.to(c_ptr.dtype.element_ty)
+    offs_cm = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
+    offs_cn = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+    c_ptrs = c_ptr + stride_cm * offs_cm[:, None] + stride_cn * offs_cn[None, :]
+    c_mask = (offs_cm[:, None] < M) & (offs_cn[None, :] < N)
+    tl.store(c_ptrs, c, mask=c_mask)
+
+
+def problems() -> list[dict[str, Any]]:
+    """Every size in every dtype mode and layout."""
+    return [{"m": m, "n": n, "k": k, "mode": mode, "layout": lay} for (m, n, k) in SIZES for mode in MODES
+            for lay in LAYOUTS]
+
+
+def gemm_problem(p: dict[str, Any]) -> Any:
+    from perfmodel.schema import GemmProblem
+
+    return GemmProblem(m=p["m"], n=p["n"], k=p["k"], dtype="float32" if p["mode"] in ("tf32", "float32") else p["mode"],
+                       allow_tf32=p["mode"] == "tf32", transpose_right=p["layout"] == "NT")
+
+
+def configs_for(p: dict[str, Any], n: int, spec: Any) -> list[Any]:
+    from perfmodel.configs import pruned_space, stratified_sample
+
+    gp = gemm_problem(p)
+    seed = random.Random(json.dumps(p, sort_keys=True)).randrange(2**31)
+    return stratified_sample(pruned_space(gp.dtype, spec), n, seed)
+
+
+def _operands(p: dict[str, Any]) -> tuple[Any, Any, Any]:
+    import torch
+
+    dt = {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(p["mode"], torch.float32)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    a = torch.randn(p["m"], p["k"], device="cuda", dtype=dt, generator=g)
+    b = torch.randn(p["n"], p["k"], device="cuda", dtype=dt, generator=g).t() if p["layout"] == "NT" else \
+        torch.randn(p["k"], p["n"], device="cuda", dtype=dt, generator=g)
+    c = torch.empty(p["m"], p["n"], device="cuda", dtype=dt)
+    return a, b, c
+
+
+def _launch_args(p: dict[str, Any], a: Any, b: Any, c: Any, cfg: Any) -> tuple[tuple, dict]:
+    grid = (triton.cdiv(p["m"], cfg.block_m) * triton.cdiv(p["n"], cfg.block_n),)
+    ints = (p["m"], p["n"], p["k"], a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
+    meta = dict(BLOCK_SIZE_M=cfg.block_m, BLOCK_SIZE_N=cfg.block_n, BLOCK_SIZE_K=cfg.block_k,
+                GROUP_SIZE_M=cfg.group_m, INPUT_PRECISION="ieee" if p["mode"] == "float32" else "tf32",
+                num_stages=cfg.num_stages, num_warps=cfg.num_warps)
+    return grid, (ints, meta)
+
+
+def _compile(job: tuple[dict[str, Any], tuple]) -> str | None:
+    """A worker: compile (no launch) one (problem, config) into Triton's cache; None or the error."""
+    import torch
+
+    from perfmodel.schema import GemmConfig
+
+    p, c = job
+    cfg = GemmConfig(*c)
+    try:
+        a, b, out = _operands(p)
+        grid, (ints, meta) = _launch_args(p, a, b, out, cfg)
+        tutorial_matmul.warmup(a, b, out, *ints, **meta, grid=grid)
+        torch.cuda.synchronize()
+        return None
+    except Exception as exc:  # any compile failure is the row's outcome
+        return f"{type(exc).__name__}: {str(exc)[:200]}"
+
+
+TOL = {"float16": 2e-2, "bfloat16": 3e-2, "tf32": 1e-2, "float32": 1e-4}
+
+
+def time_problems(out: Path, n_configs: int, time_limit: float, workers: int) -> dict[str, Any]:
+    import multiprocessing as mp
+
+    import torch
+    from triton.runtime.errors import OutOfResources
+
+    from perfmodel.data_gen.measure import Bench, TimingSettings
+    from perfmodel.devices import get_spec
+
+    t0 = time.perf_counter()
+    spec = get_spec("h200" if "H200" in torch.cuda.get_device_name(0) else "h100-sxm")
+    bench = Bench(torch.device("cuda"), torch.cuda.get_device_properties(0).L2_cache_size, TimingSettings())
+    results: dict[str, Any] = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+                               "triton": triton.__version__, "spec": spec.name, "configs": n_configs, "problems": []}
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(workers) as pool:
+        for i, p in enumerate(problems()):
+            if time.perf_counter() - t0 > time_limit:
+                print(f"[tutorial] time limit: {i} problems done", flush=True)
+                break
+            cfgs = configs_for(p, n_configs, spec)
+            errors = pool.map(_compile, [(p, dataclasses.astuple(c)) for c in cfgs])
+            a, b, c = _operands(p)
+            ref = (a.double() @ b.double())
+            rows, fns, idx = [], [], []
+            for cfg, err in zip(cfgs, errors):
+                row = {"config": [cfg.block_m, cfg.block_n, cfg.block_k, cfg.group_m, cfg.num_stages, cfg.num_warps]}
+                grid, (ints, meta) = _launch_args(p, a, b, c, cfg)
+                try:
+                    if err:
+                        raise RuntimeError(err)
+                    k = tutorial_matmul.warmup(a, b, c, *ints, **meta, grid=grid)
+                    k._init_handles()
+                    c.zero_()
+                    tutorial_matmul[grid](a, b, c, *ints, **meta)
+                    torch.cuda.synchronize()
+                    rel = float((c.double() - ref).norm() / ref.norm())
+                    if not rel <= TOL[p["mode"]]:
+                        raise RuntimeError(f"output check: relative error {rel:.3g}")
+                    row["rel_err"] = rel
+                    fns.append(lambda grid=grid, ints=ints, meta=meta: tutorial_matmul[grid](a, b, c, *ints, **meta))
+                    idx.append(len(rows))
+                    row["status"] = "ok"
+                except OutOfResources as exc:
+                    row.update(status="unrunnable", error=str(exc)[:200])
+                except Exception as exc:  # a failed config is the row's outcome
+                    row.update(status="failed", error=f"{type(exc).__name__}: {str(exc)[:200]}")
+                rows.append(row)
+            timed = bench.time_many(fns) if fns else []
+            floor = float(spec.roofline_ms(p["m"], p["n"], p["k"], gemm_problem(p).dtype, p["mode"] == "tf32"))
+            for j, (ms, runs) in zip(idx, timed):
+                rows[j].update(ms=ms, runs=runs, below_floor=bool(ms < floor))
+            results["problems"].append({**p, "floor_ms": floor, "rows": rows})
+            ok = [r["ms"] for r in rows if r.get("ms")]
+            print(f"[tutorial] {i + 1}: {p} {len(ok)}/{len(rows)} ran, best {min(ok) if ok else float('nan'):.4f} ms "
+                  f"({time.perf_counter() - t0:.0f} s)", flush=True)
+            out.write_text(json.dumps(results) + "\n")
+    return results
+
+
+def evaluate(results: dict[str, Any], model: str | None) -> dict[str, Any]:
+    import numpy as np
+
+    from perfmodel import Predictor
+    from perfmodel.schema import GemmConfig
+
+    pred = Predictor.load(model) if model else Predictor.load(device=results.get("spec", "h200").split("-")[0])
+    per = []
+    called_inf = 0
+    for p in results["problems"]:
+        ran = [r for r in p["rows"] if r.get("status") == "ok" and not r.get("below_floor")]
+        if len(ran) < 10:
+            continue
+        cfgs = [GemmConfig(*r["config"]) for r in ran]
+        ms = np.array([r["ms"] for r in ran])
+        prob = gemm_problem(p)
+        pm = np.asarray(pred.predict_many([prob], cfgs))[0]
+        called_inf += int(np.isinf(pm).sum())
+        order = [cfgs.index(c) for c, _ in pred.rank(prob, cfgs, top_k=5)]
+        per.append({"m": p["m"], "n": p["n"], "k": p["k"], "mode": p["mode"], "layout": p["layout"],
+                    "configs": len(ran), "top1": float(ms.min() / ms[order[0]]),
+                    "top5": float(ms.min() / ms[order].min())})
+    geo = lambda xs: float(np.exp(np.mean(np.log(xs)))) if xs else float("nan")  # noqa: E731
+    out: dict[str, Any] = {"model": str(getattr(pred, "source", "")), "problems": len(per),
+                           "ran_called_unrunnable": called_inf}
+    groups = {"all": per} | {m: [r for r in per if r["mode"] == m] for m in MODES} | \
+        {f"layout/{lay}": [r for r in per if r["layout"] == lay] for lay in LAYOUTS}
+    for name, rs in groups.items():
+        out[name] = {"problems": len(rs), "top1": geo([r["top1"] for r in rs]), "top5": geo([r["top5"] for r in rs]),
+                     "worst_top1": min((r["top1"] for r in rs), default=float("nan"))}
+    out["worst"] = sorted(per, key=lambda r: r["top1"])[:8]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser("time", help="GPU: time the tutorial kernel")
+    t.add_argument("--out", type=Path, required=True)
+    t.add_argument("--configs", type=int, default=40)
+    t.add_argument("--time-limit", type=float, default=400.0, help="seconds; no problem starts past it")
+    t.add_argument("--workers", type=int, default=12, help="compile processes")
+    e = sub.add_parser("eval", help="CPU: the model's ranking of a time run")
+    e.add_argument("results", type=Path)
+    e.add_argument("--model", default=None, help="a model folder (default: the shipped one for the run's device)")
+    e.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    if args.cmd == "time":
+        time_problems(args.out, args.configs, args.time_limit, args.workers)
+        return 0
+    try:
+        res = json.loads(args.results.read_text())
+    except (OSError, ValueError) as exc:
+        print(f"results: cannot read {args.results}: {exc}", file=sys.stderr)
+        return 2
+    ev = evaluate(res, args.model)
+    text = json.dumps(ev, indent=1)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,29 @@
+"""benchmarks/tutorial_bench.py's CPU half: the problems, the configs and the evaluation of a time run. The timings
+here are SYNTHETIC (made up for the test); the GPU half is run on the device (its results file is the evidence)."""
+import pytest
+
+from benchmarks import tutorial_bench as tb
+from perfmodel.devices import get_spec
+
+
+def test_problems_cover_every_mode_and_layout_and_configs_are_seeded():
+    ps = tb.problems()
+    assert {p["mode"] for p in ps} == set(tb.MODES) and {p["layout"] for p in ps} == set(tb.LAYOUTS)
+    spec = get_spec("h200")
+    assert tb.configs_for(ps[3], 16, spec) == tb.configs_for(ps[3], 16, spec)
+    assert len(tb.configs_for(ps[3], 16, spec)) == 16
+    assert tb.gemm_problem(ps[3]).transpose_right == (ps[3]["layout"] == "NT")
+
+
+@pytest.mark.parametrize("best", [0, 7])
+def test_evaluate_scores_the_models_pick_against_the_best_timed(best):
+    """SYNTHETIC times: every config 1.0 ms but one at 0.5 ms; top-5 is 1.0 exactly when the model's five hold it,
+    and top-1 is 0.5 or 1.0, the pick's efficiency."""
+    spec = get_spec("h200")
+    p = {"m": 1000, "n": 2304, "k": 768, "mode": "bfloat16", "layout": "NT"}
+    cfgs = tb.configs_for(p, 12, spec)
+    rows = [{"config": list(c.__dict__.values()) if hasattr(c, "__dict__") else list(c), "status": "ok",
+             "ms": 0.5 if i == best else 1.0} for i, c in enumerate(cfgs)]
+    ev = tb.evaluate({"spec": "h200", "problems": [{**p, "rows": rows}]}, None)
+    assert ev["problems"] == 1 and ev["all"]["top1"] in (0.5, 1.0) and ev["all"]["top5"] in (0.5, 1.0)
+    assert ev["layout/NT"]["problems"] == 1 and ev["float16"]["problems"] == 0
