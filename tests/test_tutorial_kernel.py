@@ -1,8 +1,8 @@
-"""benchmarks/tutorial_bench.py's CPU half: the problems, the configs and the evaluation of a time run. The timings
+"""benchmarks/studies/tutorial_kernel.py's CPU half: the problems, the configs and the evaluation of a time run. The timings
 here are SYNTHETIC (made up for the test); the GPU half is run on the device (its results file is the evidence)."""
 import pytest
 
-from benchmarks import tutorial_bench as tb
+from benchmarks.studies import tutorial_kernel as tb
 from perfmodel.devices import get_spec
 
 

@@ -11,8 +11,8 @@ checked against a float64 torch.mm and its time against the physical floor (perf
 Triton refuses (shared memory, threads) is recorded as failed. Rows are written after each problem; --time-limit
 stops between problems.
 
-    python -m benchmarks.tutorial_bench time --out benchmarks/results/tutorial_h200.json [--time-limit 400]   # GPU
-    python -m benchmarks.tutorial_bench eval benchmarks/results/tutorial_h200.json [--model models/h200]     # CPU
+    python -m benchmarks.studies.tutorial_kernel time --out benchmarks/results/tutorial_h200.json [--time-limit 400]   # GPU
+    python -m benchmarks.studies.tutorial_kernel eval benchmarks/results/tutorial_h200.json [--model models/h200]     # CPU
 
 eval: per problem, the model's top-1 and top-5 (Predictor.rank over the configs that ran, the dataset kernel's
 "autotune" mode: the tutorial kernel is compiled as the autotuner compiles the dataset's) against the best timed:
