@@ -1,17 +1,16 @@
 """The shipped model's bmm heads (models/h100, `perfmodel bmm-head`) against the committed bmm rows (data/h100):
 the serving path (Predictor.rank / prefers_cublas_many, both backends) on the held-out test problems gives the
 figures the metadata records. The picks may differ from the evaluation's on one problem (a near-tie that
-another CPU's rounding, or the ONNX graph's, can flip), and where the evaluation's pick is beyond the device's
-shared-memory bound that serving keeps (five test problems of the shipped folder: the serving pick is then the
-evaluation's best runnable config); the figures then differ by those problems' share."""
+another CPU's rounding, or the ONNX graph's, can flip), and where the evaluation's pick is a config the device cannot
+run for the problem (perfmodel.configs.runnable_for; the serving pick is then the evaluation's best runnable config);
+the figures then differ by those problems' share."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from perfmodel import GemmConfig, GemmProblem, Predictor
-from perfmodel.configs import runnable
-from perfmodel.schema import DTYPE_BYTES
+from perfmodel.configs import runnable_for
 from perfmodel.locations import checkout_root, default_model_dir
 
 ROOT = checkout_root()
@@ -59,10 +58,9 @@ def test_the_serving_path_reproduces_the_recorded_test_figures(held_out, backend
         cfgs = [GemmConfig(*map(int, c)) for c in t.configs[rows]]
         prob = _problem(t.problems[i])
         ranked = p.rank(prob, cfgs, top_k=5)
-        # the serving path ranks only configs within the device's shared memory and registers
-        # (perfmodel.configs.runnable); the evaluation ranks every timed config, and Inductor's bmm template
-        # ran some fp32 configs beyond that bound (their operand tiles x stages over 227 KB)
-        ok = runnable(t.configs[rows], DTYPE_BYTES[prob.dtype], p.spec)
+        # the serving path ranks only the configs the device runs for the problem (perfmodel.configs.runnable_for:
+        # Triton's shared memory at the problem's sizes, and the registers); the evaluation ranks every timed config
+        ok = runnable_for(t.configs[rows], [prob], p.spec)[0]
         beyond += not ok[int(np.argmin(evaluated[rows]))]
         pick = cfgs[int(np.argmin(np.where(ok, evaluated[rows], np.inf)))]
         flips += ranked[0][0] != pick
