@@ -59,30 +59,8 @@ def _one_iteration_need(r: dict) -> int:
 
 def compiled_shared(r: dict) -> int:
     """Triton's shared memory bytes for the row's config and problem: data_gen/kernel.py's static kernel compiled on
-    the CPU for sm_90 (no GPU needed; ptxas ships with triton)."""
-    import inspect
-
-    import torch
-    import triton
-    from triton.backends.compiler import GPUTarget
-
-    from perfmodel.data_gen import kernel
-    from perfmodel.schema import GemmConfig
-
-    m, n, k = r["m"], r["n"], r["k"]
-    strides = ((1, m) if r["transpose_left"] else (k, 1)) + ((1, k) if r["transpose_right"] else (n, 1)) + (n, 1)
-    cfg = GemmConfig(r["block_m"], r["block_n"], r["block_k"], r.get("group_m") or 8, r["num_stages"], r["num_warps"])
-    dt = getattr(torch, r["dtype"])
-    ints, meta = kernel._args(m, n, k, strides, cfg, dt, r["allow_tf32"], static=True)
-    stages, warps = meta.pop("num_stages"), meta.pop("num_warps")
-    names = list(inspect.signature(kernel.matmul_kernel.fn).parameters)
-    ptr = {"float16": "*fp16", "bfloat16": "*bf16", "float32": "*fp32"}[r["dtype"]]
-    sig = {x: ptr if i < 3 else "constexpr" for i, x in enumerate(names)}
-    consts = {x: (ints[i - 3] if i < 12 else meta[x]) for i, x in enumerate(names) if i >= 3}
-    src = triton.compiler.ASTSource(fn=kernel.matmul_kernel, signature=sig, constexprs=consts,
-                                    attrs={(i,): [["tt.divisibility", 16]] for i in range(3)})
-    return int(triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": warps, "num_stages": stages}).metadata.shared)
+    the CPU for sm_90 (no GPU needed; ptxas ships with triton; _compiled_kernel)."""
+    return int(_compiled_kernel(r).metadata.shared)
 
 
 PARTS = ("gemm", "gemm_static", "bmm")  # the parts whose Triton rows are timed (each row: one config on one problem)
@@ -407,7 +385,8 @@ def spills(size: int = 4096, block_k: int = 32, stages: int = 3) -> list[str]:
 
 
 def _compiled_kernel(r: dict):
-    """The static kernel of a row compiled for sm_90 (`compiled_shared`'s compile, the whole result)."""
+    """The static kernel of a row compiled for sm_90, every size a constant as Inductor compiles its template (the
+    whole result: metadata.shared for compiled_shared, the PTX for the spill study)."""
     import inspect
 
     import torch
