@@ -14,7 +14,7 @@ folder and reports how often it reproduces the recorded decisions. The pad decis
 Inductor's default configs offered, as under the set-up). Exit status 1 when anything differs.
 
     python -m benchmarks.replay_decisions --measured models/h100 --candidate /tmp/new_h100 \
-        [--results benchmarks/results/model_bench_h100.json] [--pad 4096,768,50257,float16]
+        [--results benchmarks/results/model_bench_h100.json] [--pad 4096,768,50257,float16] [--device h200]
 """
 from __future__ import annotations
 
@@ -54,10 +54,10 @@ def replay(predictor: Any, op: str, problem: dict[str, Any], policy: Any) -> tup
     return keep, [str(cfgs[i]) for i, _ in (best[:1] if sure else best)] if keep else [], sure
 
 
-def _load(folder: str) -> Any:
+def _load(folder: str, device: str | None = None) -> Any:
     from perfmodel.serve.predictor import Predictor
 
-    p = Predictor.load(folder, backend="torch")
+    p = Predictor.load(folder, backend="torch", device=device)
     return p.with_kernel("inductor") if p.has_static else p
 
 
@@ -81,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--results", type=Path, default=REPO / "benchmarks/results/model_bench_h100.json")
     ap.add_argument("--variant", default="perfmodel", help="the set-up variant whose decisions are replayed")
     ap.add_argument("--pad", action="append", default=[], help="m,k,n,dtype[,tl][,tr] (repeatable)")
+    ap.add_argument("--device", default=None, help="the device the results were measured on (default: the GPU "
+                                                   "here, else the model's default device): h200 for a H200 run")
     args = ap.parse_args(argv)
     if not args.results.is_file():
         ap.error(f"--results: no such file {args.results}")
@@ -92,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     rec = recorded(json.loads(args.results.read_text()), args.variant)
     if not rec:
         ap.error(f"--results: no decisions of variant {args.variant!r}")
-    old, new = _load(args.measured), _load(args.candidate)
+    old, new = _load(args.measured, args.device), _load(args.candidate, args.device)
     same_as_recorded = diff = 0
     for (op, items), d in rec.items():
         problem = dict(items)

@@ -106,12 +106,12 @@ def save(bundle: ModelBundle, folder: Path, extra_metadata: dict[str, Any] | Non
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     modes = bundle.config_net is not None
-    if modes != (INDUCTOR_GEMM in bundle.heads) or modes != (KERNEL_MODE_INPUT in bundle.metadata):
+    if (modes and INDUCTOR_GEMM not in bundle.heads) or modes != (KERNEL_MODE_INPUT in bundle.metadata):
         raise ArtifactError(f"config_net: a config network needs its {INDUCTOR_GEMM!r} head and metadata "
                             f"{KERNEL_MODE_INPUT!r} (set config_network())")
     tensors, heads_meta = {}, {}
     for name, head in bundle.heads.items():
-        if name == INDUCTOR_GEMM:  # a mode of the config network, written once as "gemm"
+        if name == INDUCTOR_GEMM and modes:  # a mode of the config network, written once as "gemm"
             continue
         if name not in REGISTRY:
             raise ArtifactError(f"heads: {name!r} is not a registered head (perfmodel/heads/: {', '.join(REGISTRY)})")
@@ -258,10 +258,11 @@ def _config_modes(meta_path: Path, meta: dict[str, Any], heads: dict[str, PerfML
                   encoders: dict[str, FeatureEncoder]) -> PerfMLP | None:
     """A config network (metadata KERNEL_MODE_INPUT): its two modes added to heads (config_heads); returns the
     network as stored, None for a folder without one."""
-    if KERNEL_MODE_INPUT not in meta:
-        if INDUCTOR_GEMM in heads:
-            raise ArtifactError(f"{meta_path.parent}: head {INDUCTOR_GEMM!r} is a mode of a config network, not stored")
+    if KERNEL_MODE_INPUT not in meta:  # a stored INDUCTOR_GEMM is the inductor head (perfmodel/heads/inductor.py)
         return None
+    if INDUCTOR_GEMM in heads:
+        raise ArtifactError(f"{meta_path.parent}: head {INDUCTOR_GEMM!r} is stored beside a config network, whose "
+                            "inductor mode it would replace: a folder holds one or the other")
     net = heads["gemm"]
     try:
         heads.update(config_heads(net, meta[KERNEL_MODE_INPUT]))

@@ -86,12 +86,13 @@ BMM = "bmm"
 BMM_ATEN = "bmm_aten"
 BMM_CALL = "bmm_call"
 # The config network (perfmodel/heads/gemm.py): the folder stores it once, as "gemm"; a loaded bundle serves it as
-# two heads, "gemm" (kernel="autotune") and INDUCTOR_GEMM (kernel="inductor", config_heads).
+# two heads, "gemm" (kernel="autotune") and INDUCTOR_GEMM (kernel="inductor", config_heads). A folder whose gemm head
+# is not one may store INDUCTOR_GEMM itself: the inductor head (perfmodel/heads/inductor.py), served the same way.
 
 
 def inductor_head(heads: Any) -> str | None:
-    """How a model serves kernel="inductor": INDUCTOR_GEMM (a config network's inductor mode, in place of the
-    gemm head), or None (autotune only)."""
+    """How a model serves kernel="inductor": INDUCTOR_GEMM (a config network's inductor mode, or the inductor
+    head, in place of the gemm head), or None (autotune only)."""
     return INDUCTOR_GEMM if INDUCTOR_GEMM in heads else None
 
 

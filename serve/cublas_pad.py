@@ -172,9 +172,14 @@ class CublasAndPad:
 
     @property
     def _call_head(self) -> str | None:
-        """The problem network's call output for this kernel mode (call, call_static), or None."""
-        name = CALL_STATIC if self._static else CALL
-        return name if _output_source(self.bundle, name) is not None else None
+        """The problem network's call output for this kernel mode (call, call_static), or None. A model with an
+        inductor mode but no call_static output (an inductor head beside a problem network fitted without static
+        rows) takes the call output in both modes: the cuBLAS-or-Triton call it makes without the inductor mode,
+        which then only ranks the Triton configs."""
+        for name in ((CALL_STATIC, CALL) if self._static else (CALL,)):
+            if _output_source(self.bundle, name) is not None:
+                return name
+        return None
 
     def prefers_cublas_many(self, problems: Sequence[GemmProblem]) -> np.ndarray:
         """For each problem, whether cuBLAS (aten::bmm for a bmm) is predicted faster than the best Triton config

@@ -67,8 +67,9 @@ class Predictor(ConfigSets, CublasAndPad):
     def __init__(self, bundle: ModelBundle, backend: str, runner: Runner, source: str, kernel: str = "autotune") -> None:
         _check_kernel(kernel)
         if kernel == "inductor" and inductor_head(bundle.heads) is None:
-            raise ValueError(f"kernel: {source} has no config network, so it predicts only kernel='autotune' "
-                             "(a build with [train].config_net = true serves kernel='inductor')")
+            raise ValueError(f"kernel: {source} has no config network and no inductor head, so it predicts only "
+                             "kernel='autotune' (a build with [train].config_net = true, or `perfmodel build --only "
+                             "inductor`, serves kernel='inductor')")
         if kernel not in runner.kernels:
             raise ValueError(f"kernel: the {runner.backend} backend cannot serve kernel={kernel!r} for {source}: its "
                              f"model.onnx has no {kernel} ranking and predict graphs (exported before they existed); "

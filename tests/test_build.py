@@ -16,13 +16,16 @@ from perfmodel import GemmConfig, GemmProblem
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _shards_sha256(folder: Path, bmm: bool = True, grouped: bool = False) -> tuple[str, int]:
+def _shards_sha256(folder: Path, bmm: bool = True, grouped: bool = False, static: bool = True) -> tuple[str, int]:
     """The hash over every shard file of a data folder (without its bmm shards unless bmm, its grouped shards unless
-    grouped: a build without a [bmm] / [grouped] step reads none), recomputed here (not through train.folder):
-    sorted paths relative to the folder, then each file's bytes; and how many files."""
+    grouped: a build without a [bmm] / [grouped] step reads none; without its gemm_static shards unless static: a
+    build reads them only with the inductor mode, or for the bmm step's static rows of its first folder),
+    recomputed here (not through train.folder): sorted paths relative to the folder, then each file's bytes; and how
+    many files."""
     h = hashlib.sha256()
     files = sorted(p for p in folder.iterdir() if p.name.endswith((".jsonl", ".jsonl.gz"))
-                   and (bmm or not p.name.startswith("bmm-")) and (grouped or not p.name.startswith("grouped-")))
+                   and (bmm or not p.name.startswith("bmm-")) and (grouped or not p.name.startswith("grouped-"))
+                   and (static or not p.name.startswith("gemm_static-")))
     for p in files:
         h.update(p.name.encode())
         h.update(p.read_bytes())
@@ -247,9 +250,12 @@ def test_the_shipped_folders_are_their_recipes_builds(name, data):
     assert b["command"] == f"perfmodel build --recipe recipes/{name}.toml" and b["out"] == f"models/{name}"
     assert b["recipe"]["text"] == (REPO / "recipes" / f"{name}.toml").read_text()
     want = []
-    bmm_step = "bmm" in tomllib.loads(b["recipe"]["text"])
-    for folder in data:  # the bmm step alone reads bmm shards, every folder's
-        sha, files = _shards_sha256(REPO / "data" / folder, bmm=bmm_step)
+    recipe = tomllib.loads(b["recipe"]["text"])
+    bmm_step = "bmm" in recipe
+    for i, folder in enumerate(data):  # the bmm step alone reads bmm shards, every folder's
+        static = bool(recipe["train"].get("config_net")) or "inductor" in recipe or (
+            i == 0 and bmm_step and recipe["bmm"].get("static_rows", True))
+        sha, files = _shards_sha256(REPO / "data" / folder, bmm=bmm_step, static=static)
         want.append({"path": f"data/{folder}", "sha256": sha, "files": files})
     assert b["data"] == want
     assert meta["encoder_version"] == 3 and b["threads"] == 2 and b["seed"] == 0
@@ -258,8 +264,13 @@ def test_the_shipped_folders_are_their_recipes_builds(name, data):
     assert meta["screen_head"] == "student" and "screen" not in meta["heads"]
     refits = {s["step"] for s in b["steps"] if s.get("refit")}
     grouped = {"grouped"} if "grouped-head" in refits else set()
-    assert set(meta["heads"]) - {"bmm", "bmm_call"} == {"gemm", "student", "problem", "pad"} | grouped, \
+    inductor = {"gemm_inductor"} if "inductor-head" in refits else set()
+    assert set(meta["heads"]) - {"bmm", "bmm_call"} == {"gemm", "student", "problem", "pad"} | grouped | inductor, \
         sorted(meta["heads"])
+    if inductor:  # the refit's own record: the folders it read, each one's shard files hashed as they are today
+        for rec in meta["inductor_metrics"]["data"]:
+            sha, files = _shards_sha256(REPO / rec["path"], bmm=False)
+            assert rec["sha256"] == sha and rec["files"] == files, rec["path"]
     assert ("kernel_mode_input" in meta) == (name == "h100")
 
 

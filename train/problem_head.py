@@ -45,10 +45,12 @@ class ProblemHeadSettings(CublasHeadSettings):
     network": chosen on the val rows); checked by cublas_head.check_settings."""
 
 
-def problem_outputs(datasets: list) -> tuple[str, ...]:
-    """The outputs of a problem network fitted on datasets: cublas and call, and call_static where every
-    folder has static rows."""
-    static = all(has_static_rows(ds.folder) for ds in datasets)
+def problem_outputs(datasets: list, inductor_mode: bool = True) -> tuple[str, ...]:
+    """The outputs of a problem network fitted on datasets: cublas and call, and call_static where the model
+    serves kernel="inductor" (inductor_mode: a config network or an inductor head) and every folder has static
+    rows. A model without that mode reads no static rows here, so adding them to its data changes nothing a
+    rebuild of it fits."""
+    static = inductor_mode and all(has_static_rows(ds.folder) for ds in datasets)
     return artifact.PROBLEM_OUTPUTS if static else artifact.PROBLEM_OUTPUTS[:2]
 
 
@@ -133,8 +135,9 @@ def fit_problem_head(bundle: artifact.ModelBundle, datasets: list, splits: list[
     one ("before/"). Writes nothing."""
     check_settings(s)
     t0 = time.perf_counter()
-    outputs = problem_outputs(datasets)
-    if any(has_static_rows(ds.folder) for ds in datasets) and CALL_STATIC not in outputs:
+    inductor_mode = artifact.inductor_head(bundle.heads) is not None
+    outputs = problem_outputs(datasets, inductor_mode)
+    if inductor_mode and any(has_static_rows(ds.folder) for ds in datasets) and CALL_STATIC not in outputs:
         log(f"problem-head: not every device's folder has static rows: no {CALL_STATIC} output")
     rows, y = problem_rows(datasets, splits, fractions or {}, seed, outputs)
     x = encode(bundle, rows)

@@ -11,7 +11,10 @@ The steps, in the order the heads depend on each other:
                set here: the inductor figures depend on them);
 3. distill  -- the student head, from the gemm head ([student].screens: it screens the ranking too: one speed
                head); then, for a config network, its inductor mode's figures;
-4. problem  -- the problem network (train/problem_head.py): torch.mm's time and the cuBLAS-or-Triton calls;
+   inductor -- the inductor head (train/inductor_head.py): for a model whose gemm head is not a config network,
+               its inductor mode fitted beside it on every folder with static rows;
+4. problem  -- the problem network (train/problem_head.py): torch.mm's time and the cuBLAS-or-Triton calls (with
+               the inductor mode, call_static too);
    bmm      -- the bmm heads (Inductor's bmm template and aten::bmm), on every data folder's bmm rows (each
                encoded for its device; the first folder's split by shape holds a shape out on every device);
                skipped, with a message, where the first folder has none;
@@ -25,7 +28,7 @@ registered head's step (perfmodel/heads/: HeadSpec.step; ONLY_STEPS) on the buil
 
 The recipe's sections: [build] (data, out, seed, threads, slice_problems, mlflow), [train] (TrainSettings),
 [student] (DistillSettings), [problem] (ProblemHeadSettings), [bmm] (BmmHeadSettings), [grouped]
-(GroupedSettings); a head section left out is a head the model does not have. The older layout's [static] and
+(GroupedSettings), [inductor] (InductorSettings); a head section left out is a head the model does not have. The older layout's [static] and
 [call] sections (heads of perfmodel/heads/legacy.py) are refused, naming what replaces them. Paths are
 relative to the working directory. The metadata's `build` record keeps the recipe's text, the command, the code
 commit, the data hashes, the threads, the seed and each step with its settings and wall time (train/folder.py).
@@ -50,6 +53,7 @@ from .bmm_head import BmmHeadSettings
 from .data import slice_dataset
 from .distill import DistillSettings
 from .grouped_head import GroupedSettings
+from .inductor_head import InductorSettings
 from .folder import (SHARD_KINDS, data_sha256, dataset_path, setting_value, settings_record, step_record,
                      write_model_folder)
 from .pipeline import (TrainData, TrainSettings, effective_lead_keep, evaluate_devices, fit_baselines, fit_heads,
@@ -59,7 +63,7 @@ from .refit import add_student, bmm_step, inductor_figures_step, problem_step
 
 # Recipe section -> its settings dataclass; the fields [build] sets for every step are not theirs to set.
 SECTIONS = {"train": TrainSettings, "student": DistillSettings, "problem": ProblemHeadSettings, "bmm": BmmHeadSettings,
-            "grouped": GroupedSettings}
+            "grouped": GroupedSettings, "inductor": InductorSettings}
 # The sections of the older layout's heads (perfmodel/heads/legacy.py), refused with what replaces them.
 OLDER_SECTIONS = {"static": "the config network serves kernel='inductor' ([train].config_net = true)",
                   "call": "the problem network's call outputs ([problem])"}
@@ -83,6 +87,7 @@ class Recipe:
     problem: ProblemHeadSettings | None = None
     bmm: BmmHeadSettings | None = None
     grouped: GroupedSettings | None = None
+    inductor: InductorSettings | None = None
 
 
 def _tomllib():
@@ -197,7 +202,7 @@ def run_build(path: Path, out: Path | None = None, log: Any = print) -> dict[str
 # recipe's section for it: the step's fit on the folder's split, the folder rewritten atomically (train/refit.py).
 # The train step is not among them: the heads fitted from the gemm head (the student, the problem network's calls)
 # would no longer match it -- a new gemm or pad head is a new build.
-ONLY_STEPS = ("student", "problem", "bmm", "grouped")
+ONLY_STEPS = ("student", "problem", "bmm", "grouped", "inductor")
 
 
 def run_only(path: Path, heads: tuple[str, ...], out: Path | None = None, command: str = "",
@@ -210,6 +215,7 @@ def run_only(path: Path, heads: tuple[str, ...], out: Path | None = None, comman
     from perfmodel.heads import head_spec
 
     from . import refit
+    from .inductor_head import refit_inductor
 
     recipe = load_recipe(path)
     folder = Path(out) if out is not None else recipe.out
@@ -233,7 +239,8 @@ def run_only(path: Path, heads: tuple[str, ...], out: Path | None = None, comman
 
     fits = {"student": with_folder(refit.refit_student), "problem": with_folder(refit.refit_problem),
             "bmm": with_folder(refit.refit_bmm),
-            "grouped": lambda s, folders: refit.refit_grouped(s, folder, folders, log=log, command=command)}
+            "grouped": lambda s, folders: refit.refit_grouped(s, folder, folders, log=log, command=command),
+            "inductor": lambda s, folders: refit_inductor(s, folder, folders, log=log, command=command)}
     command = command or f"{build_command(recipe)} --only {' --only '.join(heads)}"
     res = {}
     with tempfile.TemporaryDirectory(prefix="perfmodel-build-") as tmp:
@@ -265,16 +272,26 @@ def _record_as_given(folder: Path, given: tuple[Path, ...], read: tuple[Path, ..
         os.replace(tmp, folder / name)
 
 
+def reads_static(recipe: Recipe, i: int) -> bool:
+    """Whether the build reads the gemm_static shards of its i-th data folder: a model with the inductor mode (the
+    config network, or an [inductor] step) reads every folder's (its fit, and the problem network's call_static
+    output), the bmm step's static rows the first folder's."""
+    return bool(recipe.train.config_net or recipe.inductor is not None
+                or (i == 0 and recipe.bmm is not None and recipe.bmm.static_rows))
+
+
 def _prepare_data(recipe: Recipe, tmp: Path) -> tuple[tuple[Path, ...], list[dict[str, Any]], float]:
     """The folders the build reads (the recipe's, or slices of them in tmp) and the data record: each
     recipe folder's hash over every shard file the build reads (data_sha256: the bmm shards only with a [bmm]
-    step, the grouped shards only with a [grouped] step, which alone read them), and the slice taken."""
+    step, the grouped shards only with a [grouped] step, which alone read them, the gemm_static shards where
+    reads_static), and the slice taken."""
     t0 = time.perf_counter()
     record, folders = [], []
     for i, folder in enumerate(recipe.data):
         if not folder.is_dir():
             raise FileNotFoundError(f"data: no dataset folder {folder} (recipe [build].data)")
-        read = (SHARD_KINDS if recipe.bmm is not None else tuple(k for k in SHARD_KINDS if k != "bmm")) \
+        read = tuple(k for k in SHARD_KINDS if (k != "bmm" or recipe.bmm is not None)
+                     and (k != "gemm_static" or reads_static(recipe, i))) \
             + (("grouped",) if recipe.grouped is not None else ())
         rec = data_sha256(folder, read)
         if recipe.slice_problems:
@@ -321,6 +338,12 @@ def _grouped(recipe: Recipe, train: TrainSettings, bundle: Any, d: TrainData, s:
     grouped_step(bundle, folder, s, log)
 
 
+def _inductor(recipe: Recipe, train: TrainSettings, bundle: Any, d: TrainData, s: Any, log: Any) -> None:
+    from .inductor_head import inductor_step
+
+    inductor_step(bundle, [ds.folder for ds in d.datasets], s, log)
+
+
 def _wants_section(name: str) -> Any:
     """A step the recipe wants where it has the section `name`: its settings (None: no such step)."""
     return lambda recipe, bundle: getattr(recipe, name)
@@ -333,6 +356,7 @@ def _wants_section(name: str) -> Any:
 # every build whose gemm head is one.
 HEAD_STEPS = (("distill", _wants_section("student"), _student),
               ("inductor-figures", lambda recipe, bundle: () if bundle.config_net is not None else None, _inductor_figures),
+              ("inductor-head", _wants_section("inductor"), _inductor),
               ("problem-head", _wants_section("problem"), _problem), ("bmm-head", _wants_section("bmm"), _bmm),
               ("grouped-head", _wants_section("grouped"), _grouped))
 

@@ -21,6 +21,8 @@ def inductor_card(meta: dict[str, Any]) -> str:
     written before the config network; a figure its test problems have no rows for, as a small slice's,
     written "-")."""
     m = meta.get("static_metrics")
+    if not m and meta.get("inductor_metrics"):  # the inductor head's line says how kernel="inductor" is served
+        return ""
     if not m:
         return "- No static head: the model predicts `kernel=\"autotune\"` only.\n"
 
