@@ -6,7 +6,9 @@ unless the values deciding it tie within that. One class of change is expected s
 rule fitted to Triton's own shared-memory count (issue 49; perfmodel/configs.py runnable_for, measured by
 benchmarks/studies/runnable_rule.py) admits configs the old per-config formula called unrunnable, so a recorded
 `inf` may now be a time -- accepted only where the new rule admits that config for that problem and the old formula
-did not (_admitted_since_recording)."""
+did not (_admitted_since_recording). The four `h200/*/inductor` entries were added when models/h200 got its inductor
+head (`build --only gemm_inductor`), recorded on this project's CI-class CPU; every entry recorded before was
+compared unchanged then (kernel="autotune" serves as it did)."""
 from __future__ import annotations
 
 import json

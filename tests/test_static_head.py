@@ -92,11 +92,14 @@ def test_inductor_mode_differs_and_backends_agree():
     assert a.with_kernel("autotune") is a
 
 
-def test_kernel_argument_errors(repo_root):
+def test_kernel_argument_errors(tmp_path):
+    from tests._synthetic import write_synthetic_model
+
     with pytest.raises(ValueError, match="kernel"):
         Predictor.load(kernel="static")
-    with pytest.raises(ValueError, match="kernel"):
-        Predictor.load(repo_root / "models" / "h200", kernel="inductor")   # no inductor mode there
+    bare = write_synthetic_model(tmp_path / "m", hidden=(16,), onnx=False)  # SYNTHETIC: no config network, no inductor head
+    with pytest.raises(ValueError, match="kernel.*inductor head"):
+        Predictor.load(bare, kernel="inductor")
     with pytest.raises(ValueError, match="kernel"):
         Predictor.load().with_kernel("triton")
 
@@ -123,7 +126,9 @@ def test_fit_learns_a_known_ratio():
     assert err < 0.25 * (y[3000:] - y[3000:].mean()).abs().mean()
 
 
-def test_cli_rank_kernel(repo_root, capsys):
+def test_cli_rank_kernel(repo_root, capsys, tmp_path):
+    from tests._synthetic import write_synthetic_model
+
     import json
 
     from perfmodel.cli import main
@@ -134,8 +139,11 @@ def test_cli_rank_kernel(repo_root, capsys):
     want = Predictor.load(kernel="inductor").rank(GemmProblem(m=3000, n=4095, k=2049, dtype="bfloat16"), top_k=3)
     assert out["kernel"] == "inductor"
     assert [r["predicted_ms"] for r in out["configs"]] == pytest.approx([t for _, t in want], rel=1e-9)
-    assert main(["rank", "--m", "64", "--n", "64", "--k", "64", "--kernel", "inductor",
-                 "--model", str(repo_root / "models" / "h200")]) == 2
+    assert main(["rank", "--m", "64", "--n", "64", "--k", "64", "--kernel", "inductor", "--device", "h200",
+                 "--model", str(repo_root / "models" / "h200")]) == 0    # its inductor head
+    capsys.readouterr()
+    bare = write_synthetic_model(tmp_path / "m", hidden=(16,), onnx=False)  # SYNTHETIC: no inductor mode
+    assert main(["rank", "--m", "64", "--n", "64", "--k", "64", "--kernel", "inductor", "--model", str(bare)]) == 2
     assert "kernel" in capsys.readouterr().err
 
 
