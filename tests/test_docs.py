@@ -203,6 +203,9 @@ RESULTS: dict[str, Callable[[], list[float]]] = {
     "H200 (`models/h200`": _h200,
     "config ranking for the kernel as Inductor compiles it":
         lambda: [_meta("h100")["static_metrics"][f"test_static/static_head/{d}/top1_eff"] for d in MODES],
+    "the same on an H200 (`models/h200`'s inductor head)":
+        lambda: [_meta("h200")["inductor_metrics"]["devices"]["h200"][f"test_static/static_head/all/top{k}_eff"]
+                 for k in (1, 5)],
     "torch.compile max-autotune": lambda: [v for path in (INDUCTOR_H100, INDUCTOR_H200)
                                            for v in (_inductor_bench(path)["gemm_tuning_s"],
                                                      _inductor_bench(path)["compile_s"])],
