@@ -173,3 +173,24 @@ def test_the_h200_recipe_reads_only_the_first_folders_static_rows():
     assert reads_static(r, 0) and not reads_static(r, 1)
     h100 = load_recipe(REPO / "recipes" / "h100.toml")
     assert h100.train.config_net and reads_static(h100, 0)
+
+
+def test_eval_reports_the_inductor_mode_on_every_device_on_the_heads_split(two_devices, tmp_path):
+    # `perfmodel eval --split family` of a two-device folder with an inductor head: the static figures of each
+    # device's data, taken on the head's recorded family split (SYNTHETIC data: the plumbing, not the figures)
+    from perfmodel.artifact import load
+    from perfmodel.train.data import load_device_datasets
+    from perfmodel.train.eval_cmd import evaluate_datasets
+    from perfmodel.train.inductor_head import refit_inductor
+
+    folders, model = two_devices
+    folder = shutil.copytree(model, tmp_path / "m")
+    metrics = refit_inductor(_settings(), folder, folders, log=lambda *a: None)
+    res = evaluate_datasets(load(folder), load_device_datasets(folders), full_space=False, split="family")
+    assert [r["device"]["data"] for r in res] == list(DEVICES)
+    for r in res:
+        st = r["static"]
+        assert st["split"] == "the inductor head's family split (its metadata)"
+        want = metrics["devices"][r["device"]["data"]]
+        assert st["problems"] == want["test_static/problems"]
+        assert st["inductor"]["all/top1_eff"] == pytest.approx(want["test_static/static_head/all/top1_eff"], rel=1e-9)

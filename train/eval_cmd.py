@@ -34,6 +34,7 @@ def evaluate_datasets(bundle: artifact.ModelBundle, datasets: list, plots=None, 
         raise ValueError(f"data: the held-out problems of {', '.join(later_known)} follow the split of the model's "
                          f"default device {default}: give its dataset first (--data <{default} folder> --data ...)")
     gemm_splits, pad_splits, split_info = choose_split(bundle, datasets, split, seed)
+    static_splits, static_source = _static_splits(bundle, datasets, gemm_splits, split_info)
     out = []
     for ds, gs, ps in zip(datasets, gemm_splits, pad_splits):
         known = ds.device in bundle.devices
@@ -46,11 +47,25 @@ def evaluate_datasets(bundle: artifact.ModelBundle, datasets: list, plots=None, 
         if split_info["contaminated"]:  # the training run's baseline figures are of the model's own split
             res["results"] = {k: v for k, v in res["results"].items() if not k.endswith("(training run)")}
         res["regret"] = rank_path_regret(bundle.for_device(target), ds.gemm.subset(gs == 2))
-        static = static_results(bundle, ds, gs) if known and ds.device == default else None
+        static = static_results(bundle.for_device(ds.device), ds, static_splits[len(out)]) if known else None
         if static:
-            res["static"] = static
+            res["static"] = {**static, "split": static_source}
         out.append(res)
     return out
+
+
+def _static_splits(bundle: artifact.ModelBundle, datasets: list, gemm_splits: list, split_info: dict
+                   ) -> tuple[list, str]:
+    """The splits the inductor-mode figures are taken on: held out by family, an inductor head's own family split
+    where its metadata records one (inductor_metrics.family_split: the head was fitted on it, the rest of the model
+    maybe not), else the evaluation's split."""
+    record = (bundle.metadata.get("inductor_metrics") or {}).get("family_split")
+    if split_info["kind"] != "family" or not record:
+        return gemm_splits, "the evaluation's split"
+    from .families import joint_family_split
+
+    return joint_family_split(datasets, int(record.get("seed", 0)), record)[0], \
+        "the inductor head's family split (its metadata)"
 
 
 def static_results(bundle: artifact.ModelBundle, ds, split: np.ndarray) -> dict | None:
@@ -130,8 +145,10 @@ def _print(out: dict) -> None:
     if st:
         keys = ["float16/top1_eff", "bfloat16/top1_eff", "fp32_all/top1_eff", "all/top1_eff", "all/top5_eff",
                 "cublas/choice_accuracy"]
-        print(f"\nThe same test problems timed statically ({st['problems']}, the dataset's gemm_static rows), "
-              "ranked per kernel mode:\n")
+        same = "The same test problems" if st.get("split", "").startswith("the evaluation") else \
+            f"Test problems of {st.get('split', 'the evaluation')}"
+        print(f"\n{same} timed statically ({st['problems']}, the dataset's gemm_static rows), ranked per kernel "
+              "mode:\n")
         print("| kernel mode | " + " | ".join(keys) + " |")
         print("|---|" + "---|" * len(keys))
         for mode in ("autotune", "inductor"):
