@@ -194,3 +194,53 @@ def test_eval_reports_the_inductor_mode_on_every_device_on_the_heads_split(two_d
         want = metrics["devices"][r["device"]["data"]]
         assert st["problems"] == want["test_static/problems"]
         assert st["inductor"]["all/top1_eff"] == pytest.approx(want["test_static/static_head/all/top1_eff"], rel=1e-9)
+
+
+@pytest.mark.slow
+def test_a_recipe_with_an_inductor_section_builds_the_head(two_devices, tmp_path, monkeypatch):
+    # `perfmodel build` of a two-device recipe with an [inductor] section (SYNTHETIC folders, tiny settings): the
+    # head is fitted in the build, its metadata is written with the folder, and the build record hashes the static
+    # shards it read
+    import torch
+
+    from perfmodel import Predictor
+    from perfmodel.cli import main
+
+    folders, _ = two_devices
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(f"""[build]
+data = ["{folders[0].as_posix()}", "{folders[1].as_posix()}"]
+out = "{(tmp_path / 'built').as_posix()}"
+threads = 2
+
+[train]
+epochs = 1
+hidden = [16]
+gemm_members = 2
+small_head_epochs = 1
+cublas_hidden = [8]
+cublas_members = 1
+pad_hidden = [8]
+pad_members = 1
+baselines = false
+progress = false
+register_name = ""
+
+[inductor]
+hidden = [8]
+members = 2
+epochs = 1
+problems_per_batch = 4
+""")
+    threads = torch.get_num_threads()
+    try:
+        assert main(["build", "--recipe", str(recipe)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    meta = json.loads((tmp_path / "built" / "metadata.json").read_text())
+    assert "gemm_inductor" in meta["heads"] and set(meta["inductor_metrics"]["devices"]) == set(DEVICES)
+    assert meta["inductor_settings"]["epochs"] == 1
+    assert [s["step"] for s in meta["build"]["steps"]].count("inductor-head") == 1
+    assert all(d["files"] == 3 for d in meta["build"]["data"])   # gemm, pad and gemm_static: read, so hashed
+    assert "- Inductor head (" in (tmp_path / "built" / "MODEL_CARD.md").read_text()
+    assert Predictor.load(tmp_path / "built", backend="torch", device="h200", kernel="inductor").has_static

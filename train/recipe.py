@@ -28,10 +28,11 @@ registered head's step (perfmodel/heads/: HeadSpec.step; ONLY_STEPS) on the buil
 
 The recipe's sections: [build] (data, out, seed, threads, slice_problems, mlflow), [train] (TrainSettings),
 [student] (DistillSettings), [problem] (ProblemHeadSettings), [bmm] (BmmHeadSettings), [grouped]
-(GroupedSettings), [inductor] (InductorSettings); a head section left out is a head the model does not have. The older layout's [static] and
-[call] sections (heads of perfmodel/heads/legacy.py) are refused, naming what replaces them. Paths are
-relative to the working directory. The metadata's `build` record keeps the recipe's text, the command, the code
-commit, the data hashes, the threads, the seed and each step with its settings and wall time (train/folder.py).
+(GroupedSettings), [inductor] (InductorSettings); a head section left out is a head the model does not have. The
+older layout's [static] and [call] sections (heads of perfmodel/heads/legacy.py) are refused, naming what replaces
+them. Paths are relative to the working directory. The metadata's `build` record keeps the recipe's text, the
+command, the code commit, the data hashes, the threads, the seed and each step with its settings and wall time
+(train/folder.py).
 """
 from __future__ import annotations
 
@@ -388,12 +389,23 @@ def _build(recipe: Recipe, train: TrainSettings, record: dict[str, Any], logger:
     return _write(recipe, train, d, bundle, evaluation, record, run_id, time.perf_counter() - t_start)
 
 
+# The metadata entries the head steps add to the bundle (their figures and settings), kept in the written folder
+# beside model_metadata's: the student, the config network's figures, the problem network, the bmm, grouped and
+# inductor heads, and which head screens.
+HEAD_METADATA = ("student_", "static_", "call_", "cublas_head_", "problem_", "bmm_", "grouped_", "inductor_",
+                 "screen_head")
+
+
+def head_metadata(meta: dict[str, Any]) -> dict[str, Any]:
+    """The entries of meta a head step added (HEAD_METADATA's prefixes)."""
+    return {k: v for k, v in meta.items() if k.startswith(HEAD_METADATA)}
+
+
 def _write(recipe: Recipe, train: TrainSettings, d: TrainData, bundle: Any, evaluation: dict, record: dict[str, Any],
            run_id: str | None, seconds: float) -> dict[str, Any]:
-    """The model folder: model_metadata, the heads' own entries (student, problem network, bmm), the build
-    record; written atomically, the write itself (ONNX export, card, load check) its last step."""
-    added = {k: v for k, v in bundle.metadata.items()
-             if k.startswith(("student_", "static_", "call_", "cublas_head_", "problem_", "bmm_", "screen_head"))}
+    """The model folder: model_metadata, the heads' own entries (HEAD_METADATA), the build record; written
+    atomically, the write itself (ONNX export, card, load check) its last step."""
+    added = head_metadata(bundle.metadata)
     meta = {**model_metadata(train, d, bundle, evaluation, settings_record(train), run_id, seconds), **added,
             "build": record}
     meta = as_given(meta, recipe.data, train.data, record["data"])
