@@ -72,17 +72,14 @@ class InductorSettings:
                              gemm_members=self.members, progress=False, register_name=None)
 
 
-def static_folders(folders: Sequence[Path]) -> list[Path]:
-    """The folders among `folders` that hold static rows (perfmodel gen static)."""
-    return [Path(f) for f in folders if has_static_rows(Path(f))]
-
-
 def device_rows(d: Any, log: Any = print) -> tuple[JointRows, list[tuple[Any, Any, np.ndarray]]]:
     """The fit's rows over every dataset of d (train/pipeline.py TrainData) that has static rows: each one's gemm
     rows and static rows (joint_rows), encoded with its device's spec, groups offset past the earlier devices'; and
-    per such dataset (DeviceDataset, its static table, its split). ValueError where none has static rows."""
-    from perfmodel.features import FeatureEncoder
+    per such dataset (DeviceDataset, its static table, its split). ValueError where none has static rows. A
+    dataset's gemm rows are d.x's (encoded once by load_data, each dataset's rows contiguous, in its order)."""
+    from .pipeline import encode_by_device
 
+    row_device = d.problem_device[d.gemm.problem_idx]
     parts, used, offset = [], [], 0
     for ds in d.datasets:
         if not has_static_rows(ds.folder):
@@ -91,11 +88,11 @@ def device_rows(d: Any, log: Any = print) -> tuple[JointRows, list[tuple[Any, An
             continue
         split = d.split[d.problem_device == ds.device]
         static = load_static(ds.folder)
-        enc = FeatureEncoder(d.specs[ds.device], "gemm", d.enc.version)
         with torch.inference_mode():
-            xt = enc.encode(torch.from_numpy(ds.gemm.problems[ds.gemm.problem_idx]), torch.from_numpy(ds.gemm.configs))
-            xs = enc.encode(torch.from_numpy(static.problems[static.problem_idx]), torch.from_numpy(static.configs))
-        rows = joint_rows(ds.gemm, static, split, xt, xs)
+            xs = encode_by_device(d.specs, "gemm", np.full(len(static.ms), ds.device, dtype=object),
+                                  torch.from_numpy(static.problems[static.problem_idx]),
+                                  torch.from_numpy(static.configs))
+        rows = joint_rows(ds.gemm, static, split, d.x[torch.from_numpy(row_device == ds.device)], xs)
         rows.groups = np.where(rows.groups >= 0, rows.groups + offset, -1)
         offset += 2 * len(ds.gemm.problems)
         parts.append(rows)
@@ -109,11 +106,12 @@ def device_rows(d: Any, log: Any = print) -> tuple[JointRows, list[tuple[Any, An
 
 
 def fit_inductor_head(bundle: artifact.ModelBundle, folders: Sequence[Path], s: InductorSettings,
-                      log: Any = print) -> tuple[Any, dict[str, Any]]:
+                      log: Any = print, datasets: list | None = None) -> tuple[Any, dict[str, Any]]:
     """(the inductor head, its metadata entries) for bundle on the data folders (one per device of the model, in its
     order; those without static rows fit nothing): the config network fitted on their rows, its inductor mode
     folded; figures per device on its test problems' static rows, ranked by the serving path with the head (keys
-    "test_static/static_head/...") and with the autotune mode ("test_static/without/...")."""
+    "test_static/static_head/...") and with the autotune mode ("test_static/without/..."). datasets: the folders'
+    DeviceDatasets where the caller has loaded them (a build), else they are read."""
     from .pipeline import load_data
 
     if len(folders) > len(bundle.devices):
@@ -124,7 +122,7 @@ def fit_inductor_head(bundle: artifact.ModelBundle, folders: Sequence[Path], s: 
                          f"whole ensemble (lead_keep), which needs an ensemble: at least 2 members, got {s.members}")
     t0 = time.perf_counter()
     ts = s.train_settings(folders)
-    d = load_data(ts)
+    d = load_data(ts, datasets)
     unknown = [dev for dev in d.devices if dev not in bundle.devices]
     if unknown:
         raise ValueError(f"data: {', '.join(unknown)} timings, for a model of {', '.join(bundle.devices)}")
@@ -160,14 +158,14 @@ def fit_inductor_head(bundle: artifact.ModelBundle, folders: Sequence[Path], s: 
 
 
 def inductor_step(bundle: artifact.ModelBundle, folders: Sequence[Path], s: InductorSettings,
-                  log: Any = print) -> dict[str, Any]:
+                  log: Any = print, datasets: list | None = None) -> dict[str, Any]:
     """fit_inductor_head into bundle: the head as INDUCTOR_GEMM (on the gemm encoder), metadata "inductor_metrics"
     and "inductor_settings"; returns the metrics. ValueError for a model whose gemm head is a config network (it
     serves kernel="inductor" itself)."""
     if bundle.config_net is not None:
         raise ValueError("inductor: this model's gemm head is a config network, which serves kernel='inductor' "
                          "itself; the inductor head is for a model without one")
-    head, metrics = fit_inductor_head(bundle, folders, s, log)
+    head, metrics = fit_inductor_head(bundle, folders, s, log, datasets)
     bundle.heads[artifact.INDUCTOR_GEMM] = head
     bundle.encoders[artifact.INDUCTOR_GEMM] = bundle.encoders["gemm"]
     bundle.metadata = {**bundle.metadata, "inductor_metrics": metrics, "inductor_settings": settings_record(s)}
@@ -188,4 +186,4 @@ def refit_inductor(s: Any, model: Path, data: Sequence[Path], log: Any = print, 
     return metrics
 
 
-__all__ = ["InductorSettings", "fit_inductor_head", "inductor_step", "refit_inductor", "static_folders"]
+__all__ = ["InductorSettings", "fit_inductor_head", "inductor_step", "refit_inductor"]

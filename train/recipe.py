@@ -342,7 +342,7 @@ def _grouped(recipe: Recipe, train: TrainSettings, bundle: Any, d: TrainData, s:
 def _inductor(recipe: Recipe, train: TrainSettings, bundle: Any, d: TrainData, s: Any, log: Any) -> None:
     from .inductor_head import inductor_step
 
-    inductor_step(bundle, [ds.folder for ds in d.datasets], s, log)
+    inductor_step(bundle, [ds.folder for ds in d.datasets], s, log, d.datasets)  # the folders as loaded once
 
 
 def _wants_section(name: str) -> Any:
