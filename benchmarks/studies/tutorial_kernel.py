@@ -13,6 +13,16 @@ stops between problems.
 
     python -m benchmarks.studies.tutorial_kernel time --out benchmarks/results/tutorial_h200.json [--time-limit 400]   # GPU
     python -m benchmarks.studies.tutorial_kernel eval benchmarks/results/tutorial_h200.json [--model models/h200]     # CPU
+    python -m benchmarks.studies.tutorial_kernel sweep --problems benchmarks/results/tutorial_sweep_h200/problems.json \
+        --out DIR [--skip-done DIR...] [--time-limit 500]                                                              # GPU
+
+sweep: training data for the kernel's own mode. The dataset's problems (a list of units with their fields, made on
+the CPU from a data folder), each timed over a fixed list of configs per dtype mode and layout (`--configs` of the
+pruned space, stratified, seeded by mode and layout: an `@autotune` user's list is fixed too, and the compiles are
+shared by every problem of one specialisation), with the same protocol and checks as `time`. Rows go to
+DIR/static_rows.jsonl.gz in the dataset's row format, one problem's rows at a time (a stopped sweep keeps what it
+timed; --skip-done leaves out the units of earlier runs); `perfmodel gen static --kind gemm_tutorial DIR --out data/h200`
+writes them into the data folder.
 
 eval: per problem, the model's top-1 and top-5 (Predictor.rank over the configs that ran, the dataset kernel's
 "autotune" mode: the tutorial kernel is compiled as the autotuner compiles the dataset's) against the best timed:
@@ -138,10 +148,11 @@ TOL = {"float16": 2e-2, "bfloat16": 3e-2, "tf32": 1e-2, "float32": 1e-4}
 
 
 def time_problems(out: Path, n_configs: int, time_limit: float, workers: int) -> dict[str, Any]:
+    """Time every problem() over its own sampled configs (GPU), the results JSON rewritten after each problem; an
+    existing --out is resumed (its problems are kept and not timed again)."""
     import multiprocessing as mp
 
     import torch
-    from triton.runtime.errors import OutOfResources
 
     from perfmodel.data_gen.measure import Bench, TimingSettings
     from perfmodel.devices import get_spec
@@ -151,50 +162,162 @@ def time_problems(out: Path, n_configs: int, time_limit: float, workers: int) ->
     bench = Bench(torch.device("cuda"), torch.cuda.get_device_properties(0).L2_cache_size, TimingSettings())
     results: dict[str, Any] = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
                                "triton": triton.__version__, "spec": spec.name, "configs": n_configs, "problems": []}
+    if out.is_file():
+        results = json.loads(out.read_text())
+        if results.get("spec") != spec.name or results.get("configs") != n_configs:
+            raise ValueError(f"--out: {out} was timed on {results.get('spec')} with {results.get('configs')} configs "
+                             f"a problem, not {spec.name} with {n_configs}")
+    key = lambda p: tuple(p[f] for f in ("m", "n", "k", "mode", "layout"))  # noqa: E731
+    done = {key(p) for p in results["problems"]}
+    todo = [p for p in problems() if key(p) not in done]
     ctx = mp.get_context("spawn")
     with ctx.Pool(workers) as pool:
-        for i, p in enumerate(problems()):
+        for i, p in enumerate(todo):
             if time.perf_counter() - t0 > time_limit:
                 print(f"[tutorial] time limit: {i} problems done", flush=True)
                 break
             cfgs = configs_for(p, n_configs, spec)
             errors = pool.map(_compile, [(p, dataclasses.astuple(c)) for c in cfgs])
-            a, b, c = _operands(p)
-            ref = (a.double() @ b.double())
-            rows, fns, idx = [], [], []
-            for cfg, err in zip(cfgs, errors):
-                row = {"config": [cfg.block_m, cfg.block_n, cfg.block_k, cfg.group_m, cfg.num_stages, cfg.num_warps]}
-                grid, (ints, meta) = _launch_args(p, a, b, c, cfg)
-                try:
-                    if err:
-                        raise RuntimeError(err)
-                    k = tutorial_matmul.warmup(a, b, c, *ints, **meta, grid=grid)
-                    k._init_handles()
-                    c.zero_()
-                    tutorial_matmul[grid](a, b, c, *ints, **meta)
-                    torch.cuda.synchronize()
-                    rel = float((c.double() - ref).norm() / ref.norm())
-                    if not rel <= TOL[p["mode"]]:
-                        raise RuntimeError(f"output check: relative error {rel:.3g}")
-                    row["rel_err"] = rel
-                    fns.append(lambda grid=grid, ints=ints, meta=meta: tutorial_matmul[grid](a, b, c, *ints, **meta))
-                    idx.append(len(rows))
-                    row["status"] = "ok"
-                except OutOfResources as exc:
-                    row.update(status="unrunnable", error=str(exc)[:200])
-                except Exception as exc:  # a failed config is the row's outcome
-                    row.update(status="failed", error=f"{type(exc).__name__}: {str(exc)[:200]}")
-                rows.append(row)
-            timed = bench.time_many(fns) if fns else []
+            rows = _time_one(p, cfgs, errors, bench, spec)
             floor = float(spec.roofline_ms(p["m"], p["n"], p["k"], gemm_problem(p).dtype, p["mode"] == "tf32"))
-            for j, (ms, runs) in zip(idx, timed):
-                rows[j].update(ms=ms, runs=runs, below_floor=bool(ms < floor))
             results["problems"].append({**p, "floor_ms": floor, "rows": rows})
             ok = [r["ms"] for r in rows if r.get("ms")]
-            print(f"[tutorial] {i + 1}: {p} {len(ok)}/{len(rows)} ran, best {min(ok) if ok else float('nan'):.4f} ms "
-                  f"({time.perf_counter() - t0:.0f} s)", flush=True)
+            print(f"[tutorial] {len(done) + i + 1}: {p} {len(ok)}/{len(rows)} ran, best "
+                  f"{min(ok) if ok else float('nan'):.4f} ms ({time.perf_counter() - t0:.0f} s)", flush=True)
             out.write_text(json.dumps(results) + "\n")
     return results
+
+
+def study_problem(p: dict[str, Any]) -> dict[str, Any]:
+    """A dataset problem (its row fields) as this study's problem (mode and layout); A must be row-major."""
+    if p["transpose_left"]:
+        raise ValueError(f"problem {p.get('unit')}: transpose_left is not a layout this kernel study times")
+    mode = "tf32" if p["dtype"] == "float32" and p["allow_tf32"] else p["dtype"]
+    return {"m": p["m"], "n": p["n"], "k": p["k"], "mode": mode, "layout": "NT" if p["transpose_right"] else "NN"}
+
+
+def fixed_configs(mode: str, layout: str, n: int, spec: Any) -> list[Any]:
+    """The sweep's config list of one dtype mode and layout: n of the pruned space, stratified, seeded by both."""
+    from perfmodel.configs import pruned_space, stratified_sample
+
+    dtype = "float32" if mode in ("tf32", "float32") else mode
+    seed = random.Random(f"{mode}/{layout}").randrange(2**31)
+    return stratified_sample(pruned_space(dtype, spec), n, seed)
+
+
+def _time_one(p: dict[str, Any], cfgs: list[Any], errors: list[str | None], bench: Any, spec: Any) -> list[dict]:
+    """One problem's rows: each config checked against a float64 torch.mm, then timed (bench.time_many); a config
+    Triton refuses is "unrunnable", one that fails otherwise "failed"."""
+    import torch
+    from triton.runtime.errors import OutOfResources
+
+    a, b, c = _operands(p)
+    ref = a.double() @ b.double()
+    rows, fns, idx = [], [], []
+    for cfg, err in zip(cfgs, errors):
+        row: dict[str, Any] = {"config": [cfg.block_m, cfg.block_n, cfg.block_k, cfg.group_m, cfg.num_stages,
+                                          cfg.num_warps]}
+        grid, (ints, meta) = _launch_args(p, a, b, c, cfg)
+        try:
+            if err:
+                raise RuntimeError(err)
+            k = tutorial_matmul.warmup(a, b, c, *ints, **meta, grid=grid)
+            k._init_handles()
+            c.zero_()
+            tutorial_matmul[grid](a, b, c, *ints, **meta)
+            torch.cuda.synchronize()
+            rel = float((c.double() - ref).norm() / ref.norm())
+            if not rel <= TOL[p["mode"]]:
+                raise RuntimeError(f"output check: relative error {rel:.3g}")
+            row["rel_err"] = rel
+            fns.append(lambda grid=grid, ints=ints, meta=meta: tutorial_matmul[grid](a, b, c, *ints, **meta))
+            idx.append(len(rows))
+            row["status"] = "ok"
+        except OutOfResources as exc:
+            row.update(status="unrunnable", error=str(exc)[:200])
+        except Exception as exc:  # a failed config is the row's outcome
+            row.update(status="failed", error=f"{type(exc).__name__}: {str(exc)[:200]}")
+        rows.append(row)
+    timed = bench.time_many(fns, peers=[True] * len(fns)) if fns else []
+    floor = float(spec.roofline_ms(p["m"], p["n"], p["k"], gemm_problem(p).dtype, p["mode"] == "tf32"))
+    for j, (ms, runs) in zip(idx, timed):
+        rows[j].update(ms=ms, runs=runs, below_floor=bool(ms < floor))
+    del a, b, c, ref
+    return rows
+
+
+def done_units(runs: list[Path]) -> set[str]:
+    """The units already in earlier sweeps' rows files."""
+    import gzip
+
+    out: set[str] = set()
+    for run in runs:
+        path = run / "static_rows.jsonl.gz" if run.is_dir() else run
+        if path.is_file():
+            with gzip.open(path, "rt") as fh:
+                out.update(json.loads(line)["unit"] for line in fh if line.strip())
+    return out
+
+
+def sweep(problems_file: Path, out: Path, n_configs: int, time_limit: float, workers: int,
+          skip: list[Path]) -> dict[str, int]:
+    """Time the listed dataset problems over the fixed config lists (GPU); rows appended per problem to
+    out/static_rows.jsonl.gz (dataset row format, kind "triton"); returns counts."""
+    import gzip
+    import multiprocessing as mp
+
+    import torch
+
+    from perfmodel.data_gen.measure import Bench, TimingSettings
+    from perfmodel.devices import get_spec
+
+    t0 = time.perf_counter()
+    listed = json.loads(problems_file.read_text())["problems"]
+    done = done_units([*skip, out])
+    todo = [p for p in listed if p["unit"] not in done]
+    spec = get_spec("h200" if "H200" in torch.cuda.get_device_name(0) else "h100-sxm")
+    bench = Bench(torch.device("cuda"), torch.cuda.get_device_properties(0).L2_cache_size, TimingSettings())
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "run.json").write_text(json.dumps({"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+                                              "triton": triton.__version__, "spec": spec.name,
+                                              "configs": n_configs, "kernel": "triton tutorial 03 matmul"}) + "\n")
+    counts = {"problems": 0, "rows": 0, "ok": 0, "unrunnable": 0, "failed": 0, "below_floor": 0}
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(workers) as pool:
+        def submit(q: dict[str, Any]) -> tuple[dict, list, Any]:
+            sp = study_problem(q)
+            cfgs = fixed_configs(sp["mode"], sp["layout"], n_configs, spec)
+            return sp, cfgs, pool.map_async(_compile, [(sp, dataclasses.astuple(c)) for c in cfgs])
+
+        pending = submit(todo[0]) if todo else None
+        for i, q in enumerate(todo):
+            sp, cfgs, job = pending
+            errors = job.get()
+            if i + 1 < len(todo):
+                pending = submit(todo[i + 1])  # the next problem compiles while this one is timed
+            rows = _time_one(sp, cfgs, errors, bench, spec)
+            with gzip.open(out / "static_rows.jsonl.gz", "at") as fh:
+                for r in rows:
+                    cfg = dict(zip(("block_m", "block_n", "block_k", "group_m", "num_stages", "num_warps"), r["config"]))
+                    row = {**{k: q[k] for k in ("m", "n", "k", "dtype", "allow_tf32", "transpose_left",
+                                                 "transpose_right")}, "kind": "triton", **cfg,
+                           "status": r["status"] if not r.get("below_floor") else "failed",
+                           "flag": "below_floor" if r.get("below_floor") else "", "unit": q["unit"]}
+                    for key in ("ms", "runs", "rel_err", "error"):
+                        if key in r:
+                            row["reps" if key == "runs" else key] = r[key]
+                    fh.write(json.dumps(row) + "\n")
+                    counts["rows"] += 1
+                    counts["below_floor" if r.get("below_floor") else r["status"]] += 1
+            counts["problems"] += 1
+            ok = [r["ms"] for r in rows if r.get("ms")]
+            print(f"[sweep] {i + 1}/{len(todo)} {q['unit']} {sp} {len(ok)}/{len(rows)} ran, best "
+                  f"{min(ok) if ok else float('nan'):.4f} ms ({time.perf_counter() - t0:.0f} s)", flush=True)
+            if time.perf_counter() - t0 > time_limit:
+                print(f"[sweep] time limit: {i + 1} problems done", flush=True)
+                break
+    print(f"[sweep] {counts}", flush=True)
+    return counts
 
 
 def evaluate(results: dict[str, Any], model: str | None) -> dict[str, Any]:
@@ -239,6 +362,13 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--configs", type=int, default=40)
     t.add_argument("--time-limit", type=float, default=400.0, help="seconds; no problem starts past it")
     t.add_argument("--workers", type=int, default=12, help="compile processes")
+    w = sub.add_parser("sweep", help="GPU: time dataset problems over fixed config lists (training rows)")
+    w.add_argument("--problems", type=Path, required=True, help="a problems file (benchmarks/results/tutorial_sweep_*)")
+    w.add_argument("--out", type=Path, required=True)
+    w.add_argument("--configs", type=int, default=40)
+    w.add_argument("--time-limit", type=float, default=400.0, help="seconds; no problem starts past it")
+    w.add_argument("--workers", type=int, default=12, help="compile processes")
+    w.add_argument("--skip-done", type=Path, nargs="*", default=[], help="earlier sweeps' folders: their units are left out")
     e = sub.add_parser("eval", help="CPU: the model's ranking of a time run")
     e.add_argument("results", type=Path)
     e.add_argument("--model", default=None, help="a model folder (default: the shipped one for the run's device)")
@@ -246,6 +376,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.cmd == "time":
         time_problems(args.out, args.configs, args.time_limit, args.workers)
+        return 0
+    if args.cmd == "sweep":
+        sweep(args.problems, args.out, args.configs, args.time_limit, args.workers, args.skip_done)
         return 0
     try:
         res = json.loads(args.results.read_text())
