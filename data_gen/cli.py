@@ -96,7 +96,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
             g.add_argument("--time-limit", type=float, default=None, help="stop cleanly after this many seconds")
     st = gsub.add_parser("static", help="CPU: write static-compile runs' rows into a dataset folder as gemm_static parts")
     st.add_argument("runs", type=Path, nargs="+",
-                    help="GPU runs of benchmarks/static_retime.py: their --out folders, or rows files of that format")
+                    help="GPU runs of benchmarks/static_retime.py: their --out folders, or rows files of that format "
+                         "(--kind gemm_tutorial: benchmarks/studies/tutorial_kernel.py sweep folders)")
+    st.add_argument("--kind", choices=("gemm_static", "gemm_tutorial"), default="gemm_static",
+                    help="the parts written: gemm_static (Inductor's template, kernel='inductor') or gemm_tutorial "
+                         "(the Triton tutorial's kernel, kernel='tutorial')")
     st.add_argument("--out", type=Path, default=Path("data/h100"),
                     help="dataset folder (its gemm header is reused; problems already there are left)")
     _add_bmm_parser(gsub)
@@ -219,7 +223,7 @@ def run(args: argparse.Namespace) -> int:
     if args.gen_kind == "static":  # no GPU: rows already timed
         from .static_gen import write_static
 
-        stats = write_static(args.out, args.runs)
+        stats = write_static(args.out, args.runs, args.kind)
         print(f"{stats['written']} problems ({stats['rows']} rows read) into {args.out}")
         return 0
     if args.gen_kind == "grouped":  # data_gen/grouped_sweep.py; --dry-run runs on the CPU

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from .bmm import KIND as BMM_KIND
-from .shards import ONLY_KIND, STATIC_KIND, cublas_times, read_dataset
+from .shards import ONLY_KIND, STATIC_KIND, TUTORIAL_KIND, cublas_times, read_dataset
 
 
 def dataset_info(folder: Path) -> dict[str, Any]:
@@ -21,6 +21,7 @@ def dataset_info(folder: Path) -> dict[str, Any]:
     retimed, retimed_headers = read_dataset(folder, "cublas")
     static, static_headers = read_dataset(folder, STATIC_KIND)
     only, only_headers = read_dataset(folder, ONLY_KIND)
+    tutorial, tutorial_headers = read_dataset(folder, TUTORIAL_KIND)
     only_ok = [r for r in only if r["status"] == "ok"]
     static_ok = [r for r in static if r["kind"] == "triton" and r["status"] == "ok"]
     static_units = {r["unit"] for r in static}
@@ -48,13 +49,17 @@ def dataset_info(folder: Path) -> dict[str, Any]:
         "gemm_max_flops": max((2.0 * r["m"] * r["n"] * r["k"] for r in problems.values()), default=None),
         "gemm_problems_above_1e12_flops": sum(2.0 * r["m"] * r["n"] * r["k"] > 1e12 for r in problems.values()),
         "kernel_modes": sorted({h.get("kernel_mode", "v3 (M, N not specialised; no mode recorded)")
-                                for h in gemm_headers + pad_headers + retimed_headers + static_headers + only_headers}),
+                                for h in gemm_headers + pad_headers + retimed_headers + static_headers + only_headers
+                                + tutorial_headers}),
         # rows timed with the static compile (Inductor's kernel mode) of some of the problems' configs
         "gemm_static_rows": len(static_ok),
         "gemm_static_problems": len(static_units),
         "gemm_static_problems_by_dtype": dict(sorted(Counter(
             ("tf32" if r["allow_tf32"] and r["dtype"] == "float32" else r["dtype"])
             for r in {r["unit"]: r for r in static}.values()).items())),
+        # rows of the Triton tutorial's matmul (kernel="tutorial") on some of the problems
+        "gemm_tutorial_rows": sum(r["status"] == "ok" for r in tutorial),
+        "gemm_tutorial_problems": len({r["unit"] for r in tutorial}),
         "pad_rows": sum(r["status"] == "ok" for r in pad),
         "pad_rows_above_1e11_flops": sum(r["status"] == "ok" and 2.0 * r["padded_m"] * r["padded_n"] * r["padded_k"] > 1e11
                                          for r in pad),
@@ -68,7 +73,8 @@ def dataset_info(folder: Path) -> dict[str, Any]:
         "cublas_only_rows_above_1e12_flops": sum(2.0 * r["m"] * r["n"] * r["k"] > 1e12 for r in only_ok),
         "max_fraction_of_peak": max(fracs) if fracs else None,
         "flagged_rows": sum(bool(r.get("flag")) for r in gemm + pad + static + only),
-        "parts": len(gemm_headers) + len(pad_headers) + len(retimed_headers) + len(static_headers) + len(only_headers),
+        "parts": len(gemm_headers) + len(pad_headers) + len(retimed_headers) + len(static_headers) + len(only_headers)
+        + len(tutorial_headers),
         **bmm_info(bmm, bmm_headers),
     }
 

@@ -18,6 +18,7 @@ from typing import Any, Iterable, Iterator
 # Shard kinds of a dataset folder beside "gemm", "pad" and "cublas" (the quiet torch.mm re-time), here so
 # that reading a dataset needs neither the kernel module (triton) nor the sweeps.
 STATIC_KIND = "gemm_static"   # rows timed with the static compile (Inductor's kernel mode), data_gen/kernel.py
+TUTORIAL_KIND = "gemm_tutorial"  # rows of the Triton tutorial's matmul, as an @autotune user writes it (kernel="tutorial")
 ONLY_KIND = "cublas_only"     # torch.mm alone on problems of its own, data_gen/cublas_sweep.py
 
 # Header fields that must agree between parts of one dataset: a resumed run refuses to mix them.

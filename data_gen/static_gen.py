@@ -1,5 +1,7 @@
 """`perfmodel gen static`: rows timed with the static compile (the kernel compiled for one problem's shape,
-as Inductor compiles its mm template) written into a dataset folder as `gemm_static` parts (CPU).
+as Inductor compiles its mm template) written into a dataset folder as `gemm_static` parts (CPU); with
+`--kind gemm_tutorial`, rows of the Triton tutorial's matmul (the kernel an `@autotune` user writes,
+benchmarks/studies/tutorial_kernel.py `sweep`) as `gemm_tutorial` parts.
 
 The rows come from GPU runs of `benchmarks/static_retime.py` (a folder holding `static_rows.jsonl.gz`, or a
 rows file of that format): one JSON row per config, with the problem's `unit`. Each problem becomes one
@@ -40,12 +42,33 @@ def read_runs(runs: list[Path]) -> dict[str, list[dict[str, Any]]]:
     return by_unit
 
 
-def write_static(data: Path, runs: list[Path]) -> dict[str, int]:
-    """Write the runs' rows into the dataset folder `data` as gemm_static parts (gzipped when done).
-    Returns {"written": new problems, "problems": problems read, "rows": rows read}."""
-    from .kernel import STATIC_KIND, static_kernel_mode
-    from .shards import ShardWriter, compress_parts, read_dataset
+def run_kernel(runs: list[Path]) -> dict[str, str]:
+    """The kernel a tutorial sweep timed (kernel_mode, kernel_hash), from its runs' run.json; ValueError where
+    a run has none or the runs disagree (one part holds one kernel's rows)."""
+    seen = set()
+    for run in runs:
+        path = (run if run.is_dir() else run.parent) / "run.json"
+        try:
+            meta = json.loads(path.read_text())
+            seen.add((meta["kernel"], meta["kernel_hash"]))
+        except (OSError, ValueError, KeyError) as exc:
+            raise ValueError(f"runs: {path} does not name the kernel timed (kernel, kernel_hash): {exc}") from None
+    if len(seen) != 1:
+        raise ValueError(f"runs: the runs timed {len(seen)} different kernels ({sorted(seen)}); write one at a time")
+    mode, h = seen.pop()
+    return {"kernel_mode": mode, "kernel_hash": h}
 
+
+def write_static(data: Path, runs: list[Path], kind: str | None = None) -> dict[str, int]:
+    """Write the runs' rows into the dataset folder `data` as `kind` parts (gemm_static by default, or
+    gemm_tutorial), gzipped when done. Returns {"written": new problems, "problems": problems read, "rows": rows
+    read}."""
+    from .kernel import STATIC_KIND, static_kernel_mode
+    from .shards import TUTORIAL_KIND, ShardWriter, compress_parts, read_dataset
+
+    kind = kind or STATIC_KIND
+    if kind not in (STATIC_KIND, TUTORIAL_KIND):
+        raise ValueError(f"--kind: expected {STATIC_KIND} or {TUTORIAL_KIND}, got {kind!r}")
     if not runs:
         raise ValueError("runs: name at least one static_retime.py run (folder or rows file)")
     if not data.is_dir():
@@ -54,12 +77,20 @@ def write_static(data: Path, runs: list[Path]) -> dict[str, int]:
     if not headers:
         raise FileNotFoundError(f"--out: {data} has no gemm shards to take the header from")
     header = {k: v for k, v in headers[0].items() if k not in ("_header", "kind", "sweep")}
-    header.update(kernel_mode=static_kernel_mode(), source=SOURCE)
+    if kind == STATIC_KIND:
+        header.update(kernel_mode=static_kernel_mode(), source=SOURCE)
+    else:
+        header.update(run_kernel(runs), source=f"{SOURCE} --kind {TUTORIAL_KIND}")
     by_unit = read_runs(runs)
-    done = {r["unit"] for r in read_dataset(data, STATIC_KIND)[0]}
+    known = {r["unit"] for r in read_dataset(data, "gemm")[0]}
+    unknown = sorted(set(by_unit) - known)
+    if kind == TUTORIAL_KIND and unknown:  # its rows are ranked against the folder's problems (their split)
+        raise ValueError(f"runs: {len(unknown)} problem(s) not in {data}'s gemm rows (first {unknown[0]}): a "
+                         f"{TUTORIAL_KIND} row must time one of the folder's problems")
+    done = {r["unit"] for r in read_dataset(data, kind)[0]}
     new = sorted(u for u in by_unit if u not in done)
     if new:  # (no part at all when every problem is already there)
-        with ShardWriter(data, STATIC_KIND, header) as w:
+        with ShardWriter(data, kind, header) as w:
             for unit in new:
                 w.write_unit(unit, by_unit[unit])
         compress_parts(data)

@@ -19,9 +19,9 @@ import torch
 
 from ._version import __version__
 from .bundle import (BMM, BMM_ATEN, BMM_CALL, CALL, CALL_STATIC, DEFAULT_SCREEN_KEEP, INDUCTOR_GEMM,  # noqa: F401
-                     KERNEL_MODE_FEATURE, KERNEL_MODE_INPUT, KERNEL_MODE_VALUES, PROBLEM, PROBLEM_OUTPUTS,
-                     SCREEN_HEADS, STUDENT, ArtifactError, ModelBundle, OutputColumn, check_lead_keep,
-                     config_heads, config_network, inductor_head, inductor_mode, predict_head,
+                     KERNEL_MODE_FEATURE, KERNEL_MODE_INPUT, KERNEL_MODE_VALUES, MODE_HEADS, PROBLEM, PROBLEM_OUTPUTS,
+                     SCREEN_HEADS, STUDENT, TUTORIAL_GEMM, ArtifactError, ModelBundle, OutputColumn, check_lead_keep,
+                     config_heads, config_network, inductor_head, inductor_mode, mode_head, predict_head,
                      problem_columns, problem_output, screen_name, spec_from_dict)
 from .features import ENCODER_VERSION, SUPPORTED_ENCODER_VERSIONS, FeatureEncoder  # noqa: F401  (the versions a folder records)
 from .heads import REGISTRY

@@ -96,6 +96,21 @@ def inductor_head(heads: Any) -> str | None:
     return INDUCTOR_GEMM if INDUCTOR_GEMM in heads else None
 
 
+# kernel="tutorial": the tutorial head (perfmodel/heads/tutorial.py), where the folder stores one.
+TUTORIAL_GEMM = "gemm_tutorial"
+# The head that serves each kernel mode in place of the gemm head, where the model has it (mode_head).
+MODE_HEADS = {"inductor": INDUCTOR_GEMM, "tutorial": TUTORIAL_GEMM}
+
+
+def mode_head(heads: Any, kernel: str) -> str | None:
+    """The head that ranks and predicts for kernel mode `kernel`: "gemm" for "autotune"; for "inductor" and
+    "tutorial" their head (MODE_HEADS) where the model has it; None where it does not."""
+    if kernel == "autotune":
+        return "gemm"
+    name = MODE_HEADS.get(kernel)
+    return name if name is not None and name in heads else None
+
+
 def inductor_mode(heads: dict[str, Any]) -> Any:
     """A config network's inductor mode (heads[INDUCTOR_GEMM]), or None."""
     name = inductor_head(heads)

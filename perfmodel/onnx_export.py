@@ -11,7 +11,7 @@ from typing import Callable
 import torch
 
 from .artifact import onnx_file
-from .bundle import INDUCTOR_GEMM, ModelBundle, predict_head
+from .bundle import MODE_HEADS, ModelBundle, predict_head
 from .features import FeatureEncoder
 from .model import PerfMLP
 from .ranking import refines, screened_rank
@@ -28,6 +28,12 @@ PREDICT_OUTPUTS = ("predict_log_ms",)
 # network. A model.onnx written before them serves kernel="autotune" only.
 RANK_STATIC_OUTPUTS = ("rank_static_kept", "rank_static_log_ms")
 PREDICT_STATIC_OUTPUTS = ("predict_static_log_ms",)
+# And for kernel="tutorial", in the graph of a model with a tutorial head.
+RANK_TUTORIAL_OUTPUTS = ("rank_tutorial_kept", "rank_tutorial_log_ms")
+PREDICT_TUTORIAL_OUTPUTS = ("predict_tutorial_log_ms",)
+# Per kernel mode beside autotune, its ranking and predict outputs (in this order in the graph).
+MODE_OUTPUTS = {"inductor": (RANK_STATIC_OUTPUTS, PREDICT_STATIC_OUTPUTS),
+                "tutorial": (RANK_TUTORIAL_OUTPUTS, PREDICT_TUTORIAL_OUTPUTS)}
 
 
 class _OnnxHeads(torch.nn.Module):
@@ -51,8 +57,10 @@ class _OnnxHeads(torch.nn.Module):
         if self.rank:
             self.screen = self.heads[self.names.index(screen)]
         self.predict = self.heads[self.names.index(predict_head(self.names))]
-        # a config network's inductor mode: the inductor graphs rank and predict with it in place of gemm
-        self.inductor = self.heads[self.names.index(INDUCTOR_GEMM)] if INDUCTOR_GEMM in self.names else None
+        # the other kernel modes the model has (a config network's inductor mode, the inductor head, the tutorial
+        # head): their graphs rank and predict with the mode's head in place of gemm (MODE_OUTPUTS' order)
+        self.modes = [k for k in MODE_OUTPUTS if MODE_HEADS[k] in self.names]
+        self.mode_heads = torch.nn.ModuleList(self.heads[self.names.index(MODE_HEADS[k])] for k in self.modes)
 
     def forward(self, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         n = len(self.names)
@@ -66,7 +74,9 @@ class _OnnxHeads(torch.nn.Module):
         # then): a -1 in its shapes is safe, and saves the Shape/Gather/Concat nodes of explicit sizes.
         screen = g.score_all(self.screen, fused=True).reshape(-1, g.n_cfg)               # (P, C)
         out = out + self._ranking(g, screen, self.gemm)
-        return out if self.inductor is None else out + self._ranking(g, screen, self.inductor)
+        for head in self.mode_heads:
+            out = out + self._ranking(g, screen, head)
+        return out
 
     def _predicted(self, g: "_Grid") -> tuple[torch.Tensor, ...]:
         """predict's (P, C) log ms for autotune, and for kernel="inductor" where the model has that mode."""
@@ -78,8 +88,8 @@ class _OnnxHeads(torch.nn.Module):
             pred = g.physical_floor(self.predict)(self.predict.overhead_floor(z.unsqueeze(-1)))
         # every size explicit: onnxruntime cannot infer a -1 in an empty tensor
         out = (pred.reshape(g.n_prob, g.n_cfg),)
-        if self.inductor is not None:  # kernel="inductor" of a config network: its inductor mode on every row
-            out = out + (self.inductor.floor(self.inductor.score(g.x), g.x).reshape(g.n_prob, g.n_cfg),)
+        for head in self.mode_heads:  # the other kernel modes: the mode's head on every row
+            out = out + (head.floor(head.score(g.x), g.x).reshape(g.n_prob, g.n_cfg),)
         return out
 
     def _ranking(self, g: "_Grid", screen: torch.Tensor, head: PerfMLP) -> tuple[torch.Tensor, torch.Tensor]:
@@ -244,13 +254,14 @@ def export_onnx(bundle: ModelBundle, path: Path) -> Path:
     configs = torch.cat([configs, torch.tensor([[8.0, 3, 4]], dtype=torch.float64).expand(3 * keep, 3)], 1)
     xs = xs + (problems, configs, *enc.config_part(configs))
     names_in += list(RANK_INPUTS)
-    static = mod.inductor is not None
-    names_out += list(PREDICT_OUTPUTS) + (list(PREDICT_STATIC_OUTPUTS) if static else [])
-    names_out += (list(RANK_OUTPUTS) + (list(RANK_STATIC_OUTPUTS) if static else [])) if mod.rank else []
+    names_out += list(PREDICT_OUTPUTS) + [n for k in mod.modes for n in MODE_OUTPUTS[k][1]]
+    names_out += (list(RANK_OUTPUTS) + [n for k in mod.modes for n in MODE_OUTPUTS[k][0]]) if mod.rank else []
     axes.update({"rank_problems": {0: "rank_p"}, "rank_configs": {0: "rank_c"}, "rank_config_part": {0: "rank_c"},
                  "rank_config_smem": {0: "rank_c"}, "rank_kept": {0: "rank_p"}, "rank_log_ms": {0: "rank_p"},
                  "predict_log_ms": {0: "rank_p", 1: "rank_c"}, "rank_static_kept": {0: "rank_p"},
-                 "rank_static_log_ms": {0: "rank_p"}, "predict_static_log_ms": {0: "rank_p", 1: "rank_c"}})
+                 "rank_static_log_ms": {0: "rank_p"}, "predict_static_log_ms": {0: "rank_p", 1: "rank_c"},
+                 "rank_tutorial_kept": {0: "rank_p"}, "rank_tutorial_log_ms": {0: "rank_p"},
+                 "predict_tutorial_log_ms": {0: "rank_p", 1: "rank_c"}})
     axes = {name: a for name, a in axes.items() if name in names_in or name in names_out}
     torch.onnx.export(mod, xs, str(path), input_names=names_in, output_names=names_out,
                       dynamic_axes=axes, opset_version=17, dynamo=False)

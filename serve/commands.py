@@ -48,9 +48,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         rank.add_argument(f"--{name}", type=_dim, required=True)
     rank.add_argument("--dtype", default="float16", help="float16, bfloat16 or float32")
     rank.add_argument("--allow-tf32", action="store_true", help="float32 inputs use tf32 tensor cores")
-    rank.add_argument("--kernel", choices=("autotune", "inductor"), default="autotune",
-                      help="the kernel compiled as a @triton.autotune user's (default) or as Inductor compiles its "
-                           "mm template (needs the model's config network or static head)")
+    rank.add_argument("--kernel", choices=("autotune", "inductor", "tutorial"), default="autotune",
+                      help="the dataset's kernel (Inductor's template body) as a @triton.autotune user compiles it "
+                           "(default), the template as Inductor compiles it (inductor: needs the model's config network "
+                           "or inductor head), or the Triton tutorial's matmul (tutorial: needs its tutorial head)")
     rank.add_argument("--transpose-left", action="store_true", help="A stored column-major")
     rank.add_argument("--transpose-right", action="store_true", help="B stored column-major")
     rank.add_argument("--batch", type=_dim, default=1,
@@ -178,7 +179,7 @@ def _rank(args: argparse.Namespace) -> int:
     flags = [f for f in ("allow_tf32", "transpose_left", "transpose_right") if getattr(prob, f)]
     batch = f"{prob.batch} x " if prob.batch > 1 else ""
     print(f"{batch}{prob.m} x {prob.n} x {prob.k} {prob.dtype}{' ' + ' '.join(flags) if flags else ''} "
-          f"on {p.spec.name} ({p.source}, {p.backend}" + (", kernel inductor)" if p.kernel == "inductor" else ")"))
+          f"on {p.spec.name} ({p.source}, {p.backend}" + (f", kernel {p.kernel})" if p.kernel != "autotune" else ")"))
     head = f"{'rank':>4}  {'BLOCK_M':>7} {'BLOCK_N':>7} {'BLOCK_K':>7} {'GROUP_M':>7} {'stages':>6} {'warps':>5}" \
            f"  {'pred ms':>10} {'TFLOP/s':>8}"
     print(head)

@@ -14,11 +14,10 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from perfmodel.artifact import INDUCTOR_GEMM, ArtifactError, ModelBundle, inductor_head, predict_head
+from perfmodel.artifact import ArtifactError, ModelBundle, mode_head, predict_head
 from perfmodel.configs import pruned_space
 from perfmodel.features import configs_tensor
-from perfmodel.onnx_export import (PREDICT_OUTPUTS, PREDICT_STATIC_OUTPUTS, RANK_INPUTS, RANK_OUTPUTS,
-                                   RANK_STATIC_OUTPUTS)
+from perfmodel.onnx_export import MODE_OUTPUTS, PREDICT_OUTPUTS, RANK_INPUTS, RANK_OUTPUTS
 from perfmodel.ranking import refines
 
 from .runners import _SERVING_THREADS, KERNELS, Runner, _ConfigPart, model_kernels
@@ -27,8 +26,8 @@ from .runners import _SERVING_THREADS, KERNELS, Runner, _ConfigPart, model_kerne
 _ONNX_CHECK_ROWS = 8
 _ONNX_CHECK_RTOL = 1e-3
 # Per kernel mode, the outputs of its ranking and predict graphs in model.onnx
-_RANK_GRAPHS = {"autotune": RANK_OUTPUTS, "inductor": RANK_STATIC_OUTPUTS}
-_PREDICT_GRAPHS = {"autotune": PREDICT_OUTPUTS, "inductor": PREDICT_STATIC_OUTPUTS}
+_RANK_GRAPHS = {"autotune": RANK_OUTPUTS, **{k: rank for k, (rank, _) in MODE_OUTPUTS.items()}}
+_PREDICT_GRAPHS = {"autotune": PREDICT_OUTPUTS, **{k: predict for k, (_, predict) in MODE_OUTPUTS.items()}}
 # (problems x configs) rows from which the ranking and predict graphs run on the multi-threaded session
 _WIDE_ROWS = 4096
 
@@ -93,7 +92,7 @@ class _OnnxRunner(Runner):
         # says so).
         self.kernels = frozenset(
             k for k in model_kernels(bundle)
-            if k == KERNELS[0] or (inductor_head(self.heads) and k in self._has_predict
+            if k == KERNELS[0] or (mode_head(self.heads, k) and k in self._has_predict
                                    and (k in self._has_rank or not self._has_rank)))
 
     @property
@@ -274,8 +273,8 @@ def _split_graphs(model_bytes: bytes) -> tuple[dict[str, bytes], Callable[[tuple
         return _Staged(config, problem, boundary, names)
 
     has_inputs = all(n in inputs for n in RANK_INPUTS)
-    return heads, cut, set(outputs) if has_inputs else set(outputs) - {*RANK_OUTPUTS, *RANK_STATIC_OUTPUTS,
-                                                                     *PREDICT_OUTPUTS, *PREDICT_STATIC_OUTPUTS}
+    graphs = {n for names in (*_RANK_GRAPHS.values(), *_PREDICT_GRAPHS.values()) for n in names}
+    return heads, cut, set(outputs) if has_inputs else set(outputs) - graphs
 
 
 def _config_boundary(graph: Any, outputs: tuple[str, ...]) -> list[str]:
@@ -343,9 +342,9 @@ def _check_graphs(bundle: ModelBundle, runner: _OnnxRunner, path: Path, kernel: 
     if rank is None and predict is None:
         return
     enc, gemm = bundle.encoders["gemm"], bundle.heads["gemm"]
-    modes = kernel != KERNELS[0] and inductor_head(bundle.heads) == INDUCTOR_GEMM
-    if modes:  # a config network's inductor mode ranks and predicts in place of the gemm head
-        gemm = bundle.heads[INDUCTOR_GEMM]
+    modes = kernel != KERNELS[0] and mode_head(bundle.heads, kernel) is not None
+    if modes:  # the mode's head (a config network's inductor mode, the inductor or tutorial head) in place of gemm
+        gemm = bundle.heads[mode_head(bundle.heads, kernel)]
     problems = torch.tensor([[3000.0, 1000, 777, 2, 0, 0, 0, 1]], dtype=torch.float64)
     configs = configs_tensor(pruned_space("float16", bundle.spec))
     part = _ConfigPart.of(enc, configs)

@@ -40,7 +40,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from perfmodel.artifact import INDUCTOR_GEMM, ModelBundle, inductor_head
+from perfmodel.artifact import ModelBundle, inductor_head, mode_head
 from perfmodel.configs import pruned_space
 from perfmodel.domain import Domain, OutsideDomainWarning
 from perfmodel.features import configs_tensor, problems_array, problems_tensor
@@ -70,6 +70,9 @@ class Predictor(ConfigSets, CublasAndPad):
             raise ValueError(f"kernel: {source} has no config network and no inductor head, so it predicts only "
                              "kernel='autotune' (a build with [train].config_net = true, or `perfmodel build --only "
                              "inductor`, serves kernel='inductor')")
+        if kernel == "tutorial" and mode_head(bundle.heads, kernel) is None:
+            raise ValueError(f"kernel: {source} has no tutorial head, so it does not predict kernel='tutorial' "
+                             "(`perfmodel build --only gemm_tutorial` fits it on the data's gemm_tutorial rows)")
         if kernel not in runner.kernels:
             raise ValueError(f"kernel: the {runner.backend} backend cannot serve kernel={kernel!r} for {source}: its "
                              f"model.onnx has no {kernel} ranking and predict graphs (exported before they existed); "
@@ -79,8 +82,9 @@ class Predictor(ConfigSets, CublasAndPad):
         runner.prepare(kernel)  # the mode's graphs built and checked now, not inside a call
         self.kernel = kernel
         self._static = kernel == "inductor"
-        # the inductor mode of a config network ranks and predicts in place of the gemm head
-        self._gemm = INDUCTOR_GEMM if self._static else "gemm"
+        # the inductor mode of a config network (or the inductor head), or the tutorial head, ranks and predicts in
+        # place of the gemm head
+        self._gemm = mode_head(bundle.heads, kernel)
         self._loaded = (bundle, backend, runner, source)  # for with_kernel
         self.bundle = bundle
         self.backend = runner.backend  # what runs: every call of this Predictor goes through runner
@@ -129,10 +133,12 @@ class Predictor(ConfigSets, CublasAndPad):
         device: the device spec to predict for (e.g. "h100-sxm"), one the model was trained for; None:
             the visible GPU's when the model knows it, else the model's default device (with a warning
             when a GPU it does not know is visible). `Predictor.device` says which.
-        kernel: which compile of the kernel to predict (KERNELS): "autotune" (default; Triton's default
-            specialisation, as a @triton.autotune user's kernel) or "inductor" (every size and stride a
-            constant, as Inductor compiles its mm template; needs the model's config network). Both backends serve both modes (onnx: the graphs export-onnx writes for each);
-            backend None picks onnx only when its file serves the mode.
+        kernel: which kernel, and which compile of it, to predict (KERNELS): "autotune" (default; the dataset's
+            kernel -- Inductor's mm template body -- with Triton's default specialisation), "inductor" (the same
+            template with every size and stride a constant, as Inductor compiles it; needs the model's config
+            network or inductor head) or "tutorial" (the Triton tutorial's matmul as an @autotune user writes
+            it; needs the model's tutorial head). Both backends serve every mode the model has (onnx: the graphs
+            export-onnx writes for each); backend None picks onnx only when its file serves the mode.
         Raises FileNotFoundError for a missing model, ArtifactError (a ValueError) for a corrupt or
         mismatched one, ValueError for an unknown backend, a device the model does not know, or a kernel
         mode the model or the named backend cannot serve (saying why).

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from perfmodel.artifact import ModelBundle, inductor_head
+from perfmodel.artifact import ModelBundle, mode_head
 
 # Intra-op threads for the torch backend: the network is small (a few hundred rows x 256 wide), so
 # more threads than this mostly add synchronisation.
@@ -31,14 +31,15 @@ _SERVING_THREADS = 4
 # The kernel modes a Predictor predicts for (docs/design.md, "Kernel modes"): "autotune", the canonical
 # kernel with Triton's default specialisation (what a @triton.autotune user runs, and what the dataset's
 # gemm rows time); "inductor", the same source compiled for one problem's shape, as Inductor compiles its
-# mm template (a config network's inductor mode).
-KERNELS = ("autotune", "inductor")
+# mm template (a config network's inductor mode, or the inductor head); "tutorial", the Triton tutorial's matmul
+# as an @autotune user writes it (no contiguity hints, K always masked: the tutorial head).
+KERNELS = ("autotune", "inductor", "tutorial")
 
 
 def model_kernels(bundle: ModelBundle) -> frozenset[str]:
-    """The kernel modes a model predicts: "autotune", and "inductor" when it has a config network
-    (perfmodel.artifact.inductor_head)."""
-    return frozenset(KERNELS if inductor_head(bundle.heads) else KERNELS[:1])
+    """The kernel modes a model predicts: "autotune", and "inductor" / "tutorial" where it has the head that serves
+    the mode (perfmodel.artifact.mode_head)."""
+    return frozenset(k for k in KERNELS if mode_head(bundle.heads, k) is not None)
 
 
 

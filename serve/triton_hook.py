@@ -27,6 +27,7 @@ from perfmodel.schema import GemmConfig, GemmProblem, is_column_major
 from .decisions import kept_positions
 from .gemm_decisions import rank_positions
 from .kernel_inputs import kwargs_to_gemm
+from .arguments import _check_kernel
 from .predictor import Predictor
 
 
@@ -45,15 +46,17 @@ def config_to_gemm(config: Any) -> GemmConfig:
 class _LazyPredictor:
     """Loads the model at the first launch, not when the decorated module is imported."""
 
-    def __init__(self, predictor: Predictor | None, model: Any, backend: str | None) -> None:
-        self._predictor = predictor
-        self._model, self._backend = model, backend
+    def __init__(self, predictor: Predictor | None, model: Any, backend: str | None, kernel: str | None = None) -> None:
+        if kernel is not None:
+            _check_kernel(kernel)  # at decoration, not at the first launch
+        self._predictor = predictor if predictor is None or kernel is None else predictor.with_kernel(kernel)
+        self._model, self._backend, self._kernel = model, backend, kernel or "autotune"
         self._lock = threading.Lock()
 
     def get(self) -> Predictor:
         with self._lock:
             if self._predictor is None:
-                self._predictor = Predictor.load(self._model, backend=self._backend)
+                self._predictor = Predictor.load(self._model, backend=self._backend, kernel=self._kernel)
             return self._predictor
 
 
@@ -102,7 +105,7 @@ class ProblemReader:
 def perfmodel_prune(top_k: int = 5, *, predictor: Predictor | None = None, model: Any = None,
                     backend: str | None = None, a: str = "a", b: str = "b", m: str = "M", n: str = "N",
                     k: str = "K", dtype: Any = None, allow_tf32: bool | None = None,
-                    unknown: str = "keep") -> Callable[..., list]:
+                    unknown: str = "keep", kernel: str | None = None) -> Callable[..., list]:
     """An `early_config_prune` for triton.autotune that keeps the model's top_k configs, fastest first.
 
     predictor: a loaded Predictor (default: Predictor.load(model, backend=backend) at the first launch).
@@ -110,13 +113,16 @@ def perfmodel_prune(top_k: int = 5, *, predictor: Predictor | None = None, model
     arguments (read from the tensors' shapes when absent). dtype / allow_tf32: override what the
     arguments say (allow_tf32 defaults to an ALLOW_TF32 argument, else True, tl.dot's fp32 default).
     unknown: "keep" (benchmark configs the model cannot rank, after the ranked ones) or "drop".
+    kernel: the kernel mode ranked (Predictor.load's kernel): None -- the given predictor's, else "autotune" (the
+    dataset's kernel, Inductor's template body with its contiguity hints); "tutorial" for the Triton tutorial's
+    matmul as written there (no hints, K always masked), where the model has a tutorial head.
     """
     from .predictor import _check_top_k
 
     top_k = _check_top_k(top_k)
     if unknown not in ("keep", "drop"):
         raise ValueError(f"unknown: expected 'keep' or 'drop', got {unknown!r}")
-    lazy = _LazyPredictor(predictor, model, backend)
+    lazy = _LazyPredictor(predictor, model, backend, kernel)
     read = ProblemReader(a, b, m, n, k, dtype, allow_tf32)
     warned = threading.Event()
 
@@ -150,12 +156,14 @@ def perfmodel_prune(top_k: int = 5, *, predictor: Predictor | None = None, model
 
 def perfmodel_perf_model(*, predictor: Predictor | None = None, model: Any = None, backend: str | None = None,
                          a: str = "a", b: str = "b", m: str = "M", n: str = "N", k: str = "K",
-                         dtype: Any = None, allow_tf32: bool | None = None) -> Callable[..., float]:
+                         dtype: Any = None, allow_tf32: bool | None = None,
+                         kernel: str | None = None) -> Callable[..., float]:
     """A `perf_model` for triton.autotune's prune_configs_by={"perf_model": ..., "top_k": k}: Triton
     calls it once per config with (**named_args, **kwargs, **config.all_kwargs()) and keeps the top_k
     lowest. A config outside the model's space gets +inf (benchmarked last, if at all).
-    perfmodel_prune does the same ranking in one batched call; prefer it for long config lists."""
-    lazy = _LazyPredictor(predictor, model, backend)
+    perfmodel_prune does the same ranking in one batched call; prefer it for long config lists. kernel: as
+    perfmodel_prune's."""
+    lazy = _LazyPredictor(predictor, model, backend, kernel)
     read = ProblemReader(a, b, m, n, k, dtype, allow_tf32)
 
     def perf_model(**all_args: Any) -> float:

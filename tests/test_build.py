@@ -16,16 +16,21 @@ from perfmodel import GemmConfig, GemmProblem
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _shards_sha256(folder: Path, bmm: bool = True, grouped: bool = False, static: bool = True) -> tuple[str, int]:
+def _shards_sha256(folder: Path, bmm: bool = True, grouped: bool = False, static: bool = True,
+                   only: tuple[str, ...] | None = None) -> tuple[str, int]:
     """The hash over every shard file of a data folder (without its bmm shards unless bmm, its grouped shards unless
     grouped: a build without a [bmm] / [grouped] step reads none; without its gemm_static shards unless static: a
-    build reads them only with the inductor mode, or for the bmm step's static rows of its first folder),
+    build reads them only with the inductor mode, or for the bmm step's static rows of its first folder; never its
+    gemm_tutorial shards, which only the tutorial head's refit reads; only: just the shards of these kinds),
     recomputed here (not through train.folder): sorted paths relative to the folder, then each file's bytes; and how
     many files."""
     h = hashlib.sha256()
     files = sorted(p for p in folder.iterdir() if p.name.endswith((".jsonl", ".jsonl.gz"))
                    and (bmm or not p.name.startswith("bmm-")) and (grouped or not p.name.startswith("grouped-"))
-                   and (static or not p.name.startswith("gemm_static-")))
+                   and (static or not p.name.startswith("gemm_static-")) and not p.name.startswith("gemm_tutorial-"))
+    if only is not None:
+        files = sorted(p for p in folder.iterdir() if p.name.endswith((".jsonl", ".jsonl.gz"))
+                       and p.name.split("-")[0] in only)
     for p in files:
         h.update(p.name.encode())
         h.update(p.read_bytes())
@@ -265,11 +270,16 @@ def test_the_shipped_folders_are_their_recipes_builds(name, data):
     refits = {s["step"] for s in b["steps"] if s.get("refit")}
     grouped = {"grouped"} if "grouped-head" in refits else set()
     inductor = {"gemm_inductor"} if "inductor-head" in refits else set()
-    assert set(meta["heads"]) - {"bmm", "bmm_call"} == {"gemm", "student", "problem", "pad"} | grouped | inductor, \
-        sorted(meta["heads"])
+    tutorial = {"gemm_tutorial"} if "tutorial-head" in refits else set()
+    assert set(meta["heads"]) - {"bmm", "bmm_call"} == \
+        {"gemm", "student", "problem", "pad"} | grouped | inductor | tutorial, sorted(meta["heads"])
     if inductor:  # the refit's own record: the folders it read, each one's shard files hashed as they are today
         for rec in meta["inductor_metrics"]["data"]:
-            sha, files = _shards_sha256(REPO / rec["path"], bmm=False)
+            sha, files = _shards_sha256(REPO / rec["path"], only=("gemm", "cublas", "pad", "gemm_static", "cublas_only"))
+            assert rec["sha256"] == sha and rec["files"] == files, rec["path"]
+    if tutorial:  # likewise: the gemm and gemm_tutorial shards it read
+        for rec in meta["tutorial_metrics"]["data"]:
+            sha, files = _shards_sha256(REPO / rec["path"], only=("gemm", "gemm_tutorial"))
             assert rec["sha256"] == sha and rec["files"] == files, rec["path"]
     assert ("kernel_mode_input" in meta) == (name == "h100")
 

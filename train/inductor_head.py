@@ -28,7 +28,7 @@ import torch
 
 from perfmodel import artifact
 
-from .config_net import INDUCTOR, JointRows, fit_config_net, joint_rows
+from .config_net import AUTOTUNE, INDUCTOR, JointRows, fit_config_net, joint_rows, with_mode
 from .folder import SHARD_KINDS, append_step, data_sha256, settings_record, step_record, write_model_folder
 from .static_head import has_static_rows, load_static, mode_figures, paired_split, split_static
 
@@ -72,46 +72,58 @@ class InductorSettings:
                              gemm_members=self.members, progress=False, register_name=None)
 
 
-def device_rows(d: Any, log: Any = print) -> tuple[JointRows, list[tuple[Any, Any, np.ndarray]]]:
+def device_rows(d: Any, log: Any = print, kind: str = "gemm_static", what: str = "inductor-head",
+                plain: bool = False) -> tuple[JointRows, list[tuple[Any, Any, np.ndarray]]]:
     """The fit's rows over every dataset of d (train/pipeline.py TrainData) that has static rows: each one's gemm
     rows and static rows (joint_rows), encoded with its device's spec, groups offset past the earlier devices'; and
     per such dataset (DeviceDataset, its static table, its split). ValueError where none has static rows. A
-    dataset's gemm rows are d.x's (encoded once by load_data, each dataset's rows contiguous, in its order)."""
+    dataset's gemm rows are d.x's (encoded once by load_data, each dataset's rows contiguous, in its order).
+    kind: the second mode's shard kind (gemm_static: Inductor's template; gemm_tutorial: the tutorial's kernel).
+    plain: a dataset without such rows still gives its gemm rows (flag 0), so that the network knows its device
+    in the first mode and the second mode's difference, learnt on the other devices, carries over."""
     from .pipeline import encode_by_device
 
     row_device = d.problem_device[d.gemm.problem_idx]
     parts, used, offset = [], [], 0
     for ds in d.datasets:
-        if not has_static_rows(ds.folder):
-            log(f"inductor-head: {ds.folder} ({ds.device}) has no gemm_static rows: its device is served from the "
-                "other devices' static rows")
-            continue
         split = d.split[d.problem_device == ds.device]
-        static = load_static(ds.folder)
+        x_gemm = d.x[torch.from_numpy(row_device == ds.device)]
+        if not has_static_rows(ds.folder, kind):
+            log(f"{what}: {ds.folder} ({ds.device}) has no {kind} rows: its device is served from the "
+                f"other devices' {kind} rows" + (" and its own gemm rows" if plain else ""))
+            if plain:
+                parts.append(JointRows(with_mode(x_gemm, AUTOTUNE), torch.from_numpy(np.log(ds.gemm.ms)).float(),
+                                       split[ds.gemm.problem_idx], ds.gemm.problem_idx + offset))
+                offset += 2 * len(ds.gemm.problems)
+            continue
+        static = load_static(ds.folder, kind)
         with torch.inference_mode():
             xs = encode_by_device(d.specs, "gemm", np.full(len(static.ms), ds.device, dtype=object),
                                   torch.from_numpy(static.problems[static.problem_idx]),
                                   torch.from_numpy(static.configs))
-        rows = joint_rows(ds.gemm, static, split, d.x[torch.from_numpy(row_device == ds.device)], xs)
+        rows = joint_rows(ds.gemm, static, split, x_gemm, xs)
         rows.groups = np.where(rows.groups >= 0, rows.groups + offset, -1)
         offset += 2 * len(ds.gemm.problems)
         parts.append(rows)
         used.append((ds, static, split))
-        log(f"inductor-head: {ds.device}: {len(ds.gemm.ms)} gemm rows, {len(static.ms)} static rows "
+        log(f"{what}: {ds.device}: {len(ds.gemm.ms)} gemm rows, {len(static.ms)} {kind} rows "
             f"({len(static.problems)} problems)")
     if not parts:
-        raise ValueError("data: no folder has gemm_static rows (the inductor mode's data: perfmodel gen static)")
+        raise ValueError(f"data: no folder has {kind} rows (the mode's data: perfmodel gen static"
+                         f"{'' if kind == 'gemm_static' else ' --kind ' + kind})")
     return JointRows(torch.cat([p.x for p in parts]), torch.cat([p.y for p in parts]),
                      np.concatenate([p.split for p in parts]), np.concatenate([p.groups for p in parts])), used
 
 
 def fit_inductor_head(bundle: artifact.ModelBundle, folders: Sequence[Path], s: InductorSettings,
-                      log: Any = print, datasets: list | None = None) -> tuple[Any, dict[str, Any]]:
+                      log: Any = print, datasets: list | None = None, kind: str = "gemm_static",
+                      what: str = "inductor-head", plain: bool = False) -> tuple[Any, dict[str, Any]]:
     """(the inductor head, its metadata entries) for bundle on the data folders (one per device of the model, in its
     order; those without static rows fit nothing): the config network fitted on their rows, its inductor mode
     folded; figures per device on its test problems' static rows, ranked by the serving path with the head (keys
     "test_static/static_head/...") and with the autotune mode ("test_static/without/..."). datasets: the folders'
-    DeviceDatasets where the caller has loaded them (a build), else they are read."""
+    DeviceDatasets where the caller has loaded them (a build), else they are read. kind: the second mode's rows
+    (gemm_tutorial fits train/tutorial_head.py's head the same way); what: the log lines' name."""
     from .pipeline import load_data
 
     if len(folders) > len(bundle.devices):
@@ -129,8 +141,8 @@ def fit_inductor_head(bundle: artifact.ModelBundle, folders: Sequence[Path], s: 
     if d.enc.names != bundle.encoders["gemm"].names:
         raise ValueError("data: the folders' gemm features differ from the model's gemm head's (encoder version "
                          f"{d.enc.version} against {bundle.encoders['gemm'].version})")
-    rows, used = device_rows(d, log)
-    log(f"inductor-head: fitting {s.members} member(s), {s.epochs} epochs, on {len(rows.y)} rows, split by {s.split}")
+    rows, used = device_rows(d, log, kind, what, plain)
+    log(f"{what}: fitting {s.members} member(s), {s.epochs} epochs, on {len(rows.y)} rows, split by {s.split}")
     torch.manual_seed(s.seed)
     net = fit_config_net(rows, d.enc.names, ts, s.epochs, s.members, False)
     head = net.with_input(net.cfg.n_inputs - 1, INDUCTOR)
@@ -145,14 +157,15 @@ def fit_inductor_head(bundle: artifact.ModelBundle, folders: Sequence[Path], s: 
         m = {"static_rows": int(len(static.ms)), "static_problems": int(len(static.problems)),
              "problems/train": int(len(set(prob[part == 0].tolist())))}
         if len(st.problems):
-            m.update(mode_figures(served.for_device(ds.device), head, st, log, f"inductor-head ({ds.device})",
-                                  ("autotune mode", "inductor head")))
+            m.update(mode_figures(served.for_device(ds.device), head, st, log, f"{what} ({ds.device})",
+                                  ("autotune mode", what.replace("-", " "))))
         metrics["devices"][ds.device] = m
     if s.split == "family":
         from .families import held_out_record
 
         metrics["family_split"] = held_out_record(d.datasets, s.seed)
-    metrics["data"] = [{**data_sha256(ds.folder, READS), "device": ds.device} for ds in d.datasets]
+    reads = READS if kind == "gemm_static" else ("gemm", kind)
+    metrics["data"] = [{**data_sha256(ds.folder, reads), "device": ds.device} for ds in d.datasets]
     metrics["seconds"] = time.perf_counter() - t0
     return head, metrics
 

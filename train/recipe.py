@@ -55,6 +55,7 @@ from .data import slice_dataset
 from .distill import DistillSettings
 from .grouped_head import GroupedSettings
 from .inductor_head import InductorSettings
+from .tutorial_head import TutorialSettings
 from .folder import (SHARD_KINDS, data_sha256, dataset_path, setting_value, settings_record, step_record,
                      write_model_folder)
 from .pipeline import (TrainData, TrainSettings, effective_lead_keep, evaluate_devices, fit_baselines, fit_heads,
@@ -64,7 +65,7 @@ from .refit import add_student, bmm_step, inductor_figures_step, problem_step
 
 # Recipe section -> its settings dataclass; the fields [build] sets for every step are not theirs to set.
 SECTIONS = {"train": TrainSettings, "student": DistillSettings, "problem": ProblemHeadSettings, "bmm": BmmHeadSettings,
-            "grouped": GroupedSettings, "inductor": InductorSettings}
+            "grouped": GroupedSettings, "inductor": InductorSettings, "tutorial": TutorialSettings}
 # The sections of the older layout's heads (perfmodel/heads/legacy.py), refused with what replaces them.
 OLDER_SECTIONS = {"static": "the config network serves kernel='inductor' ([train].config_net = true)",
                   "call": "the problem network's call outputs ([problem])"}
@@ -89,6 +90,7 @@ class Recipe:
     bmm: BmmHeadSettings | None = None
     grouped: GroupedSettings | None = None
     inductor: InductorSettings | None = None
+    tutorial: TutorialSettings | None = None
 
 
 def _tomllib():
@@ -203,7 +205,7 @@ def run_build(path: Path, out: Path | None = None, log: Any = print) -> dict[str
 # recipe's section for it: the step's fit on the folder's split, the folder rewritten atomically (train/refit.py).
 # The train step is not among them: the heads fitted from the gemm head (the student, the problem network's calls)
 # would no longer match it -- a new gemm or pad head is a new build.
-ONLY_STEPS = ("student", "problem", "bmm", "grouped", "inductor")
+ONLY_STEPS = ("student", "problem", "bmm", "grouped", "inductor", "tutorial")
 
 
 def run_only(path: Path, heads: tuple[str, ...], out: Path | None = None, command: str = "",
@@ -217,6 +219,7 @@ def run_only(path: Path, heads: tuple[str, ...], out: Path | None = None, comman
 
     from . import refit
     from .inductor_head import refit_inductor
+    from .tutorial_head import refit_tutorial
 
     recipe = load_recipe(path)
     folder = Path(out) if out is not None else recipe.out
@@ -241,7 +244,8 @@ def run_only(path: Path, heads: tuple[str, ...], out: Path | None = None, comman
     fits = {"student": with_folder(refit.refit_student), "problem": with_folder(refit.refit_problem),
             "bmm": with_folder(refit.refit_bmm),
             "grouped": lambda s, folders: refit.refit_grouped(s, folder, folders, log=log, command=command),
-            "inductor": lambda s, folders: refit_inductor(s, folder, folders, log=log, command=command)}
+            "inductor": lambda s, folders: refit_inductor(s, folder, folders, log=log, command=command),
+            "tutorial": lambda s, folders: refit_tutorial(s, folder, folders, log=log, command=command)}
     command = command or f"{build_command(recipe)} --only {' --only '.join(heads)}"
     res = {}
     with tempfile.TemporaryDirectory(prefix="perfmodel-build-") as tmp:
@@ -345,6 +349,12 @@ def _inductor(recipe: Recipe, train: TrainSettings, bundle: Any, d: TrainData, s
     inductor_step(bundle, [ds.folder for ds in d.datasets], s, log, d.datasets)  # the folders as loaded once
 
 
+def _tutorial(recipe: Recipe, train: TrainSettings, bundle: Any, d: TrainData, s: Any, log: Any) -> None:
+    from .tutorial_head import tutorial_step
+
+    tutorial_step(bundle, [ds.folder for ds in d.datasets], s, log, d.datasets)
+
+
 def _wants_section(name: str) -> Any:
     """A step the recipe wants where it has the section `name`: its settings (None: no such step)."""
     return lambda recipe, bundle: getattr(recipe, name)
@@ -358,6 +368,7 @@ def _wants_section(name: str) -> Any:
 HEAD_STEPS = (("distill", _wants_section("student"), _student),
               ("inductor-figures", lambda recipe, bundle: () if bundle.config_net is not None else None, _inductor_figures),
               ("inductor-head", _wants_section("inductor"), _inductor),
+              ("tutorial-head", _wants_section("tutorial"), _tutorial),
               ("problem-head", _wants_section("problem"), _problem), ("bmm-head", _wants_section("bmm"), _bmm),
               ("grouped-head", _wants_section("grouped"), _grouped))
 
@@ -392,7 +403,7 @@ def _build(recipe: Recipe, train: TrainSettings, record: dict[str, Any], logger:
 # The metadata entries the head steps add to the bundle (their figures and settings), kept in the written folder
 # beside model_metadata's: the student, the config network's figures, the problem network, the bmm, grouped and
 # inductor heads, and which head screens.
-HEAD_METADATA = ("student_", "static_", "call_", "cublas_head_", "problem_", "bmm_", "grouped_", "inductor_",
+HEAD_METADATA = ("student_", "static_", "call_", "cublas_head_", "problem_", "bmm_", "grouped_", "inductor_", "tutorial_",
                  "screen_head")
 
 

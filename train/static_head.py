@@ -37,20 +37,22 @@ class StaticHeadSettings:
     threads: int = 0               # torch CPU threads (0: torch's default)
 
 
-def has_static_rows(folder: Path) -> bool:
-    """Whether the dataset folder has gemm_static parts (load_static's rows)."""
-    from perfmodel.data_gen.shards import STATIC_KIND, part_files
+def has_static_rows(folder: Path, kind: str = "gemm_static") -> bool:
+    """Whether the dataset folder has `kind` parts (gemm_static, or gemm_tutorial: load_static's rows)."""
+    from perfmodel.data_gen.shards import part_files
 
-    return bool(part_files(Path(folder), STATIC_KIND))
+    return bool(part_files(Path(folder), kind))
 
 
-def load_static(folder: Path) -> GemmTable:
-    """The folder's `gemm_static` rows as a GemmTable (cublas_ms: torch.mm timed in the same run)."""
-    from perfmodel.data_gen.shards import STATIC_KIND, read_dataset
+def load_static(folder: Path, kind: str = "gemm_static") -> GemmTable:
+    """The folder's `kind` rows (gemm_static, or gemm_tutorial) as a GemmTable (cublas_ms: torch.mm timed in the
+    same run, where the rows hold it)."""
+    from perfmodel.data_gen.shards import read_dataset
 
-    rows, _ = read_dataset(Path(folder), STATIC_KIND)
+    rows, _ = read_dataset(Path(folder), kind)
     if not rows:
-        raise FileNotFoundError(f"data: no {STATIC_KIND} shards in {folder} (perfmodel gen static)")
+        raise FileNotFoundError(f"data: no {kind} shards in {folder} (perfmodel gen static"
+                                f"{'' if kind == 'gemm_static' else ' --kind ' + kind})")
     return _gemm_table(rows, [])
 
 

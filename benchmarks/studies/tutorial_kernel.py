@@ -24,8 +24,9 @@ DIR/static_rows.jsonl.gz in the dataset's row format, one problem's rows at a ti
 timed; --skip-done leaves out the units of earlier runs); `perfmodel gen static --kind gemm_tutorial DIR --out data/h200`
 writes them into the data folder.
 
-eval: per problem, the model's top-1 and top-5 (Predictor.rank over the configs that ran, the dataset kernel's
-"autotune" mode: the tutorial kernel is compiled as the autotuner compiles the dataset's) against the best timed:
+eval: per problem, the model's top-1 and top-5 (Predictor.rank over the configs that ran; `--kernel`: the dataset
+kernel's "autotune" mode by default -- the tutorial kernel is compiled as the autotuner compiles the dataset's -- or
+"tutorial", the model's tutorial head, fitted on the sweep's rows) against the best timed:
 top-1 / top-5 efficiency (best ms / ms of the pick, best of the five), per dtype mode and layout, the worst problems,
 and how many configs that ran the model calls unrunnable.
 """
@@ -82,6 +83,17 @@ def tutorial_matmul(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_b
     c_ptrs = c_ptr + stride_cm * offs_cm[:, None] + stride_cn * offs_cn[None, :]
     c_mask = (offs_cm[:, None] < M) & (offs_cn[None, :] < N)
     tl.store(c_ptrs, c, mask=c_mask)
+
+
+KERNEL_MODE = "triton tutorial 03 matmul"  # the gemm_tutorial parts' kernel_mode
+
+
+def kernel_hash() -> str:
+    """The kernel source's hash (the gemm_tutorial parts' kernel_hash: a part refuses another kernel's rows)."""
+    import hashlib
+    import inspect
+
+    return hashlib.sha256(inspect.getsource(tutorial_matmul.fn).encode()).hexdigest()[:16]
 
 
 def problems() -> list[dict[str, Any]]:
@@ -230,7 +242,8 @@ def _time_one(p: dict[str, Any], cfgs: list[Any], errors: list[str | None], benc
             if not rel <= TOL[p["mode"]]:
                 raise RuntimeError(f"output check: relative error {rel:.3g}")
             row["rel_err"] = rel
-            fns.append(lambda grid=grid, ints=ints, meta=meta: tutorial_matmul[grid](a, b, c, *ints, **meta))
+            fns.append(lambda grid=grid, ints=ints, meta=meta, a=a, b=b, c=c:
+                       tutorial_matmul[grid](a, b, c, *ints, **meta))
             idx.append(len(rows))
             row["status"] = "ok"
         except OutOfResources as exc:
@@ -280,7 +293,8 @@ def sweep(problems_file: Path, out: Path, n_configs: int, time_limit: float, wor
     out.mkdir(parents=True, exist_ok=True)
     (out / "run.json").write_text(json.dumps({"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
                                               "triton": triton.__version__, "spec": spec.name,
-                                              "configs": n_configs, "kernel": "triton tutorial 03 matmul"}) + "\n")
+                                              "configs": n_configs, "kernel": KERNEL_MODE,
+                                              "kernel_hash": kernel_hash()}) + "\n")
     counts = {"problems": 0, "rows": 0, "ok": 0, "unrunnable": 0, "failed": 0, "below_floor": 0}
     ctx = mp.get_context("spawn")
     with ctx.Pool(workers) as pool:
@@ -320,13 +334,15 @@ def sweep(problems_file: Path, out: Path, n_configs: int, time_limit: float, wor
     return counts
 
 
-def evaluate(results: dict[str, Any], model: str | None) -> dict[str, Any]:
+def evaluate(results: dict[str, Any], model: str | None, kernel: str = "autotune") -> dict[str, Any]:
     import numpy as np
 
     from perfmodel import Predictor
     from perfmodel.schema import GemmConfig
 
-    pred = Predictor.load(model) if model else Predictor.load(device=results.get("spec", "h200").split("-")[0])
+    dev = results.get("spec", "h200")
+    pred = Predictor.load(model, device=dev, kernel=kernel) if model else \
+        Predictor.load(device=dev.split("-")[0], kernel=kernel)
     per = []
     called_inf = 0
     for p in results["problems"]:
@@ -343,7 +359,7 @@ def evaluate(results: dict[str, Any], model: str | None) -> dict[str, Any]:
                     "configs": len(ran), "top1": float(ms.min() / ms[order[0]]),
                     "top5": float(ms.min() / ms[order].min())})
     geo = lambda xs: float(np.exp(np.mean(np.log(xs)))) if xs else float("nan")  # noqa: E731
-    out: dict[str, Any] = {"model": str(getattr(pred, "source", "")), "problems": len(per),
+    out: dict[str, Any] = {"model": str(getattr(pred, "source", "")), "kernel": kernel, "problems": len(per),
                            "ran_called_unrunnable": called_inf}
     groups = {"all": per} | {m: [r for r in per if r["mode"] == m] for m in MODES} | \
         {f"layout/{lay}": [r for r in per if r["layout"] == lay] for lay in LAYOUTS}
@@ -373,6 +389,8 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("results", type=Path)
     e.add_argument("--model", default=None, help="a model folder (default: the shipped one for the run's device)")
     e.add_argument("--out", type=Path, default=None)
+    e.add_argument("--kernel", default="autotune", choices=("autotune", "inductor", "tutorial"),
+                   help="the model's kernel mode ranked (tutorial: its tutorial head)")
     args = ap.parse_args(argv)
     if args.cmd == "time":
         time_problems(args.out, args.configs, args.time_limit, args.workers)
@@ -385,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as exc:
         print(f"results: cannot read {args.results}: {exc}", file=sys.stderr)
         return 2
-    ev = evaluate(res, args.model)
+    ev = evaluate(res, args.model, args.kernel)
     text = json.dumps(ev, indent=1)
     print(text)
     if args.out:

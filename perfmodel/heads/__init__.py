@@ -6,7 +6,7 @@ A new head is one new module (its HeadSpec) and one line below (docs/architectur
 """
 from __future__ import annotations
 
-from . import bmm, gemm, grouped, inductor, pad, problem
+from . import bmm, gemm, grouped, inductor, pad, problem, tutorial
 from .spec import HeadSpec
 
 # The registry, in the order the heads are fitted and the card lists them (a head after those it needs).
@@ -20,6 +20,7 @@ REGISTRY: dict[str, HeadSpec] = {s.name: s for s in (
     bmm.BMM_CALL,
     grouped.GROUPED,
     inductor.INDUCTOR,
+    tutorial.TUTORIAL,
 )}
 
 
