@@ -109,6 +109,7 @@ def snapshot(models: tuple[str, ...] = ("h100", "h200"), backends: tuple[str, ..
     import torch
 
     from perfmodel.serve.predictor import Predictor
+    from perfmodel.serve.runners import KERNELS
 
     torch.set_num_threads(2)
     out = {}
@@ -118,7 +119,7 @@ def snapshot(models: tuple[str, ...] = ("h100", "h200"), backends: tuple[str, ..
             first = Predictor.load(folder, backend=backend)
             for device in first.bundle.devices:
                 base = Predictor.load(folder, backend=backend, device=device)
-                for kernel in ("autotune", "inductor") if base.has_static else ("autotune",):
+                for kernel in [k for k in KERNELS if k in base._run.kernels]:  # every mode it serves
                     out[f"{model}/{device}/{backend}/{kernel}"] = _one(base.with_kernel(kernel))
     return out
 

@@ -8,7 +8,8 @@ benchmarks/studies/runnable_rule.py) admits configs the old per-config formula c
 `inf` may now be a time -- accepted only where the new rule admits that config for that problem and the old formula
 did not (_admitted_since_recording). The four `h200/*/inductor` entries were added when models/h200 got its inductor
 head (`build --only gemm_inductor`), recorded on this project's CI-class CPU; every entry recorded before was
-compared unchanged then (kernel="autotune" serves as it did)."""
+compared unchanged then (kernel="autotune" serves as it did). Likewise the four `h200/*/tutorial` entries, added
+when models/h200 got its tutorial head (`build --only gemm_tutorial`): every earlier entry compared unchanged."""
 from __future__ import annotations
 
 import json

@@ -153,3 +153,24 @@ def test_the_refit_adds_the_head_and_every_entry_point_serves_it(data_and_model,
         perfmodel_prune(predictor=p, kernel="tutorials")
     with pytest.raises(ValueError, match="kernel"):
         perfmodel_prune(predictor=p, kernel="tutorials")
+
+
+def test_eval_reports_the_tutorial_kernel_on_the_heads_split(data_and_model, tmp_path):
+    # `perfmodel eval --split family`: the H200's gemm_tutorial rows of the head's held-out families, ranked in the
+    # autotune mode and with the head -- the figures the fit recorded (SYNTHETIC data: the plumbing, not the figures)
+    from perfmodel.artifact import load
+    from perfmodel.train.data import load_device_datasets
+    from perfmodel.train.eval_cmd import evaluate_datasets
+    from perfmodel.train.tutorial_head import refit_tutorial
+
+    folders, model = data_and_model
+    folder = shutil.copytree(model, tmp_path / "m")
+    metrics = refit_tutorial(_settings(), folder, folders, log=lambda *a: None)
+    res = evaluate_datasets(load(folder), load_device_datasets(folders), full_space=False, split="family")
+    assert "tutorial" not in res[0]                                   # no tutorial rows in the H100's folder
+    tu = res[1]["tutorial"]
+    want = metrics["devices"]["h200"]
+    assert tu["split"] == "the tutorial head's family split (its metadata)" and tu["problems"] == want["test_static/problems"]
+    for mode, key in (("tutorial", "static_head"), ("autotune", "without")):
+        assert tu[mode]["all/top1_eff"] == pytest.approx(want[f"test_static/{key}/all/top1_eff"], rel=1e-9)
+    assert len(tu["worst"]["tutorial"]) == min(5, tu["problems"])

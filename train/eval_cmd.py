@@ -35,6 +35,7 @@ def evaluate_datasets(bundle: artifact.ModelBundle, datasets: list, plots=None, 
                          f"default device {default}: give its dataset first (--data <{default} folder> --data ...)")
     gemm_splits, pad_splits, split_info = choose_split(bundle, datasets, split, seed)
     static_splits, static_source = _static_splits(bundle, datasets, gemm_splits, split_info)
+    tutorial_splits, tutorial_source = _static_splits(bundle, datasets, gemm_splits, split_info, "tutorial")
     out = []
     for ds, gs, ps in zip(datasets, gemm_splits, pad_splits):
         known = ds.device in bundle.devices
@@ -50,22 +51,25 @@ def evaluate_datasets(bundle: artifact.ModelBundle, datasets: list, plots=None, 
         static = static_results(bundle.for_device(ds.device), ds, static_splits[len(out)]) if known else None
         if static:
             res["static"] = {**static, "split": static_source}
+        tutorial = tutorial_results(bundle.for_device(ds.device), ds, tutorial_splits[len(out)]) if known else None
+        if tutorial:
+            res["tutorial"] = {**tutorial, "split": tutorial_source}
         out.append(res)
     return out
 
 
-def _static_splits(bundle: artifact.ModelBundle, datasets: list, gemm_splits: list, split_info: dict
-                   ) -> tuple[list, str]:
-    """The splits the inductor-mode figures are taken on: held out by family, an inductor head's own family split
-    where its metadata records one (inductor_metrics.family_split: the head was fitted on it, the rest of the model
-    maybe not), else the evaluation's split."""
-    record = (bundle.metadata.get("inductor_metrics") or {}).get("family_split")
+def _static_splits(bundle: artifact.ModelBundle, datasets: list, gemm_splits: list, split_info: dict,
+                   mode: str = "inductor") -> tuple[list, str]:
+    """The splits a kernel mode's figures are taken on (mode "inductor" or "tutorial"): held out by family, the
+    mode's head's own family split where its metadata records one (<mode>_metrics.family_split: the head was fitted
+    on it, the rest of the model maybe not), else the evaluation's split."""
+    record = (bundle.metadata.get(f"{mode}_metrics") or {}).get("family_split")
     if split_info["kind"] != "family" or not record:
         return gemm_splits, "the evaluation's split"
     from .families import joint_family_split
 
     return joint_family_split(datasets, int(record.get("seed", 0)), record)[0], \
-        "the inductor head's family split (its metadata)"
+        f"the {mode} head's family split (its metadata)"
 
 
 def static_results(bundle: artifact.ModelBundle, ds, split: np.ndarray) -> dict | None:
@@ -85,6 +89,25 @@ def static_results(bundle: artifact.ModelBundle, ds, split: np.ndarray) -> dict 
     return {"problems": len(st.problems), "autotune": ranking_metrics(bundle, None, st, calls[artifact.CALL]),
             "inductor": ranking_metrics(bundle, mode, st, calls[artifact.CALL_STATIC]),
             "worst": {"autotune": worst_static(bundle, None, st), "inductor": worst_static(bundle, mode, st)}}
+
+
+def tutorial_results(bundle: artifact.ModelBundle, ds, split: np.ndarray) -> dict | None:
+    """The Triton tutorial's kernel on the dataset's test problems that have its timings (gemm_tutorial parts),
+    ranked in the autotune mode and with the tutorial head (kernel="tutorial"); None when the model has no tutorial
+    head or the folder no such rows of test problems."""
+    from .static_head import has_static_rows, load_static, ranking_metrics, split_static, worst_static
+
+    name = artifact.mode_head(bundle.heads, "tutorial")
+    if name is None or not has_static_rows(ds.folder, "gemm_tutorial"):
+        return None
+    st = split_static(ds.gemm, load_static(ds.folder, "gemm_tutorial"), split)
+    if not len(st.problems):
+        return None
+    head = bundle.heads[name]
+    keep = lambda m: {k: v for k, v in m.items() if not k.startswith("cublas/")}  # noqa: E731  (no torch.mm times)
+    return {"problems": len(st.problems), "autotune": keep(ranking_metrics(bundle, None, st)),
+            "tutorial": keep(ranking_metrics(bundle, head, st)),
+            "worst": {"autotune": worst_static(bundle, None, st), "tutorial": worst_static(bundle, head, st)}}
 
 
 def run_eval(args: argparse.Namespace) -> int:
@@ -153,3 +176,13 @@ def _print(out: dict) -> None:
         print("|---|" + "---|" * len(keys))
         for mode in ("autotune", "inductor"):
             print(f"| {mode} | " + " | ".join(f"{st[mode].get(k, float('nan')):.4f}" for k in keys) + " |")
+    tu = out.get("tutorial")
+    if tu:
+        keys = ["float16/top1_eff", "bfloat16/top1_eff", "tf32/top1_eff", "float32/top1_eff", "layout/NN/top1_eff",
+                "layout/NT/top1_eff", "all/top1_eff", "all/top5_eff"]
+        print(f"\nTest problems of {tu.get('split', 'the evaluation')} timed with the Triton tutorial's kernel "
+              f"({tu['problems']}, the dataset's gemm_tutorial rows), ranked per kernel mode:\n")
+        print("| kernel mode | " + " | ".join(keys) + " |")
+        print("|---|" + "---|" * len(keys))
+        for mode in ("autotune", "tutorial"):
+            print(f"| {mode} | " + " | ".join(f"{tu[mode].get(k, float('nan')):.4f}" for k in keys) + " |")

@@ -98,14 +98,14 @@ def static_outputs(bundle: artifact.ModelBundle, head: PerfMLP | None, table: Ge
     """The gemm head's (score, log ms, lead score) and the screen's score on every row of table, with the
     static head's output added (and the physical floor on the log ms) when head is given: the inputs of
     train.evaluate.rank_path for the kernel mode. head may also be the bundle's config network's inductor
-    mode (its INDUCTOR_GEMM head: perfmodel.artifact.inductor_head), which then scores in place of the gemm
-    head."""
+    mode (its INDUCTOR_GEMM head: perfmodel.artifact.inductor_head), or another mode's head of the bundle (the
+    tutorial head: perfmodel.artifact.MODE_HEADS), which then scores in place of the gemm head."""
     P, C = torch.from_numpy(table.problems[table.problem_idx]), torch.from_numpy(table.configs)
     with torch.inference_mode():
         x = bundle.encoders["gemm"].encode(P, C)
     gemm = bundle.heads["gemm"]
-    if head is not None and head is bundle.heads.get(artifact.INDUCTOR_GEMM):
-        gemm, head = head, None
+    if head is not None and any(head is bundle.heads.get(n) for n in artifact.MODE_HEADS.values()):
+        gemm, head = head, None   # a kernel mode's own head (inductor, tutorial) scores in place of the gemm head
     score, log_ms = ev.head_outputs(gemm, x)
     lead = ev.lead_outputs(gemm, x) if bundle.lead_keep else None
     screen = ev.head_outputs(bundle.heads[bundle.screen_name], x)[0] if bundle.screen_name else None

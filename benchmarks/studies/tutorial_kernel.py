@@ -334,6 +334,42 @@ def sweep(problems_file: Path, out: Path, n_configs: int, time_limit: float, wor
     return counts
 
 
+def sweep_results(runs: list[Path], model: str | None, split: str | None) -> dict[str, Any]:
+    """Sweep folders' rows as a time run's results (evaluate's input), one problem per unit; split "test" / "val" /
+    "train": only the problems whose family (train/families.py family_key) the model's tutorial head -- else its
+    inductor head -- held out as that split (its metadata's family_split; "train": neither test nor val)."""
+    import gzip
+
+    from perfmodel.train.families import family_key, family_names
+
+    by_unit: dict[str, dict[str, Any]] = {}
+    spec = None
+    for run in runs:
+        meta = json.loads((run / "run.json").read_text())
+        spec = spec or meta["spec"]
+        with gzip.open(run / "static_rows.jsonl.gz", "rt") as fh:
+            for line in fh:
+                r = json.loads(line)
+                p = by_unit.setdefault(r["unit"], {**study_problem(r), "unit": r["unit"], "rows": []})
+                p["rows"].append({"config": [r[f] for f in ("block_m", "block_n", "block_k", "group_m", "num_stages",
+                                                            "num_warps")], "status": r["status"], "ms": r.get("ms")})
+    problems = list(by_unit.values())
+    if split is not None:
+        from perfmodel.locations import default_model_dir
+
+        folder = Path(model) if model else default_model_dir(spec.split("-")[0])
+        meta = json.loads((folder / "metadata.json").read_text())
+        rec = (meta.get("tutorial_metrics") or meta.get("inductor_metrics") or {}).get("family_split")
+        if not rec:
+            raise ValueError(f"--split: {model} records no family split (a tutorial or inductor head's)")
+        test, val = set(rec["test_keys"]), set(rec["val_keys"])
+        names = family_names()
+        side = lambda p: "test" if family_key(p["k"], p["n"], names) in test else \
+            "val" if family_key(p["k"], p["n"], names) in val else "train"  # noqa: E731
+        problems = [p for p in problems if side(p) == split]
+    return {"spec": spec, "problems": problems}
+
+
 def evaluate(results: dict[str, Any], model: str | None, kernel: str = "autotune") -> dict[str, Any]:
     import numpy as np
 
@@ -385,8 +421,10 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--time-limit", type=float, default=400.0, help="seconds; no problem starts past it")
     w.add_argument("--workers", type=int, default=12, help="compile processes")
     w.add_argument("--skip-done", type=Path, nargs="*", default=[], help="earlier sweeps' folders: their units are left out")
-    e = sub.add_parser("eval", help="CPU: the model's ranking of a time run")
-    e.add_argument("results", type=Path)
+    e = sub.add_parser("eval", help="CPU: the model's ranking of a time run (or of sweep folders)")
+    e.add_argument("results", type=Path, nargs="+", help="a time run's JSON, or sweep folders")
+    e.add_argument("--split", choices=("train", "val", "test"), default=None,
+                   help="sweep folders: only the problems of the families the model's head held out as this split")
     e.add_argument("--model", default=None, help="a model folder (default: the shipped one for the run's device)")
     e.add_argument("--out", type=Path, default=None)
     e.add_argument("--kernel", default="autotune", choices=("autotune", "inductor", "tutorial"),
@@ -399,9 +437,14 @@ def main(argv: list[str] | None = None) -> int:
         sweep(args.problems, args.out, args.configs, args.time_limit, args.workers, args.skip_done)
         return 0
     try:
-        res = json.loads(args.results.read_text())
-    except (OSError, ValueError) as exc:
-        print(f"results: cannot read {args.results}: {exc}", file=sys.stderr)
+        if all(r.is_dir() for r in args.results):
+            res = sweep_results(args.results, args.model, args.split)
+        elif len(args.results) == 1 and args.split is None:
+            res = json.loads(args.results[0].read_text())
+        else:
+            raise ValueError("expected one time run's JSON, or sweep folders (--split: sweep folders only)")
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"results: cannot read {' '.join(map(str, args.results))}: {exc}", file=sys.stderr)
         return 2
     ev = evaluate(res, args.model, args.kernel)
     text = json.dumps(ev, indent=1)
