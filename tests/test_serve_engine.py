@@ -28,9 +28,12 @@ PROBLEMS = [GemmProblem(m=4096, n=4096, k=4096, dtype="float16"),
 RTOL = 1e-4
 
 
+H100_KERNELS = ("autotune", "inductor")   # models/h100's config network; it has no tutorial head
+
+
 @pytest.fixture(scope="module")
 def engines() -> dict[tuple[str, str], Predictor]:
-    return {(b, k): Predictor.load(H100, backend=b, kernel=k) for b in ("torch", "onnx") for k in KERNELS}
+    return {(b, k): Predictor.load(H100, backend=b, kernel=k) for b in ("torch", "onnx") for k in H100_KERNELS}
 
 
 def test_each_runner_declares_its_heads_and_kernel_modes(engines) -> None:
@@ -38,11 +41,15 @@ def test_each_runner_declares_its_heads_and_kernel_modes(engines) -> None:
         run = p._run
         assert isinstance(run, Runner) and run.backend == backend == p.backend
         assert run.heads == frozenset(p.bundle.heads)          # every head of the shipped model, both backends
-        assert run.kernels == frozenset(KERNELS)               # models/h100's config network serves both
-    for backend in ("torch", "onnx"):                          # models/h200: its inductor head serves the mode
+        assert run.kernels == frozenset(H100_KERNELS)          # models/h100's config network serves both
+    with pytest.raises(ValueError, match="tutorial head"):
+        Predictor.load(H100, backend="torch", kernel="tutorial")
+    for backend in ("torch", "onnx"):   # models/h200: its inductor and tutorial heads serve those modes
         p = Predictor.load(H200, backend=backend)
-        assert p._run.kernels == frozenset(KERNELS) and "gemm_inductor" in p._run.heads and "static" not in p._run.heads
+        assert p._run.kernels == frozenset(KERNELS) and {"gemm_inductor", "gemm_tutorial"} <= p._run.heads
+        assert "static" not in p._run.heads
         assert p.bundle.config_net is None and Predictor.load(H200, backend=backend, kernel="inductor").has_static
+        assert p.with_kernel("tutorial").predict_head == "gemm_tutorial"
     with pytest.raises(TypeError):
         Runner()  # an interface: only the backends are built
 
@@ -69,7 +76,7 @@ def test_backend_names_what_runs_and_onnx_serves_inductor(engines, monkeypatch: 
 
 
 def test_onnx_inductor_agrees_with_torch(engines) -> None:
-    for kernel in KERNELS:
+    for kernel in H100_KERNELS:
         pt, po = engines[("torch", kernel)], engines[("onnx", kernel)]
         a, b = pt.predict_many(PROBLEMS[:4]), po.predict_many(PROBLEMS[:4])
         np.testing.assert_allclose(b, a, rtol=RTOL, err_msg=kernel)
@@ -206,3 +213,20 @@ def test_predictor_calls_the_decisions(engines, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(decisions, "pad_decision", lambda *a: ("decided", a))
     got = p.pad(PadProblem(m=4095, k=4097, n=1000, dtype="bfloat16"))
     assert got[0] == "decided" and got[1][2:] == (p.pad_threshold, True)
+
+
+def test_onnx_tutorial_agrees_with_torch() -> None:
+    """models/h200's tutorial head: the onnx backend (its traced ranking and predict graphs) serves what torch does,
+    and the mode is not the autotune one."""
+    pt = Predictor.load(H200, backend="torch", device="h200", kernel="tutorial")
+    po = Predictor.load(H200, backend="onnx", device="h200", kernel="tutorial")
+    assert po._run.ranks("tutorial", po.screen_keep, 5) and po._run.predicts("tutorial")
+    np.testing.assert_allclose(po.predict_many(PROBLEMS[:4]), pt.predict_many(PROBLEMS[:4]), rtol=RTOL)
+    flipped = 0
+    for prob in PROBLEMS:
+        rt, ro = pt.rank(prob, top_k=5, screened=True), po.rank(prob, top_k=5, screened=True)
+        np.testing.assert_allclose([t for _, t in ro], [t for _, t in rt], rtol=RTOL, err_msg=str(prob))
+        flipped += [c for c, _ in rt] != [c for c, _ in ro]
+    assert flipped <= 1
+    auto = pt.with_kernel("autotune")
+    assert not np.array_equal(auto.predict_many(PROBLEMS[:4]), pt.predict_many(PROBLEMS[:4]))
