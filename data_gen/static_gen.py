@@ -82,9 +82,8 @@ def write_static(data: Path, runs: list[Path], kind: str | None = None) -> dict[
     else:
         header.update(run_kernel(runs), source=f"{SOURCE} --kind {TUTORIAL_KIND}")
     by_unit = read_runs(runs)
-    known = {r["unit"] for r in read_dataset(data, "gemm")[0]}
-    unknown = sorted(set(by_unit) - known)
-    if kind == TUTORIAL_KIND and unknown:  # its rows are ranked against the folder's problems (their split)
+    unknown = sorted(set(by_unit) - {r["unit"] for r in read_dataset(data, "gemm")[0]}) if kind == TUTORIAL_KIND else []
+    if unknown:  # a tutorial row is ranked against the folder's problems (their split)
         raise ValueError(f"runs: {len(unknown)} problem(s) not in {data}'s gemm rows (first {unknown[0]}): a "
                          f"{TUTORIAL_KIND} row must time one of the folder's problems")
     done = {r["unit"] for r in read_dataset(data, kind)[0]}

@@ -16,6 +16,7 @@ import torch
 from .devices import DeviceSpec
 from .features import FeatureEncoder
 from .heads.gemm import INDUCTOR_GEMM, KERNEL_MODE_FEATURE, KERNEL_MODE_INPUT, KERNEL_MODE_VALUES  # noqa: F401
+from .heads.tutorial import TUTORIAL_GEMM  # kernel="tutorial": the tutorial head, where the folder stores one
 from .heads.problem import OUTPUTS as PROBLEM_OUTPUTS  # noqa: F401  (the folder format's names)
 from .model import MLPConfig, PerfMLP
 
@@ -96,8 +97,6 @@ def inductor_head(heads: Any) -> str | None:
     return INDUCTOR_GEMM if INDUCTOR_GEMM in heads else None
 
 
-# kernel="tutorial": the tutorial head (perfmodel/heads/tutorial.py), where the folder stores one.
-TUTORIAL_GEMM = "gemm_tutorial"
 # The head that serves each kernel mode in place of the gemm head, where the model has it (mode_head).
 MODE_HEADS = {"inductor": INDUCTOR_GEMM, "tutorial": TUTORIAL_GEMM}
 

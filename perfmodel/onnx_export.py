@@ -79,7 +79,7 @@ class _OnnxHeads(torch.nn.Module):
         return out
 
     def _predicted(self, g: "_Grid") -> tuple[torch.Tensor, ...]:
-        """predict's (P, C) log ms for autotune, and for kernel="inductor" where the model has that mode."""
+        """predict's (P, C) log ms for autotune, and for each other kernel mode the model has (MODE_OUTPUTS)."""
         # predict: every row's log ms; its floors read one problem feature column (the log roofline)
         z = g.score_all(self.predict)
         if _first_linear(self.predict) is None:

@@ -24,10 +24,10 @@ from typing import Any, Callable, Sequence
 
 from perfmodel.schema import GemmConfig, GemmProblem, is_column_major
 
+from .arguments import _check_kernel
 from .decisions import kept_positions
 from .gemm_decisions import rank_positions
 from .kernel_inputs import kwargs_to_gemm
-from .arguments import _check_kernel
 from .predictor import Predictor
 
 

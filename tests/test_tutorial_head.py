@@ -174,3 +174,13 @@ def test_eval_reports_the_tutorial_kernel_on_the_heads_split(data_and_model, tmp
     for mode, key in (("tutorial", "static_head"), ("autotune", "without")):
         assert tu[mode]["all/top1_eff"] == pytest.approx(want[f"test_static/{key}/all/top1_eff"], rel=1e-9)
     assert len(tu["worst"]["tutorial"]) == min(5, tu["problems"])
+
+
+def test_a_fit_without_tutorial_rows_is_refused_by_name(data_and_model):
+    # the H100's folder alone: its gemm rows (plain) would fit a second mode with no rows of it
+    from perfmodel.artifact import load
+    from perfmodel.train.tutorial_head import tutorial_step
+
+    folders, model = data_and_model
+    with pytest.raises(ValueError, match="gemm_tutorial"):
+        tutorial_step(load(model), folders[:1], _settings(), log=lambda *a: None)

@@ -108,7 +108,7 @@ def device_rows(d: Any, log: Any = print, kind: str = "gemm_static", what: str =
         used.append((ds, static, split))
         log(f"{what}: {ds.device}: {len(ds.gemm.ms)} gemm rows, {len(static.ms)} {kind} rows "
             f"({len(static.problems)} problems)")
-    if not parts:
+    if not used:  # (a folder's plain gemm rows alone fit no second mode)
         raise ValueError(f"data: no folder has {kind} rows (the mode's data: perfmodel gen static"
                          f"{'' if kind == 'gemm_static' else ' --kind ' + kind})")
     return JointRows(torch.cat([p.x for p in parts]), torch.cat([p.y for p in parts]),

@@ -9,7 +9,7 @@ from typing import Any
 
 from .spec import HeadSpec, figure
 
-TUTORIAL_GEMM = "gemm_tutorial"  # perfmodel/bundle.py MODE_HEADS serves kernel="tutorial" by it
+TUTORIAL_GEMM = "gemm_tutorial"  # perfmodel/bundle.py MODE_HEADS serves kernel="tutorial" by it (re-exported there)
 
 
 def tutorial_head_card(meta: dict[str, Any]) -> str:
