@@ -14,6 +14,7 @@ import hashlib
 import math
 import random
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -253,3 +254,23 @@ def write_synthetic_bmm(folder: Path, seed: int = 0, device: str = DEFAULT_DEVIC
                          "status": "fail:launch:OutOfResources", "ms": None})
             w.write_unit(problem_id(p), rows)
     return folder
+
+
+def write_retimed_run(folder: Path, run: Path, pick: slice, factor: Any = 1.1, **extra: Any) -> Path:
+    """SYNTHETIC: a GPU run folder as benchmarks/static_retime.py or tutorial_kernel.py `sweep` writes it
+    (run/static_rows.jsonl.gz): the Triton rows of the folder's problems sorted[pick] (by unit), each row's ms times
+    `factor` (a number, or a function of the row), with the `extra` fields added. Returns run."""
+    import gzip
+    import json
+
+    from perfmodel.data_gen.shards import read_dataset
+
+    rows, _ = read_dataset(folder, "gemm")
+    keep = set(sorted({r["unit"] for r in rows})[pick])
+    scale = factor if callable(factor) else (lambda r: factor)
+    run.mkdir(parents=True)
+    with gzip.open(run / "static_rows.jsonl.gz", "wt") as fh:
+        for r in rows:
+            if r["unit"] in keep and r["kind"] == "triton":
+                fh.write(json.dumps({**r, "ms": r["ms"] and r["ms"] * scale(r), **extra}) + "\n")
+    return run

@@ -4,7 +4,6 @@ the gemm head. On SYNTHETIC data (tests/_synthetic.py: formula timings, and stat
 dataset's x 1.1) and random-weight models: what is tested is the plumbing, not the figures."""
 from __future__ import annotations
 
-import gzip
 import json
 import shutil
 from pathlib import Path
@@ -23,15 +22,9 @@ def _with_static(folder: Path, run: Path, every: int) -> Path:
     """SYNTHETIC: every `every`-th problem of the folder's gemm rows re-timed as static rows (the dataset's time
     x 1.1, kernel "v4 static"), written into the folder by `perfmodel gen static`."""
     from perfmodel.cli import main
-    from perfmodel.data_gen.shards import read_dataset
+    from tests._synthetic import write_retimed_run
 
-    rows, _ = read_dataset(folder, "gemm")
-    keep = sorted({r["unit"] for r in rows})[::every]
-    run.mkdir(parents=True)
-    with gzip.open(run / "static_rows.jsonl.gz", "wt") as fh:
-        for r in rows:
-            if r["unit"] in keep and r["kind"] == "triton":
-                fh.write(json.dumps({**r, "ms": r["ms"] and r["ms"] * 1.1, "kernel": "v4 static"}) + "\n")
+    write_retimed_run(folder, run, slice(None, None, every), 1.1, kernel="v4 static")
     assert main(["gen", "static", str(run), "--out", str(folder)]) == 0
     return folder
 

@@ -11,7 +11,7 @@ import pytest
 
 from perfmodel.cli import main
 from perfmodel.data_gen.shards import read_dataset
-from tests._synthetic import write_synthetic_dataset
+from tests._synthetic import write_retimed_run, write_synthetic_dataset
 
 REPO = Path(__file__).resolve().parent.parent
 RUNS = REPO / "benchmarks" / "results" / "static_retime_h100"
@@ -21,14 +21,7 @@ STATIC = "gemm_static"
 def _run_folder(path: Path, data: Path, units: int) -> Path:
     """A run folder as static_retime.py writes it: each of the first `units` problems' Triton rows
     re-timed (made-up times: the dataset's x 1.1), tagged with its unit and the kernel."""
-    rows, _ = read_dataset(data, "gemm")
-    keep = sorted({r["unit"] for r in rows})[:units]
-    path.mkdir(parents=True)
-    with gzip.open(path / "static_rows.jsonl.gz", "wt") as fh:
-        for r in rows:
-            if r["unit"] in keep and r["kind"] == "triton":
-                fh.write(json.dumps({**r, "ms": r["ms"] and r["ms"] * 1.1, "kernel": "v4 static"}) + "\n")
-    return path
+    return write_retimed_run(data, path, slice(None, units), 1.1, kernel="v4 static")
 
 
 def test_gen_static_writes_the_runs_rows_once(tmp_path, capsys):

@@ -22,16 +22,9 @@ DEVICES = ("h100-sxm", "h200")
 def tutorial_run(folder: Path, run: Path, every: int) -> Path:
     """SYNTHETIC: a sweep folder as tutorial_kernel.py `sweep` writes it -- every `every`-th problem of the folder's
     gemm rows re-timed (the dataset's time, x 1.3 on NT layouts) and a run.json naming the kernel."""
-    from perfmodel.data_gen.shards import read_dataset
+    from tests._synthetic import write_retimed_run
 
-    rows, _ = read_dataset(folder, "gemm")
-    keep = sorted({r["unit"] for r in rows})[::every]
-    run.mkdir(parents=True)
-    with gzip.open(run / "static_rows.jsonl.gz", "wt") as fh:
-        for r in rows:
-            if r["unit"] in keep and r["kind"] == "triton":
-                slow = 1.3 if r["transpose_right"] else 1.0
-                fh.write(json.dumps({**r, "ms": r["ms"] and r["ms"] * slow}) + "\n")
+    write_retimed_run(folder, run, slice(None, None, every), lambda r: 1.3 if r["transpose_right"] else 1.0)
     (run / "run.json").write_text(json.dumps({"kernel": "triton tutorial 03 matmul", "kernel_hash": "0" * 16}))
     return run
 

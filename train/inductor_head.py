@@ -188,15 +188,22 @@ def inductor_step(bundle: artifact.ModelBundle, folders: Sequence[Path], s: Indu
 def refit_inductor(s: Any, model: Path, data: Sequence[Path], log: Any = print, command: str = "") -> dict[str, Any]:
     """`perfmodel build --only gemm_inductor`: the inductor head of the folder `model` (train/inductor_head.py
     inductor_step) on the data folders (one per device of the model, in its order), added in place."""
+    return refit_mode_head(inductor_step, "inductor-head", s, model, data, log, command)
+
+
+def refit_mode_head(step_fn: Any, name: str, s: Any, model: Path, data: Sequence[Path], log: Any = print,
+                    command: str = "") -> dict[str, Any]:
+    """A mode head's `build --only`: step_fn(bundle, data, s, log) (inductor_step, tutorial_step) on the folder
+    `model`, recorded as build step `name` (a refit), the folder rewritten in place; returns step_fn's metrics."""
     from .refit import load_model
 
     t0 = time.perf_counter()
     bundle = load_model(model, 0)
-    metrics = inductor_step(bundle, data, s, log)
-    step = step_record("inductor-head", settings_record(s), time.perf_counter() - t0, refit=True, command=command)
+    metrics = step_fn(bundle, data, s, log)
+    step = step_record(name, settings_record(s), time.perf_counter() - t0, refit=True, command=command)
     bundle.metadata = append_step(bundle.metadata, step)
     write_model_folder(bundle, bundle.metadata, model)
     return metrics
 
 
-__all__ = ["InductorSettings", "fit_inductor_head", "inductor_step", "refit_inductor"]
+__all__ = ["InductorSettings", "fit_inductor_head", "inductor_step", "refit_inductor", "refit_mode_head"]

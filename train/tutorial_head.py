@@ -11,7 +11,6 @@ served from its own autotune-mode rows plus the difference learnt on the others.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -19,8 +18,8 @@ from typing import Any, Sequence
 from perfmodel import artifact
 from perfmodel.heads.tutorial import TUTORIAL_GEMM
 
-from .folder import append_step, settings_record, step_record, write_model_folder
-from .inductor_head import InductorSettings, fit_inductor_head
+from .folder import settings_record
+from .inductor_head import InductorSettings, fit_inductor_head, refit_mode_head
 
 KIND = "gemm_tutorial"
 
@@ -48,15 +47,7 @@ def refit_tutorial(s: TutorialSettings, model: Path, data: Sequence[Path], log: 
                    command: str = "") -> dict[str, Any]:
     """`perfmodel build --only gemm_tutorial`: the tutorial head of the folder `model` on the data folders (one per
     device of the model, in its order), added in place."""
-    from .refit import load_model
-
-    t0 = time.perf_counter()
-    bundle = load_model(model, 0)
-    metrics = tutorial_step(bundle, data, s, log)
-    step = step_record("tutorial-head", settings_record(s), time.perf_counter() - t0, refit=True, command=command)
-    bundle.metadata = append_step(bundle.metadata, step)
-    write_model_folder(bundle, bundle.metadata, model)
-    return metrics
+    return refit_mode_head(tutorial_step, "tutorial-head", s, model, data, log, command)
 
 
 __all__ = ["TutorialSettings", "refit_tutorial", "tutorial_step"]

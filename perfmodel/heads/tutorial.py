@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .spec import HeadSpec, figure
+from .inductor import per_device_figures
+from .spec import HeadSpec
 
 TUTORIAL_GEMM = "gemm_tutorial"  # perfmodel/bundle.py MODE_HEADS serves kernel="tutorial" by it (re-exported there)
 
@@ -18,19 +19,11 @@ def tutorial_head_card(meta: dict[str, Any]) -> str:
     m = meta.get("tutorial_metrics")
     if not m:
         return ""
-    per = []
-    for dev, d in (m.get("devices") or {}).items():
-        def f(mode: str, key: str) -> str:
-            return figure(d.get(f"test_static/{mode}/{key}"), 3)
-
-        per.append(f"{dev}: {d.get('test_static/problems', 0)} test problems, top-1 / top-5 "
-                   f"{f('static_head', 'all/top1_eff')} / {f('static_head', 'all/top5_eff')} (the autotune mode "
-                   f"{f('without', 'all/top1_eff')} / {f('without', 'all/top5_eff')})")
     return (f"- Tutorial head (`kernel=\"tutorial\"`, the Triton tutorial's matmul as an `@autotune` user writes it; "
             f"`perfmodel build --only gemm_tutorial`): the config network fitted beside the gemm head on "
             f"{m.get('rows', '-')} rows of the data folders' gemm and gemm_tutorial parts, split by "
             f"{m.get('split', '-')}; ranking the tutorial kernel on the held-out problems' times, "
-            f"{'; '.join(per) or '-'}.\n")
+            f"{per_device_figures(m, 'the autotune mode')}.\n")
 
 
 TUTORIAL = HeadSpec(
