@@ -208,18 +208,36 @@ def study_problem(p: dict[str, Any]) -> dict[str, Any]:
     return {"m": p["m"], "n": p["n"], "k": p["k"], "mode": mode, "layout": "NT" if p["transpose_right"] else "NN"}
 
 
-def fixed_configs(mode: str, layout: str, n: int, spec: Any) -> list[Any]:
-    """The sweep's config list of one dtype mode and layout: n of the pruned space, stratified, seeded by both."""
+def fixed_configs(mode: str, layout: str, n: int, spec: Any, list_seed: str = "") -> list[Any]:
+    """The sweep's config list of one dtype mode and layout: n of the pruned space, stratified, seeded by both (and
+    by list_seed, a problems file's "config_seed", where it names one: another list for another sweep)."""
     from perfmodel.configs import pruned_space, stratified_sample
 
     dtype = "float32" if mode in ("tf32", "float32") else mode
-    seed = random.Random(f"{mode}/{layout}").randrange(2**31)
+    seed = random.Random(f"{list_seed}/{mode}/{layout}" if list_seed else f"{mode}/{layout}").randrange(2**31)
     return stratified_sample(pruned_space(dtype, spec), n, seed)
 
 
-def _time_one(p: dict[str, Any], cfgs: list[Any], errors: list[str | None], bench: Any, spec: Any) -> list[dict]:
+class DeviceCrash(Exception):
+    """A launch left the process's CUDA context unusable (an illegal address, say): nothing more can run in it."""
+
+    def __init__(self, config: list[int] | None, error: str):
+        super().__init__(f"config {config}: {error}")
+        self.config, self.error = config, error
+
+
+def _device_error(exc: BaseException) -> bool:
+    import torch
+
+    return isinstance(exc, getattr(torch, "AcceleratorError", ())) or "CUDA error" in str(exc)
+
+
+def _time_one(p: dict[str, Any], cfgs: list[Any], errors: list[str | None], bench: Any, spec: Any,
+              crashed: dict[tuple, str] | None = None) -> list[dict]:
     """One problem's rows: each config checked against a float64 torch.mm, then timed (bench.time_many); a config
-    Triton refuses is "unrunnable", one that fails otherwise "failed"."""
+    Triton refuses is "unrunnable", one that fails otherwise "failed" -- as is one that crashed an earlier process
+    on this problem (crashed: config tuple -> its error), which is not launched again. DeviceCrash where a launch
+    leaves the CUDA context unusable (the caller's process must end)."""
     import torch
     from triton.runtime.errors import OutOfResources
 
@@ -231,6 +249,8 @@ def _time_one(p: dict[str, Any], cfgs: list[Any], errors: list[str | None], benc
                                           cfg.num_warps]}
         grid, (ints, meta) = _launch_args(p, a, b, c, cfg)
         try:
+            if crashed and tuple(row["config"]) in crashed:
+                raise RuntimeError(f"device error (the process's CUDA context was lost): {crashed[tuple(row['config'])]}")
             if err:
                 raise RuntimeError(err)
             k = tutorial_matmul.warmup(a, b, c, *ints, **meta, grid=grid)
@@ -249,9 +269,16 @@ def _time_one(p: dict[str, Any], cfgs: list[Any], errors: list[str | None], benc
         except OutOfResources as exc:
             row.update(status="unrunnable", error=str(exc)[:200])
         except Exception as exc:  # a failed config is the row's outcome
+            if _device_error(exc):
+                raise DeviceCrash(row["config"], f"{type(exc).__name__}: {str(exc)[:200]}") from exc
             row.update(status="failed", error=f"{type(exc).__name__}: {str(exc)[:200]}")
         rows.append(row)
-    timed = bench.time_many(fns, peers=[True] * len(fns)) if fns else []
+    try:
+        timed = bench.time_many(fns, peers=[True] * len(fns)) if fns else []
+    except Exception as exc:
+        if _device_error(exc):
+            raise DeviceCrash(None, f"{type(exc).__name__}: {str(exc)[:200]}") from exc
+        raise
     floor = float(spec.roofline_ms(p["m"], p["n"], p["k"], gemm_problem(p).dtype, p["mode"] == "tf32"))
     for j, (ms, runs) in zip(idx, timed):
         rows[j].update(ms=ms, runs=runs, below_floor=bool(ms < floor))
@@ -272,6 +299,24 @@ def done_units(runs: list[Path]) -> set[str]:
     return out
 
 
+CRASHES_FILE = "crashes.jsonl"  # a sweep folder's launches that lost the CUDA context: unit, config, error
+CRASH_EXIT = 3  # the sweep's exit status after such a launch: run it again (it resumes, without that config)
+MAX_CRASHES = 3  # a problem whose launches crashed this many processes is given up
+
+
+def read_crashes(runs: list[Path]) -> dict[str, list[tuple[list[int] | None, str]]]:
+    """unit -> [(config or None, error)] from the runs' crashes files."""
+    out: dict[str, list[tuple[list[int] | None, str]]] = {}
+    for run in runs:
+        path = run / CRASHES_FILE
+        if run.is_dir() and path.is_file():
+            for line in path.read_text().splitlines():
+                if line.strip():
+                    r = json.loads(line)
+                    out.setdefault(r["unit"], []).append((r["config"], r["error"]))
+    return out
+
+
 def sweep(problems_file: Path, out: Path, n_configs: int, time_limit: float, workers: int,
           skip: list[Path]) -> dict[str, int]:
     """Time the listed dataset problems over the fixed config lists (GPU); rows appended per problem to
@@ -285,22 +330,28 @@ def sweep(problems_file: Path, out: Path, n_configs: int, time_limit: float, wor
     from perfmodel.devices import get_spec
 
     t0 = time.perf_counter()
-    listed = json.loads(problems_file.read_text())["problems"]
+    listing = json.loads(problems_file.read_text())
+    listed, list_seed = listing["problems"], listing.get("config_seed", "")
     done = done_units([*skip, out])
-    todo = [p for p in listed if p["unit"] not in done]
+    crashes = read_crashes([*skip, out])
+    given_up = {u for u, cs in crashes.items() if len(cs) >= MAX_CRASHES}
+    todo = [p for p in listed if p["unit"] not in done | given_up]
+    if given_up:
+        print(f"[sweep] {len(given_up)} problem(s) given up after {MAX_CRASHES} device errors: {sorted(given_up)}",
+              flush=True)
     spec = get_spec("h200" if "H200" in torch.cuda.get_device_name(0) else "h100-sxm")
     bench = Bench(torch.device("cuda"), torch.cuda.get_device_properties(0).L2_cache_size, TimingSettings())
     out.mkdir(parents=True, exist_ok=True)
     (out / "run.json").write_text(json.dumps({"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
                                               "triton": triton.__version__, "spec": spec.name,
-                                              "configs": n_configs, "kernel": KERNEL_MODE,
+                                              "configs": n_configs, "config_seed": list_seed, "kernel": KERNEL_MODE,
                                               "kernel_hash": kernel_hash()}) + "\n")
     counts = {"problems": 0, "rows": 0, "ok": 0, "unrunnable": 0, "failed": 0, "below_floor": 0}
     ctx = mp.get_context("spawn")
     with ctx.Pool(workers) as pool:
         def submit(q: dict[str, Any]) -> tuple[dict, list, Any]:
             sp = study_problem(q)
-            cfgs = fixed_configs(sp["mode"], sp["layout"], n_configs, spec)
+            cfgs = fixed_configs(sp["mode"], sp["layout"], n_configs, spec, list_seed)
             return sp, cfgs, pool.map_async(_compile, [(sp, dataclasses.astuple(c)) for c in cfgs])
 
         pending = submit(todo[0]) if todo else None
@@ -309,7 +360,14 @@ def sweep(problems_file: Path, out: Path, n_configs: int, time_limit: float, wor
             errors = job.get()
             if i + 1 < len(todo):
                 pending = submit(todo[i + 1])  # the next problem compiles while this one is timed
-            rows = _time_one(sp, cfgs, errors, bench, spec)
+            try:
+                rows = _time_one(sp, cfgs, errors, bench, spec,
+                                 {tuple(c): e for c, e in crashes.get(q["unit"], []) if c is not None})
+            except DeviceCrash as exc:  # recorded; this process can run nothing more (exit CRASH_EXIT, resume)
+                with open(out / CRASHES_FILE, "a") as fh:
+                    fh.write(json.dumps({"unit": q["unit"], "config": exc.config, "error": exc.error}) + "\n")
+                print(f"[sweep] {q['unit']} {sp}: device error, config {exc.config}: {exc.error}", flush=True)
+                raise SystemExit(CRASH_EXIT) from exc
             with gzip.open(out / "static_rows.jsonl.gz", "at") as fh:
                 for r in rows:
                     cfg = dict(zip(("block_m", "block_n", "block_k", "group_m", "num_stages", "num_warps"), r["config"]))
@@ -332,6 +390,79 @@ def sweep(problems_file: Path, out: Path, n_configs: int, time_limit: float, wor
                 break
     print(f"[sweep] {counts}", flush=True)
     return counts
+
+
+UNALIGNED_CLASSES = ("8 mod 16", "4 mod 8", "2 mod 4", "any")  # data_gen/problems.py ALIGNMENT_CLASSES, less "aligned"
+MODE_WEIGHTS = (("float16", 0.3), ("bfloat16", 0.3), ("tf32", 0.2), ("float32", 0.2))  # data_gen/problems.py MODES
+
+
+def unaligned_problems(data: Path, device: str, n_keys: int, per_key: int, seed: int = 0, max_floor_ms: float = 0.3,
+                       split_seed: int = 0) -> dict[str, Any]:
+    """A sweep's problems file of unaligned weight shapes (CPU): n_keys new family keys (K, N), at least one of them
+    not a multiple of 16 (each dim log-uniform, K in [32, 16384], N in [32, 32768], in an alignment class of
+    data_gen/problems.py), none a key of the folder `data`'s gemm problems nor of this study's SIZES (they stay
+    unseen), and per key per_key problems: a dtype mode (the data's weights), a layout and M (log-uniform in [1, 8192],
+    any alignment class), M halved until the physical floor is at most max_floor_ms. Each key's side (train / val /
+    test) is train/families.py extra_key_side's -- the tutorial head's split of keys the gemm rows do not hold --
+    and the list interleaves three train problems with one held out, so a stopped sweep covers every side. The
+    file names its config list seed ("unaligned"): the sweep times these over another fixed list than the first."""
+    from perfmodel.data_gen.problems import ALIGNMENT_CLASSES, aligned_dim, problem_id
+    from perfmodel.data_gen.shards import read_dataset
+    from perfmodel.devices import get_spec
+    from perfmodel.schema import GemmProblem
+    from perfmodel.train.families import extra_key_side, family_key, family_names
+
+    spec = get_spec(device)
+    rows, _ = read_dataset(data, "gemm")
+    if not rows:
+        raise FileNotFoundError(f"--data: no gemm rows in {data}")
+    names = family_names()
+    taken = {family_key(r["k"], r["n"], names) for r in rows} | {family_key(k, n, names) for _, n, k in SIZES}
+    study_dims = {d for size in SIZES for d in size if d % 16}
+    ids = {r["unit"] for r in rows}
+    rng = random.Random(seed)
+    keys: list[tuple[int, int]] = []
+    while len(keys) < n_keys:
+        k = aligned_dim(rng, 32, 16384, rng.choice(("aligned",) + UNALIGNED_CLASSES))
+        n = aligned_dim(rng, 32, 32768, rng.choice(("aligned",) + UNALIGNED_CLASSES))
+        key = family_key(k, n, names)
+        if (k % 16 == 0 and n % 16 == 0) or key in taken or k in study_dims or n in study_dims:
+            continue
+        taken.add(key)
+        keys.append((k, n))
+    sides: dict[int, list[dict[str, Any]]] = {0: [], 1: []}
+    for k, n in keys:
+        key = family_key(k, n, names)
+        side = extra_key_side(key, split_seed)
+        for _ in range(per_key):
+            mode = rng.choices([m for m, _ in MODE_WEIGHTS], [w for _, w in MODE_WEIGHTS])[0]
+            m = aligned_dim(rng, 1, 8192, rng.choices([c for c, _ in ALIGNMENT_CLASSES],
+                                                     [w for _, w in ALIGNMENT_CLASSES])[0])
+            dtype = "float32" if mode in ("tf32", "float32") else mode
+            while m > 1 and float(spec.roofline_ms(m, n, k, dtype, mode == "tf32")) > max_floor_ms:
+                m //= 2
+            floor = float(spec.roofline_ms(m, n, k, dtype, mode == "tf32"))
+            if floor > max_floor_ms:
+                continue
+            gp = GemmProblem(m=m, n=n, k=k, dtype=dtype, allow_tf32=mode == "tf32", transpose_right=rng.random() < 0.5)
+            unit = problem_id(gp)
+            if unit in ids:
+                continue
+            ids.add(unit)
+            sides[min(side, 1)].append({"unit": unit, "m": m, "n": n, "k": k, "dtype": dtype,
+                                        "allow_tf32": gp.allow_tf32, "transpose_left": False,
+                                        "transpose_right": gp.transpose_right, "family": key,
+                                        "side": ("train", "val", "test")[side], "floor_ms": floor})
+    for group in sides.values():
+        rng.shuffle(group)
+    order, train, held = [], sides[0], sides[1]
+    while train or held:
+        order += train[:3] + held[:1]
+        train, held = train[3:], held[1:]
+    return {"source": f"{n_keys} unaligned weight shapes (K, N) not in {data.name}'s gemm problems nor in the study's "
+                      f"sizes, {per_key} problems each (seed {seed}), physical floor at most {max_floor_ms} ms; "
+                      f"side: train/families.py extra_key_side (seed {split_seed}); order: 3 train, then one held out",
+            "config_seed": "unaligned", "device": spec.name, "problems": order}
 
 
 def sweep_results(runs: list[Path], model: str | None, split: str | None) -> dict[str, Any]:
@@ -421,6 +552,14 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--time-limit", type=float, default=400.0, help="seconds; no problem starts past it")
     w.add_argument("--workers", type=int, default=12, help="compile processes")
     w.add_argument("--skip-done", type=Path, nargs="*", default=[], help="earlier sweeps' folders: their units are left out")
+    u = sub.add_parser("unaligned", help="CPU: a sweep's problems file of unaligned weight shapes new to a data folder")
+    u.add_argument("--data", type=Path, required=True, help="the data folder whose gemm problems' shapes are left out")
+    u.add_argument("--device", default="h200", help="the device spec whose physical floor bounds the problems")
+    u.add_argument("--keys", type=int, default=100, help="weight shapes (family keys)")
+    u.add_argument("--per-key", type=int, default=8, help="problems per weight shape")
+    u.add_argument("--seed", type=int, default=0)
+    u.add_argument("--max-floor-ms", type=float, default=0.3)
+    u.add_argument("--out", type=Path, required=True)
     e = sub.add_parser("eval", help="CPU: the model's ranking of a time run (or of sweep folders)")
     e.add_argument("results", type=Path, nargs="+", help="a time run's JSON, or sweep folders")
     e.add_argument("--split", choices=("train", "val", "test"), default=None,
@@ -432,6 +571,14 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.cmd == "time":
         time_problems(args.out, args.configs, args.time_limit, args.workers)
+        return 0
+    if args.cmd == "unaligned":
+        listing = unaligned_problems(args.data, args.device, args.keys, args.per_key, args.seed, args.max_floor_ms)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(listing, indent=0) + "\n")
+        sides = [p["side"] for p in listing["problems"]]
+        print(f"[unaligned] {len(sides)} problems ({', '.join(f'{s} {sides.count(s)}' for s in ('train', 'val', 'test'))}) "
+              f"-> {args.out}")
         return 0
     if args.cmd == "sweep":
         sweep(args.problems, args.out, args.configs, args.time_limit, args.workers, args.skip_done)
