@@ -229,7 +229,7 @@ class DeviceCrash(Exception):
 def _device_error(exc: BaseException) -> bool:
     import torch
 
-    return isinstance(exc, getattr(torch, "AcceleratorError", ())) or "CUDA error" in str(exc)
+    return isinstance(exc, getattr(torch, "AcceleratorError", ())) or str(exc).startswith("CUDA error")
 
 
 def _time_one(p: dict[str, Any], cfgs: list[Any], errors: list[str | None], bench: Any, spec: Any,
@@ -248,9 +248,10 @@ def _time_one(p: dict[str, Any], cfgs: list[Any], errors: list[str | None], benc
         row: dict[str, Any] = {"config": [cfg.block_m, cfg.block_n, cfg.block_k, cfg.group_m, cfg.num_stages,
                                           cfg.num_warps]}
         grid, (ints, meta) = _launch_args(p, a, b, c, cfg)
+        if crashed and tuple(row["config"]) in crashed:  # measured already: its launch lost a process's context
+            rows.append({**row, "status": "failed", "error": f"device error: {crashed[tuple(row['config'])][:200]}"})
+            continue
         try:
-            if crashed and tuple(row["config"]) in crashed:
-                raise RuntimeError(f"device error (the process's CUDA context was lost): {crashed[tuple(row['config'])]}")
             if err:
                 raise RuntimeError(err)
             k = tutorial_matmul.warmup(a, b, c, *ints, **meta, grid=grid)
@@ -335,6 +336,12 @@ def sweep(problems_file: Path, out: Path, n_configs: int, time_limit: float, wor
     done = done_units([*skip, out])
     crashes = read_crashes([*skip, out])
     given_up = {u for u, cs in crashes.items() if len(cs) >= MAX_CRASHES}
+    by_unit = {p["unit"]: study_problem(p) for p in listed}
+    banned: dict[tuple[str, str], set[tuple]] = {}  # a config that crashed a process is not launched again
+    for u, cs in crashes.items():
+        if u in by_unit:
+            banned.setdefault((by_unit[u]["mode"], by_unit[u]["layout"]), set()).update(
+                tuple(c) for c, _ in cs if c is not None)
     todo = [p for p in listed if p["unit"] not in done | given_up]
     if given_up:
         print(f"[sweep] {len(given_up)} problem(s) given up after {MAX_CRASHES} device errors: {sorted(given_up)}",
@@ -351,7 +358,9 @@ def sweep(problems_file: Path, out: Path, n_configs: int, time_limit: float, wor
     with ctx.Pool(workers) as pool:
         def submit(q: dict[str, Any]) -> tuple[dict, list, Any]:
             sp = study_problem(q)
-            cfgs = fixed_configs(sp["mode"], sp["layout"], n_configs, spec, list_seed)
+            own = {tuple(c) for c, _ in crashes.get(q["unit"], []) if c is not None}
+            cfgs = [c for c in fixed_configs(sp["mode"], sp["layout"], n_configs, spec, list_seed)
+                    if dataclasses.astuple(c) in own or dataclasses.astuple(c) not in banned.get((sp["mode"], sp["layout"]), ())]
             return sp, cfgs, pool.map_async(_compile, [(sp, dataclasses.astuple(c)) for c in cfgs])
 
         pending = submit(todo[0]) if todo else None
