@@ -8,6 +8,9 @@ rows file of that format): one JSON row per config, with the problem's `unit`. E
 unit of the folder's `gemm_static` parts, its Triton and cuBLAS rows as timed, under the folder's own
 `gemm` header (device, versions, kernel source hash) with the static kernel mode. Units already in the
 folder are left as they are, so the same runs can be written again (a run adding nothing writes no part).
+A gemm_tutorial row times one of the folder's problems, or a problem of the tutorial kernel's own (the unaligned
+sweep's shapes, which the dataset's kernel was not timed on): its unit is then the id of its own fields
+(data_gen/problems.py problem_id), which is checked.
 """
 from __future__ import annotations
 
@@ -59,6 +62,19 @@ def run_kernel(runs: list[Path]) -> dict[str, str]:
     return {"kernel_mode": mode, "kernel_hash": h}
 
 
+def _problem_id(row: dict[str, Any], unit: str) -> str:
+    """data_gen/problems.py problem_id of a row's problem fields; ValueError naming the unit where one is missing."""
+    from perfmodel.schema import GemmProblem
+
+    from .problems import problem_id
+
+    fields = ("m", "n", "k", "dtype", "allow_tf32", "transpose_left", "transpose_right")
+    missing = [f for f in fields if f not in row]
+    if missing:
+        raise ValueError(f"runs: the rows of problem {unit!r} have no {', '.join(missing)}")
+    return problem_id(GemmProblem(**{f: row[f] for f in fields}))
+
+
 def write_static(data: Path, runs: list[Path], kind: str | None = None) -> dict[str, int]:
     """Write the runs' rows into the dataset folder `data` as `kind` parts (gemm_static by default, or
     gemm_tutorial), gzipped when done. Returns {"written": new problems, "problems": problems read, "rows": rows
@@ -82,10 +98,12 @@ def write_static(data: Path, runs: list[Path], kind: str | None = None) -> dict[
     else:
         header.update(run_kernel(runs), source=f"{SOURCE} --kind {TUTORIAL_KIND}")
     by_unit = read_runs(runs)
-    unknown = sorted(set(by_unit) - {r["unit"] for r in read_dataset(data, "gemm")[0]}) if kind == TUTORIAL_KIND else []
-    if unknown:  # a tutorial row is ranked against the folder's problems (their split)
-        raise ValueError(f"runs: {len(unknown)} problem(s) not in {data}'s gemm rows (first {unknown[0]}): a "
-                         f"{TUTORIAL_KIND} row must time one of the folder's problems")
+    if kind == TUTORIAL_KIND:  # a problem of the folder's, or a new one named by the id of its own fields
+        known = {r["unit"] for r in read_dataset(data, "gemm")[0]}
+        for unit, rows in by_unit.items():
+            if unit not in known and unit != _problem_id(rows[0], unit):
+                raise ValueError(f"runs: problem {unit!r} is not in {data}'s gemm rows, nor is it the id of its rows' "
+                                 f"problem (m, n, k, dtype, allow_tf32, layout: {_problem_id(rows[0], unit)!r})")
     done = {r["unit"] for r in read_dataset(data, kind)[0]}
     new = sorted(u for u in by_unit if u not in done)
     if new:  # (no part at all when every problem is already there)

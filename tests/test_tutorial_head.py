@@ -72,7 +72,7 @@ def test_gen_static_writes_tutorial_parts_with_the_runs_kernel(data_and_model, t
                                                 / "static_rows.jsonl.gz").read_bytes())
     assert main(["gen", "static", "--kind", "gemm_tutorial", str(run), "--out", str(folders[1])]) == 2
     assert "run.json" in capsys.readouterr().err                    # which kernel timed them is not said
-    other = tutorial_run(folders[0], tmp_path / "r3", 1)            # the H100's units are not the H200's
+    other = tutorial_run(folders[0], tmp_path / "r3", 1)            # a unit neither the folder's nor its fields' id
     with gzip.open(other / "static_rows.jsonl.gz", "rt") as fh:
         rows = [{**json.loads(line), "unit": "not-a-unit"} for line in fh]
     with gzip.open(other / "static_rows.jsonl.gz", "wt") as fh:
@@ -167,6 +167,76 @@ def test_eval_reports_the_tutorial_kernel_on_the_heads_split(data_and_model, tmp
     for mode, key in (("tutorial", "static_head"), ("autotune", "without")):
         assert tu[mode]["all/top1_eff"] == pytest.approx(want[f"test_static/{key}/all/top1_eff"], rel=1e-9)
     assert len(tu["worst"]["tutorial"]) == min(5, tu["problems"])
+
+
+def own_problems_run(folder: Path, run: Path, n: int = 40) -> Path:
+    """SYNTHETIC: a sweep of the tutorial kernel's own problems (the unaligned sweep's kind): the Triton rows of the
+    folder's first n problems, each moved to a new weight shape (K + 1 + i % 7: no gemm row holds it), its unit the
+    id of its fields, and a run.json naming the kernel."""
+    from perfmodel.data_gen.problems import problem_id
+    from perfmodel.data_gen.shards import read_dataset
+
+    rows, _ = read_dataset(folder, "gemm")
+    units = sorted({r["unit"] for r in rows})[:n]
+    new_k = {u: None for u in units}
+    run.mkdir(parents=True)
+    with gzip.open(run / "static_rows.jsonl.gz", "wt") as fh:
+        for r in rows:
+            if r["unit"] in new_k and r["kind"] == "triton":
+                k = r["k"] + 1 + units.index(r["unit"]) % 7
+                fields = {f: r[f] for f in ("m", "n", "dtype", "allow_tf32", "transpose_left", "transpose_right")}
+                unit = problem_id(GemmProblem(k=k, **fields))
+                fh.write(json.dumps({**r, "k": k, "unit": unit}) + "\n")
+    (run / "run.json").write_text(json.dumps({"kernel": "triton tutorial 03 matmul", "kernel_hash": "0" * 16}))
+    return run
+
+
+def test_the_kernels_own_problems_join_the_fit_split_by_their_keys(data_and_model, tmp_path, capsys):
+    # problems the gemm rows lack (the unaligned sweep's shapes) are written with the id of their own fields, fitted
+    # and held out by their weight shape (train/families.py extra_key_side), and `perfmodel eval` splits them alike
+    from perfmodel.artifact import load
+    from perfmodel.cli import main
+    from perfmodel.data_gen.shards import read_dataset
+    from perfmodel.train.data import load_device_datasets
+    from perfmodel.train.eval_cmd import evaluate_datasets
+    from perfmodel.train.families import extra_key_side, family_key, split_from_record
+    from perfmodel.train.static_head import load_static
+    from perfmodel.train.tutorial_head import refit_tutorial
+
+    folders, model = data_and_model
+    h200 = shutil.copytree(folders[1], tmp_path / "h200")
+    run = own_problems_run(h200, tmp_path / "own")
+    with gzip.open(run / "static_rows.jsonl.gz", "rt") as fh:
+        own = [json.loads(line) for line in fh]
+    bad = tmp_path / "bad"
+    shutil.copytree(run, bad)
+    with gzip.open(bad / "static_rows.jsonl.gz", "wt") as fh:   # a new problem under another problem's id
+        fh.writelines(json.dumps({**r, "k": r["k"] + 1}) + "\n" for r in own)
+    assert main(["gen", "static", "--kind", "gemm_tutorial", str(bad), "--out", str(h200)]) == 2
+    assert "is not in" in capsys.readouterr().err and len({r["unit"] for r in read_dataset(h200, "gemm_tutorial")[0]}) == 24
+    assert main(["gen", "static", "--kind", "gemm_tutorial", str(run), "--out", str(h200)]) == 0
+    keys = {family_key(r["k"], r["n"]) for r in own}
+    gemm_keys = {family_key(r["k"], r["n"]) for r in read_dataset(h200, "gemm")[0]}
+    assert not keys & gemm_keys
+    sides = {k: extra_key_side(k, 0) for k in keys}
+    assert 2 in sides.values() and 0 in sides.values()      # (the synthetic shapes give both: the test has teeth)
+    folder = shutil.copytree(model, tmp_path / "m")
+    lines = []
+    metrics = refit_tutorial(_settings(), folder, [folders[0], h200], log=lines.append)
+    rec = metrics["family_split"]
+    assert rec["extra"]["keys"] == len(keys) and rec["extra"]["test_keys"] == sum(v == 2 for v in sides.values())
+    assert {k for k, v in sides.items() if v == 2} <= set(rec["test_keys"])
+    assert any(f"{len({r['unit'] for r in own})} of them not in the gemm rows" in line for line in lines)
+    static = load_static(h200, "gemm_tutorial")
+    side = split_from_record(static.problems, rec)
+    own_units = {r["unit"] for r in own}
+    own_test = sum(s == 2 and u in own_units for s, u in zip(side, static.problem_keys))
+    assert own_test == sum(sides[family_key(r["k"], r["n"])] == 2 for r in {r["unit"]: r for r in own}.values())
+    assert metrics["devices"]["h200"]["test_static/problems"] == int((side == 2).sum()) > own_test > 0
+    res = evaluate_datasets(load(folder), load_device_datasets([folders[0], h200]), full_space=False, split="family")
+    assert res[1]["tutorial"]["problems"] == int((side == 2).sum())
+    assert res[1]["tutorial"]["tutorial"]["all/top1_eff"] == pytest.approx(
+        metrics["devices"]["h200"]["test_static/static_head/all/top1_eff"], rel=1e-9)
 
 
 def test_a_fit_without_tutorial_rows_is_refused_by_name(data_and_model):

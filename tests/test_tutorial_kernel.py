@@ -57,6 +57,52 @@ def test_the_committed_sweep_names_the_kernel_it_timed():
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "tutorial_sweep_h200"
-    for run in ("sweep1", "sweep2"):
+    for run in ("sweep1", "sweep2", "sweep3", "sweep4", "sweep5", "sweep6"):
         meta = json.loads((root / run / "run.json").read_text())
         assert meta["kernel"] == tb.KERNEL_MODE and meta["kernel_hash"] == tb.kernel_hash()
+
+
+def test_the_unaligned_list_is_new_shapes_held_out_by_their_keys(tmp_path):
+    """unaligned: weight shapes neither the folder's gemm problems nor the study's sizes hold, one of K and N off a
+    multiple of 16, each problem under its physical floor cap, the side train/families.py extra_key_side's, the
+    list naming its own config seed (SYNTHETIC data folder)."""
+    from perfmodel.data_gen.problems import problem_id
+    from perfmodel.data_gen.shards import read_dataset
+    from perfmodel.schema import GemmProblem
+    from perfmodel.train.families import extra_key_side, family_key
+    from tests._synthetic import write_synthetic_dataset
+
+    folder = write_synthetic_dataset(tmp_path / "d", device="h200", n_problems=24, configs=4)
+    listing = tb.unaligned_problems(folder, "h200", n_keys=30, per_key=3, max_floor_ms=0.2)
+    ps = listing["problems"]
+    assert listing["config_seed"] == "unaligned" and 60 <= len(ps) <= 90
+    data_keys = {family_key(r["k"], r["n"]) for r in read_dataset(folder, "gemm")[0]}
+    study_keys = {family_key(k, n) for _, n, k in tb.SIZES}
+    spec = get_spec("h200")
+    for p in ps:
+        assert p["family"] == family_key(p["k"], p["n"]) and p["family"] not in data_keys | study_keys
+        assert p["k"] % 16 or p["n"] % 16
+        assert p["side"] == ("train", "val", "test")[extra_key_side(p["family"], 0)]
+        assert p["floor_ms"] <= 0.2 and p["floor_ms"] == float(spec.roofline_ms(p["m"], p["n"], p["k"], p["dtype"],
+                                                                                p["allow_tf32"]))
+        fields = {f: p[f] for f in ("m", "n", "k", "dtype", "allow_tf32", "transpose_left", "transpose_right")}
+        assert p["unit"] == problem_id(GemmProblem(**fields))
+    assert len({p["unit"] for p in ps}) == len(ps)
+    assert {p["side"] for p in ps[:8]} >= {"train"} and any(p["side"] != "train" for p in ps[:8])   # interleaved
+    assert tb.unaligned_problems(folder, "h200", n_keys=30, per_key=3, max_floor_ms=0.2) == listing
+    # another config list than the first sweep's, the same on every call
+    a = tb.fixed_configs("float16", "NN", 40, spec, "unaligned")
+    assert a == tb.fixed_configs("float16", "NN", 40, spec, "unaligned") and a != tb.fixed_configs("float16", "NN", 40, spec)
+
+
+def test_a_crashed_launch_is_read_back_and_only_device_errors_count(tmp_path):
+    import json
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / tb.CRASHES_FILE).write_text(json.dumps({"unit": "u1", "config": [256, 16, 128, 8, 2, 2], "error": "x"}) + "\n"
+                                       + json.dumps({"unit": "u1", "config": None, "error": "y"}) + "\n")
+    assert tb.read_crashes([run, tmp_path / "none"]) == {"u1": [([256, 16, 128, 8, 2, 2], "x"), (None, "y")]}
+    assert tb._device_error(RuntimeError("CUDA error: an illegal memory access was encountered"))
+    assert not tb._device_error(RuntimeError("output check: relative error nan"))
+    assert not tb._device_error(RuntimeError("device error: CUDA error: ..."))   # a row's own record, not a launch

@@ -49,10 +49,12 @@ class JointRows:
 
 
 def joint_rows(table: GemmTable, static: GemmTable, split: np.ndarray, x_table: torch.Tensor,
-               x_static: torch.Tensor) -> JointRows:
+               x_static: torch.Tensor, static_split: np.ndarray | None = None) -> JointRows:
     """table's rows (encoded x_table) with flag 0 and static's (x_static) with flag 1, each static row
     split and grouped by its problem in table (split: table's problems'); a static row whose problem is
-    not in table gets split -1 (left out of training and validation)."""
+    not in table gets split -1 (left out of training and validation) -- unless static_split, one split per
+    static problem, is given: then every static row takes its problem's, and a problem table lacks is a
+    group of its own."""
     if len(split) != len(table.problems):
         raise ValueError(f"split: {len(split)} entries for {len(table.problems)} problems")
     if len(x_table) != len(table.ms) or len(x_static) != len(static.ms):
@@ -60,7 +62,11 @@ def joint_rows(table: GemmTable, static: GemmTable, split: np.ndarray, x_table: 
                          f"{len(table.ms)} / {len(static.ms)}")
     _, prob, s_split = paired_split(table, static, split)
     n = len(table.problems)
-    s_group = np.where(prob >= 0, n + prob, -1)
+    if static_split is not None:
+        if len(static_split) != len(static.problems):
+            raise ValueError(f"static_split: {len(static_split)} entries for {len(static.problems)} problems")
+        s_split = np.asarray(static_split)[static.problem_idx]
+    s_group = np.where(s_split < 0, -1, np.where(prob >= 0, n + prob, 2 * n + static.problem_idx))
     return JointRows(torch.cat([with_mode(x_table, AUTOTUNE), with_mode(x_static, INDUCTOR)]),
                      torch.from_numpy(np.log(np.concatenate([table.ms, static.ms]))).float(),
                      np.concatenate([split[table.problem_idx], s_split]),

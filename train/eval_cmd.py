@@ -34,8 +34,9 @@ def evaluate_datasets(bundle: artifact.ModelBundle, datasets: list, plots=None, 
         raise ValueError(f"data: the held-out problems of {', '.join(later_known)} follow the split of the model's "
                          f"default device {default}: give its dataset first (--data <{default} folder> --data ...)")
     gemm_splits, pad_splits, split_info = choose_split(bundle, datasets, split, seed)
-    static_splits, static_source = _static_splits(bundle, datasets, gemm_splits, split_info)
-    tutorial_splits, tutorial_source = _static_splits(bundle, datasets, gemm_splits, split_info, "tutorial")
+    static_splits, static_source, static_record = _static_splits(bundle, datasets, gemm_splits, split_info)
+    tutorial_splits, tutorial_source, tutorial_record = _static_splits(bundle, datasets, gemm_splits, split_info,
+                                                                       "tutorial")
     out = []
     for ds, gs, ps in zip(datasets, gemm_splits, pad_splits):
         known = ds.device in bundle.devices
@@ -48,10 +49,12 @@ def evaluate_datasets(bundle: artifact.ModelBundle, datasets: list, plots=None, 
         if split_info["contaminated"]:  # the training run's baseline figures are of the model's own split
             res["results"] = {k: v for k, v in res["results"].items() if not k.endswith("(training run)")}
         res["regret"] = rank_path_regret(bundle.for_device(target), ds.gemm.subset(gs == 2))
-        static = static_results(bundle.for_device(ds.device), ds, static_splits[len(out)]) if known else None
+        static = static_results(bundle.for_device(ds.device), ds, static_splits[len(out)], static_record) \
+            if known else None
         if static:
             res["static"] = {**static, "split": static_source}
-        tutorial = tutorial_results(bundle.for_device(ds.device), ds, tutorial_splits[len(out)]) if known else None
+        tutorial = tutorial_results(bundle.for_device(ds.device), ds, tutorial_splits[len(out)], tutorial_record) \
+            if known else None
         if tutorial:
             res["tutorial"] = {**tutorial, "split": tutorial_source}
         out.append(res)
@@ -59,30 +62,41 @@ def evaluate_datasets(bundle: artifact.ModelBundle, datasets: list, plots=None, 
 
 
 def _static_splits(bundle: artifact.ModelBundle, datasets: list, gemm_splits: list, split_info: dict,
-                   mode: str = "inductor") -> tuple[list, str]:
+                   mode: str = "inductor") -> tuple[list, str, dict | None]:
     """The splits a kernel mode's figures are taken on (mode "inductor" or "tutorial"): held out by family, the
     mode's head's own family split where its metadata records one (<mode>_metrics.family_split: the head was fitted
-    on it, the rest of the model maybe not), else the evaluation's split."""
+    on it, the rest of the model maybe not; also returned, as it splits the mode's own problems too), else the
+    evaluation's split."""
     record = (bundle.metadata.get(f"{mode}_metrics") or {}).get("family_split")
     if split_info["kind"] != "family" or not record:
-        return gemm_splits, "the evaluation's split"
+        return gemm_splits, "the evaluation's split", None
     from .families import joint_family_split
 
     return joint_family_split(datasets, int(record.get("seed", 0)), record)[0], \
-        f"the {mode} head's family split (its metadata)"
+        f"the {mode} head's family split (its metadata)", record
 
 
-def static_results(bundle: artifact.ModelBundle, ds, split: np.ndarray) -> dict | None:
+def _mode_test_rows(ds, static, split: np.ndarray, record: dict | None):
+    """A kernel mode's rows of test problems: by the head's recorded family split where given (every problem of
+    the mode's rows, those the gemm rows lack too: split_from_record), else by the gemm problems' split."""
+    from .families import split_from_record
+    from .static_head import split_static
+
+    return split_static(ds.gemm, static, split, static_split=split_from_record(static.problems, record)
+                        if record is not None else None)
+
+
+def static_results(bundle: artifact.ModelBundle, ds, split: np.ndarray, record: dict | None = None) -> dict | None:
     """The kernel modes on the dataset's test problems that were timed statically (its gemm_static parts),
     ranked against those static times, in the autotune mode and in the inductor mode (with the static head,
     or a config network's inductor mode; train/static_head.py's ranking_metrics); None when the model has no
     inductor mode or the folder no static rows of test problems."""
-    from .static_head import has_static_rows, load_static, ranking_metrics, split_static, worst_static
+    from .static_head import has_static_rows, load_static, ranking_metrics, worst_static
 
     mode = artifact.inductor_mode(bundle.heads)
     if mode is None or not has_static_rows(ds.folder):
         return None
-    st = split_static(ds.gemm, load_static(ds.folder), split)
+    st = _mode_test_rows(ds, load_static(ds.folder), split, record)
     if not len(st.problems):
         return None
     calls = {name: artifact.problem_output(bundle, name) for name in (artifact.CALL, artifact.CALL_STATIC)}
@@ -91,16 +105,16 @@ def static_results(bundle: artifact.ModelBundle, ds, split: np.ndarray) -> dict 
             "worst": {"autotune": worst_static(bundle, None, st), "inductor": worst_static(bundle, mode, st)}}
 
 
-def tutorial_results(bundle: artifact.ModelBundle, ds, split: np.ndarray) -> dict | None:
+def tutorial_results(bundle: artifact.ModelBundle, ds, split: np.ndarray, record: dict | None = None) -> dict | None:
     """The Triton tutorial's kernel on the dataset's test problems that have its timings (gemm_tutorial parts),
     ranked in the autotune mode and with the tutorial head (kernel="tutorial"); None when the model has no tutorial
     head or the folder no such rows of test problems."""
-    from .static_head import has_static_rows, load_static, ranking_metrics, split_static, worst_static
+    from .static_head import has_static_rows, load_static, ranking_metrics, worst_static
 
     name = artifact.mode_head(bundle.heads, "tutorial")
     if name is None or not has_static_rows(ds.folder, "gemm_tutorial"):
         return None
-    st = split_static(ds.gemm, load_static(ds.folder, "gemm_tutorial"), split)
+    st = _mode_test_rows(ds, load_static(ds.folder, "gemm_tutorial"), split, record)
     if not len(st.problems):
         return None
     head = bundle.heads[name]

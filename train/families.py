@@ -106,6 +106,27 @@ def extra_key_side(key: str, seed: int) -> int:
     return 2 if h == 0 else 1 if h == 1 else 0
 
 
+def extra_sides(problems: np.ndarray, record: dict, gemm_keys: set[str]) -> tuple[np.ndarray, dict[str, int]]:
+    """The split of a mode's own problems (rows of PROBLEM_COLUMNS: a tutorial sweep's, some of them shapes no
+    dataset's gemm rows hold) by a recorded family split: a key the gemm rows hold takes its side in `record`
+    (split_from_record), any other key extra_key_side's (with the record's seed). Returns (0/1/2 per problem,
+    {extra key: its side})."""
+    keys = family_keys(problems)
+    extra = {k: extra_key_side(k, int(record.get("seed", 0))) for k in set(keys) - gemm_keys}
+    test = set(record["test_keys"]) | {k for k, v in extra.items() if v == 2}
+    val = set(record["val_keys"]) | {k for k, v in extra.items() if v == 1}
+    return np.array([2 if k in test else 1 if k in val else 0 for k in keys], dtype=np.int64), extra
+
+
+def with_extra_keys(record: dict, extra: dict[str, int]) -> dict:
+    """record with the extra keys' (extra_sides) test and val keys added to its own, and their count ("extra":
+    keys of a mode's own problems that no gemm row holds), so that split_from_record splits those problems too."""
+    return {**record, "test_keys": sorted(set(record["test_keys"]) | {k for k, v in extra.items() if v == 2}),
+            "val_keys": sorted(set(record["val_keys"]) | {k for k, v in extra.items() if v == 1}),
+            "extra": {"keys": len(extra), "test_keys": sum(v == 2 for v in extra.values()),
+                      "val_keys": sum(v == 1 for v in extra.values()), "rule": "train/families.py extra_key_side"}}
+
+
 def joint_family_split(datasets: list, seed: int, record: dict | None = None
                        ) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """As train/data.py joint_split, with the GEMM problems split by family key: the keys are assigned over

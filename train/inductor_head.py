@@ -73,18 +73,24 @@ class InductorSettings:
 
 
 def device_rows(d: Any, log: Any = print, kind: str = "gemm_static", what: str = "inductor-head",
-                plain: bool = False) -> tuple[JointRows, list[tuple[Any, Any, np.ndarray]]]:
+                plain: bool = False, record: dict | None = None
+                ) -> tuple[JointRows, list[tuple[Any, Any, np.ndarray, np.ndarray | None]], dict[str, int]]:
     """The fit's rows over every dataset of d (train/pipeline.py TrainData) that has static rows: each one's gemm
     rows and static rows (joint_rows), encoded with its device's spec, groups offset past the earlier devices'; and
     per such dataset (DeviceDataset, its static table, its split). ValueError where none has static rows. A
     dataset's gemm rows are d.x's (encoded once by load_data, each dataset's rows contiguous, in its order).
     kind: the second mode's shard kind (gemm_static: Inductor's template; gemm_tutorial: the tutorial's kernel).
     plain: a dataset without such rows still gives its gemm rows (flag 0), so that the network knows its device
-    in the first mode and the second mode's difference, learnt on the other devices, carries over."""
+    in the first mode and the second mode's difference, learnt on the other devices, carries over.
+    record: the family split (held_out_record) where the fit is split by family: then the second mode's rows of
+    problems the gemm rows lack (the tutorial kernel's own shapes) join the fit too, split by train/families.py
+    extra_sides; without it they are left out. Also returns the extra keys' sides (with_extra_keys)."""
+    from .families import extra_sides, family_keys
     from .pipeline import encode_by_device
 
     row_device = d.problem_device[d.gemm.problem_idx]
-    parts, used, offset = [], [], 0
+    parts, used, offset, extra = [], [], 0, {}
+    gemm_keys = {k for ds in d.datasets for k in family_keys(ds.gemm.problems)} if record is not None else set()
     for ds in d.datasets:
         split = d.split[d.problem_device == ds.device]
         x_gemm = d.x[torch.from_numpy(row_device == ds.device)]
@@ -101,18 +107,24 @@ def device_rows(d: Any, log: Any = print, kind: str = "gemm_static", what: str =
             xs = encode_by_device(d.specs, "gemm", np.full(len(static.ms), ds.device, dtype=object),
                                   torch.from_numpy(static.problems[static.problem_idx]),
                                   torch.from_numpy(static.configs))
-        rows = joint_rows(ds.gemm, static, split, x_gemm, xs)
+        st_split = None
+        if record is not None:
+            st_split, more = extra_sides(static.problems, record, gemm_keys)
+            extra.update(more)
+        rows = joint_rows(ds.gemm, static, split, x_gemm, xs, st_split)
         rows.groups = np.where(rows.groups >= 0, rows.groups + offset, -1)
-        offset += 2 * len(ds.gemm.problems)
+        offset += 2 * len(ds.gemm.problems) + len(static.problems)
         parts.append(rows)
-        used.append((ds, static, split))
+        used.append((ds, static, split, st_split))
+        own = len(set(static.problem_idx[paired_split(ds.gemm, static, split)[1] < 0].tolist()))
         log(f"{what}: {ds.device}: {len(ds.gemm.ms)} gemm rows, {len(static.ms)} {kind} rows "
-            f"({len(static.problems)} problems)")
+            f"({len(static.problems)} problems, {own} of them not in the gemm rows"
+            + ("" if st_split is not None or not own else ": left out, the fit is not split by family") + ")")
     if not used:  # (a folder's plain gemm rows alone fit no second mode)
         raise ValueError(f"data: no folder has {kind} rows (the mode's data: perfmodel gen static"
                          f"{'' if kind == 'gemm_static' else ' --kind ' + kind})")
     return JointRows(torch.cat([p.x for p in parts]), torch.cat([p.y for p in parts]),
-                     np.concatenate([p.split for p in parts]), np.concatenate([p.groups for p in parts])), used
+                     np.concatenate([p.split for p in parts]), np.concatenate([p.groups for p in parts])), used, extra
 
 
 def fit_inductor_head(bundle: artifact.ModelBundle, folders: Sequence[Path], s: InductorSettings,
@@ -141,7 +153,12 @@ def fit_inductor_head(bundle: artifact.ModelBundle, folders: Sequence[Path], s: 
     if d.enc.names != bundle.encoders["gemm"].names:
         raise ValueError("data: the folders' gemm features differ from the model's gemm head's (encoder version "
                          f"{d.enc.version} against {bundle.encoders['gemm'].version})")
-    rows, used = device_rows(d, log, kind, what, plain)
+    record = None
+    if s.split == "family":
+        from .families import held_out_record
+
+        record = held_out_record(d.datasets, s.seed)
+    rows, used, extra = device_rows(d, log, kind, what, plain, record)
     log(f"{what}: fitting {s.members} member(s), {s.epochs} epochs, on {len(rows.y)} rows, split by {s.split}")
     torch.manual_seed(s.seed)
     net = fit_config_net(rows, d.enc.names, ts, s.epochs, s.members, False)
@@ -151,19 +168,23 @@ def fit_inductor_head(bundle: artifact.ModelBundle, folders: Sequence[Path], s: 
     served = artifact.ModelBundle(bundle.spec, {**bundle.heads, artifact.INDUCTOR_GEMM: head},
                                   {**bundle.encoders, artifact.INDUCTOR_GEMM: bundle.encoders["gemm"]},
                                   bundle.metadata)
-    for ds, static, split in used:
-        st = split_static(ds.gemm, static, split)
-        _, prob, part = paired_split(ds.gemm, static, split)
+    for ds, static, split, st_split in used:
+        st = split_static(ds.gemm, static, split, static_split=st_split)
+        if st_split is None:
+            _, prob, part = paired_split(ds.gemm, static, split)
+            train = len(set(prob[part == 0].tolist()))
+        else:
+            train = int((st_split == 0).sum())
         m = {"static_rows": int(len(static.ms)), "static_problems": int(len(static.problems)),
-             "problems/train": int(len(set(prob[part == 0].tolist())))}
+             "problems/train": int(train)}
         if len(st.problems):
             m.update(mode_figures(served.for_device(ds.device), head, st, log, f"{what} ({ds.device})",
                                   ("autotune mode", what.replace("-", " "))))
         metrics["devices"][ds.device] = m
-    if s.split == "family":
-        from .families import held_out_record
+    if record is not None:
+        from .families import with_extra_keys
 
-        metrics["family_split"] = held_out_record(d.datasets, s.seed)
+        metrics["family_split"] = with_extra_keys(record, extra) if extra else record
     reads = READS if kind == "gemm_static" else ("gemm", kind)
     metrics["data"] = [{**data_sha256(ds.folder, reads), "device": ds.device} for ds in d.datasets]
     metrics["seconds"] = time.perf_counter() - t0

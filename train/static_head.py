@@ -74,8 +74,12 @@ def paired_split(table: GemmTable, static: GemmTable, split: np.ndarray) -> tupl
     return rows, prob, np.where(prob >= 0, split[np.maximum(prob, 0)], -1)
 
 
-def split_static(table: GemmTable, static: GemmTable, split: np.ndarray, which: int = 2) -> GemmTable:
-    """static's rows of the problems of table that split puts in `which` (0 train, 1 val, 2 test)."""
+def split_static(table: GemmTable, static: GemmTable, split: np.ndarray, which: int = 2,
+                 static_split: np.ndarray | None = None) -> GemmTable:
+    """static's rows of the problems of table that split puts in `which` (0 train, 1 val, 2 test); with
+    static_split (one split per static problem), of the static problems it puts there, in table or not."""
+    if static_split is not None:
+        return static.subset(np.asarray(static_split) == which)
     keys = {table.problem_keys[i] for i in np.flatnonzero(split == which)}
     return static.subset(np.array([k in keys for k in static.problem_keys]))
 

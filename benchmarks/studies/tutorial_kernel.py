@@ -15,6 +15,7 @@ stops between problems.
     python -m benchmarks.studies.tutorial_kernel eval benchmarks/results/tutorial_h200.json [--model models/h200]     # CPU
     python -m benchmarks.studies.tutorial_kernel sweep --problems benchmarks/results/tutorial_sweep_h200/problems.json \
         --out DIR [--skip-done DIR...] [--time-limit 500]                                                              # GPU
+    python -m benchmarks.studies.tutorial_kernel unaligned --data data/h200 --out PROBLEMS.json                        # CPU
 
 sweep: training data for the kernel's own mode. The dataset's problems (a list of units with their fields, made on
 the CPU from a data folder), each timed over a fixed list of configs per dtype mode and layout (`--configs` of the
@@ -22,7 +23,14 @@ pruned space, stratified, seeded by mode and layout: an `@autotune` user's list 
 shared by every problem of one specialisation), with the same protocol and checks as `time`. Rows go to
 DIR/static_rows.jsonl.gz in the dataset's row format, one problem's rows at a time (a stopped sweep keeps what it
 timed; --skip-done leaves out the units of earlier runs); `perfmodel gen static --kind gemm_tutorial DIR --out data/h200`
-writes them into the data folder.
+writes them into the data folder. A launch that leaves the process's CUDA context unusable (an illegal address: the
+tutorial kernel has configs that crash on unaligned strides) is recorded in DIR/crashes.jsonl and the sweep exits
+with status 3; run again, it writes that config as failed for its problem and launches it no more in that dtype mode
+and layout (a problem whose launches crashed three processes is given up). Run it in a loop while it exits 3.
+
+unaligned: a problems file of weight shapes the data folder does not hold, one of K and N off a multiple of 16 (the
+strides the first list barely holds), with their own config lists (the file's "config_seed") and their own held-out
+keys (train/families.py extra_key_side): the tutorial head fits them beside the dataset's problems.
 
 eval: per problem, the model's top-1 and top-5 (Predictor.rank over the configs that ran; `--kernel`: the dataset
 kernel's "autotune" mode by default -- the tutorial kernel is compiled as the autotuner compiles the dataset's -- or
@@ -537,8 +545,10 @@ def evaluate(results: dict[str, Any], model: str | None, kernel: str = "autotune
     geo = lambda xs: float(np.exp(np.mean(np.log(xs)))) if xs else float("nan")  # noqa: E731
     out: dict[str, Any] = {"model": str(getattr(pred, "source", "")), "kernel": kernel, "problems": len(per),
                            "ran_called_unrunnable": called_inf}
+    aligned = lambda r: r["k"] % 8 == 0 and r["n"] % 8 == 0  # noqa: E731
     groups = {"all": per} | {m: [r for r in per if r["mode"] == m] for m in MODES} | \
-        {f"layout/{lay}": [r for r in per if r["layout"] == lay] for lay in LAYOUTS}
+        {f"layout/{lay}": [r for r in per if r["layout"] == lay] for lay in LAYOUTS} | \
+        {"K and N multiples of 8": [r for r in per if aligned(r)], "K or N not": [r for r in per if not aligned(r)]}
     for name, rs in groups.items():
         out[name] = {"problems": len(rs), "top1": geo([r["top1"] for r in rs]), "top5": geo([r["top5"] for r in rs]),
                      "worst_top1": min((r["top1"] for r in rs), default=float("nan"))}
@@ -574,6 +584,9 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--split", choices=("train", "val", "test"), default=None,
                    help="sweep folders: only the problems of the families the model's head held out as this split")
     e.add_argument("--model", default=None, help="a model folder (default: the shipped one for the run's device)")
+    e.add_argument("--split-model", default=None,
+                   help="--split by the family split this model folder records (default: --model's): an earlier "
+                        "model scored on a later one's held-out problems")
     e.add_argument("--out", type=Path, default=None)
     e.add_argument("--kernel", default="autotune", choices=("autotune", "inductor", "tutorial"),
                    help="the model's kernel mode ranked (tutorial: its tutorial head)")
@@ -594,7 +607,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         if all(r.is_dir() for r in args.results):
-            res = sweep_results(args.results, args.model, args.split)
+            res = sweep_results(args.results, args.split_model or args.model, args.split)
         elif len(args.results) == 1 and args.split is None:
             res = json.loads(args.results[0].read_text())
         else:
