@@ -97,6 +97,24 @@ def test_split_from_record_reproduces_it(sweep_problems):
     assert np.array_equal(split_from_record(sweep_problems, record), split)
 
 
+def test_a_modes_own_shapes_are_held_out_by_a_hash_of_the_shape():
+    # train/families.py extra_key_side / extra_sides: the tutorial kernel's own weight shapes, which no gemm row holds
+    from perfmodel.train.families import extra_key_side, extra_sides
+
+    keys = [f"shape:{k}x{n}" for k in range(100, 140) for n in range(200, 225)]   # 1,000 keys
+    sides = [extra_key_side(k, 0) for k in keys]
+    assert 70 <= sides.count(2) <= 130 and 70 <= sides.count(1) <= 130           # about one in ten each
+    assert sides == [extra_key_side(k, 0) for k in keys] and sides != [extra_key_side(k, 1) for k in keys]
+    # a shape the gemm rows hold keeps the record's side; a new one takes the hash's, and is returned as extra
+    record = {"seed": 0, "test_keys": ["shape:64x64"], "val_keys": []}
+    new = next(k for k in keys if extra_key_side(k, 0) == 2)
+    kn = [int(v) for v in new.split(":")[1].split("x")]
+    problems = np.array([[8, 64, 64, 2, 0, 0, 0, 1], [8, 96, 64, 2, 0, 0, 0, 1], [8, kn[1], kn[0], 2, 0, 0, 0, 1]],
+                        dtype=np.float64)
+    split, extra = extra_sides(problems, record, {"shape:64x64", "shape:64x96"})
+    assert split.tolist() == [2, 0, 2] and extra == {new: 2}
+
+
 def test_named_shapes_are_the_problem_lists():
     from perfmodel.train.families import family_names
 

@@ -111,11 +111,8 @@ def extra_sides(problems: np.ndarray, record: dict, gemm_keys: set[str]) -> tupl
     dataset's gemm rows hold) by a recorded family split: a key the gemm rows hold takes its side in `record`
     (split_from_record), any other key extra_key_side's (with the record's seed). Returns (0/1/2 per problem,
     {extra key: its side})."""
-    keys = family_keys(problems)
-    extra = {k: extra_key_side(k, int(record.get("seed", 0))) for k in set(keys) - gemm_keys}
-    test = set(record["test_keys"]) | {k for k, v in extra.items() if v == 2}
-    val = set(record["val_keys"]) | {k for k, v in extra.items() if v == 1}
-    return np.array([2 if k in test else 1 if k in val else 0 for k in keys], dtype=np.int64), extra
+    extra = {k: extra_key_side(k, int(record.get("seed", 0))) for k in set(family_keys(problems)) - gemm_keys}
+    return split_from_record(problems, with_extra_keys(record, extra)), extra
 
 
 def with_extra_keys(record: dict, extra: dict[str, int]) -> dict:
