@@ -16,11 +16,11 @@ import torch
 from perfmodel.schema import SCHEMA_VERSION, GemmProblem
 
 from .measure import Bench, TimingSettings, relative_error
+from .problems import row_problem
 from .runtime import cublas_tf32, device_header, make_operands, resolve_spec
 from .shards import ONLY_KIND, iter_rows
 
 KIND = "cublas"
-_FIELDS = ("m", "n", "k", "dtype", "allow_tf32", "transpose_left", "transpose_right")
 
 
 def dataset_problems(folder: Path) -> list[tuple[str, GemmProblem]]:
@@ -28,7 +28,7 @@ def dataset_problems(folder: Path) -> list[tuple[str, GemmProblem]]:
     seen: dict[str, GemmProblem] = {}
     for r in iter_rows(folder, "gemm"):
         if r["unit"] not in seen:
-            seen[r["unit"]] = GemmProblem(**{f: r[f] for f in _FIELDS})
+            seen[r["unit"]] = row_problem(r)
     return list(seen.items())
 
 

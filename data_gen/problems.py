@@ -36,6 +36,15 @@ TRAIN_TOKENS = (8192, 16384, 32768)  # training and long-prefill batches (4k-32k
 MODES = [("float16", False, 0.3), ("bfloat16", False, 0.3), ("float32", False, 0.2), ("float32", True, 0.2)]
 
 
+# A GEMM row's problem fields (the dataset's row format), as GemmProblem takes them.
+PROBLEM_FIELDS = ("m", "n", "k", "dtype", "allow_tf32", "transpose_left", "transpose_right")
+
+
+def row_problem(row: dict) -> GemmProblem:
+    """The GemmProblem of a dataset row (its PROBLEM_FIELDS)."""
+    return GemmProblem(**{f: row[f] for f in PROBLEM_FIELDS})
+
+
 def problem_id(p: GemmProblem) -> str:
     key = f"{p.m}x{p.n}x{p.k}:{p.dtype}:{int(p.allow_tf32)}:{int(p.transpose_left)}{int(p.transpose_right)}"
     return hashlib.sha1(key.encode()).hexdigest()[:12]

@@ -64,15 +64,12 @@ def run_kernel(runs: list[Path]) -> dict[str, str]:
 
 def _problem_id(row: dict[str, Any], unit: str) -> str:
     """data_gen/problems.py problem_id of a row's problem fields; ValueError naming the unit where one is missing."""
-    from perfmodel.schema import GemmProblem
+    from .problems import PROBLEM_FIELDS, problem_id, row_problem
 
-    from .problems import problem_id
-
-    fields = ("m", "n", "k", "dtype", "allow_tf32", "transpose_left", "transpose_right")
-    missing = [f for f in fields if f not in row]
+    missing = [f for f in PROBLEM_FIELDS if f not in row]
     if missing:
         raise ValueError(f"runs: the rows of problem {unit!r} have no {', '.join(missing)}")
-    return problem_id(GemmProblem(**{f: row[f] for f in fields}))
+    return problem_id(row_problem(row))
 
 
 def write_static(data: Path, runs: list[Path], kind: str | None = None) -> dict[str, int]:

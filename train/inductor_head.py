@@ -116,7 +116,7 @@ def device_rows(d: Any, log: Any = print, kind: str = "gemm_static", what: str =
         offset += 2 * len(ds.gemm.problems) + len(static.problems)
         parts.append(rows)
         used.append((ds, static, split, st_split))
-        own = len(set(static.problem_idx[paired_split(ds.gemm, static, split)[1] < 0].tolist()))
+        own = len(set(static.problem_keys) - set(ds.gemm.problem_keys))
         log(f"{what}: {ds.device}: {len(ds.gemm.ms)} gemm rows, {len(static.ms)} {kind} rows "
             f"({len(static.problems)} problems, {own} of them not in the gemm rows"
             + ("" if st_split is not None or not own else ": left out, the fit is not split by family") + ")")

@@ -52,6 +52,9 @@ from typing import Any
 import triton
 import triton.language as tl
 
+from perfmodel.data_gen.problems import PROBLEM_FIELDS
+from perfmodel.features import CONFIG_COLUMNS
+
 # (M, N, K) x dtype mode x layout: sizes the data does not hold (odd M, unaligned N/K, LLM widths at small M).
 SIZES = [(16, 4096, 4096), (64, 11008, 4096), (128, 5120, 5120), (333, 3072, 1024), (1000, 2304, 768),
          (2047, 2047, 2047), (4096, 1024, 4096), (3000, 4097, 1000), (512, 14336, 4096), (8192, 768, 3072),
@@ -253,8 +256,7 @@ def _time_one(p: dict[str, Any], cfgs: list[Any], errors: list[str | None], benc
     ref = a.double() @ b.double()
     rows, fns, idx = [], [], []
     for cfg, err in zip(cfgs, errors):
-        row: dict[str, Any] = {"config": [cfg.block_m, cfg.block_n, cfg.block_k, cfg.group_m, cfg.num_stages,
-                                          cfg.num_warps]}
+        row: dict[str, Any] = {"config": list(dataclasses.astuple(cfg))}
         grid, (ints, meta) = _launch_args(p, a, b, c, cfg)
         if crashed and tuple(row["config"]) in crashed:  # measured already: its launch lost a process's context
             rows.append({**row, "status": "failed", "error": f"device error: {crashed[tuple(row['config'])][:200]}"})
@@ -344,12 +346,12 @@ def sweep(problems_file: Path, out: Path, n_configs: int, time_limit: float, wor
     done = done_units([*skip, out])
     crashes = read_crashes([*skip, out])
     given_up = {u for u, cs in crashes.items() if len(cs) >= MAX_CRASHES}
+    crashed = {u: {tuple(c): e for c, e in cs if c is not None} for u, cs in crashes.items()}  # unit -> config -> error
     by_unit = {p["unit"]: study_problem(p) for p in listed}
     banned: dict[tuple[str, str], set[tuple]] = {}  # a config that crashed a process is not launched again
-    for u, cs in crashes.items():
+    for u, cfgs in crashed.items():
         if u in by_unit:
-            banned.setdefault((by_unit[u]["mode"], by_unit[u]["layout"]), set()).update(
-                tuple(c) for c, _ in cs if c is not None)
+            banned.setdefault((by_unit[u]["mode"], by_unit[u]["layout"]), set()).update(cfgs)
     todo = [p for p in listed if p["unit"] not in done | given_up]
     if given_up:
         print(f"[sweep] {len(given_up)} problem(s) given up after {MAX_CRASHES} device errors: {sorted(given_up)}",
@@ -366,9 +368,9 @@ def sweep(problems_file: Path, out: Path, n_configs: int, time_limit: float, wor
     with ctx.Pool(workers) as pool:
         def submit(q: dict[str, Any]) -> tuple[dict, list, Any]:
             sp = study_problem(q)
-            own = {tuple(c) for c, _ in crashes.get(q["unit"], []) if c is not None}
+            own, ban = crashed.get(q["unit"], {}), banned.get((sp["mode"], sp["layout"]), set())
             cfgs = [c for c in fixed_configs(sp["mode"], sp["layout"], n_configs, spec, list_seed)
-                    if dataclasses.astuple(c) in own or dataclasses.astuple(c) not in banned.get((sp["mode"], sp["layout"]), ())]
+                    if dataclasses.astuple(c) in own or dataclasses.astuple(c) not in ban]
             return sp, cfgs, pool.map_async(_compile, [(sp, dataclasses.astuple(c)) for c in cfgs])
 
         pending = submit(todo[0]) if todo else None
@@ -378,8 +380,7 @@ def sweep(problems_file: Path, out: Path, n_configs: int, time_limit: float, wor
             if i + 1 < len(todo):
                 pending = submit(todo[i + 1])  # the next problem compiles while this one is timed
             try:
-                rows = _time_one(sp, cfgs, errors, bench, spec,
-                                 {tuple(c): e for c, e in crashes.get(q["unit"], []) if c is not None})
+                rows = _time_one(sp, cfgs, errors, bench, spec, crashed.get(q["unit"]))
             except DeviceCrash as exc:  # recorded; this process can run nothing more (exit CRASH_EXIT, resume)
                 with open(out / CRASHES_FILE, "a") as fh:
                     fh.write(json.dumps({"unit": q["unit"], "config": exc.config, "error": exc.error}) + "\n")
@@ -387,9 +388,8 @@ def sweep(problems_file: Path, out: Path, n_configs: int, time_limit: float, wor
                 raise SystemExit(CRASH_EXIT) from exc
             with gzip.open(out / "static_rows.jsonl.gz", "at") as fh:
                 for r in rows:
-                    cfg = dict(zip(("block_m", "block_n", "block_k", "group_m", "num_stages", "num_warps"), r["config"]))
-                    row = {**{k: q[k] for k in ("m", "n", "k", "dtype", "allow_tf32", "transpose_left",
-                                                 "transpose_right")}, "kind": "triton", **cfg,
+                    cfg = dict(zip(CONFIG_COLUMNS, r["config"]))
+                    row = {**{k: q[k] for k in PROBLEM_FIELDS}, "kind": "triton", **cfg,
                            "status": r["status"] if not r.get("below_floor") else "failed",
                            "flag": "below_floor" if r.get("below_floor") else "", "unit": q["unit"]}
                     for key in ("ms", "runs", "rel_err", "error"):
@@ -466,9 +466,7 @@ def unaligned_problems(data: Path, device: str, n_keys: int, per_key: int, seed:
             if unit in ids:
                 continue
             ids.add(unit)
-            sides[min(side, 1)].append({"unit": unit, "m": m, "n": n, "k": k, "dtype": dtype,
-                                        "allow_tf32": gp.allow_tf32, "transpose_left": False,
-                                        "transpose_right": gp.transpose_right, "family": key,
+            sides[min(side, 1)].append({"unit": unit, **{f: getattr(gp, f) for f in PROBLEM_FIELDS}, "family": key,
                                         "side": ("train", "val", "test")[side], "floor_ms": floor})
     for group in sides.values():
         rng.shuffle(group)
@@ -499,8 +497,7 @@ def sweep_results(runs: list[Path], model: str | None, split: str | None) -> dic
             for line in fh:
                 r = json.loads(line)
                 p = by_unit.setdefault(r["unit"], {**study_problem(r), "unit": r["unit"], "rows": []})
-                p["rows"].append({"config": [r[f] for f in ("block_m", "block_n", "block_k", "group_m", "num_stages",
-                                                            "num_warps")], "status": r["status"], "ms": r.get("ms")})
+                p["rows"].append({"config": [r[f] for f in CONFIG_COLUMNS], "status": r["status"], "ms": r.get("ms")})
     problems = list(by_unit.values())
     if split is not None:
         from perfmodel.locations import default_model_dir
