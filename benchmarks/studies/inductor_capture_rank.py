@@ -126,7 +126,9 @@ def rank(capture_file: Path, models: list[Path], device: str | None) -> dict[str
                 ranked = [c for c, _ in p.rank(problem(byname[s["name"]]), list(dict.fromkeys(cfgs)), top_k=5)]
                 best = min(ms.values())
                 shape = byname[s["name"]]
+                pred = p.predict(problem(shape), list(ms))
                 rows.append({"name": s["name"], "configs": len(ms), "mode": shape[4],
+                             "ran_called_unrunnable": int(np.sum(~np.isfinite(np.asarray(pred, dtype=float)))),
                              "layout": ("T" if shape[5] else "N") + ("T" if shape[6] else "N"),
                              "top1": best / ms[ranked[0]], "top5": best / min(ms[c] for c in ranked[:5])})
             out["models"][f"{model.as_posix()}:{kernel}"] = {"summary": summarize(rows), "shapes": rows}
@@ -140,7 +142,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         return {"shapes": len(sel), "top1": float(np.mean([r["top1"] for r in sel])),
                 "top5": float(np.mean([r["top5"] for r in sel])), "worst_top1": float(min(r["top1"] for r in sel))}
 
-    out = {"all": agg(rows)}
+    out = {"all": agg(rows), "ran_called_unrunnable": sum(r["ran_called_unrunnable"] for r in rows)}
     for mode in ("float16", "bfloat16", "tf32", "float32"):
         out[mode] = agg([r for r in rows if r["mode"] == mode])
     for layout in sorted({r["layout"] for r in rows}):
@@ -195,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, m in res["models"].items():
         s = m["summary"]
         print(f"{name}: " + "; ".join(f"{k} {v['top1']:.3f}/{v['top5']:.3f} ({v['shapes']})"
-                                      for k, v in s.items() if k != "worst" and v.get("shapes")))
+                                      for k, v in s.items() if isinstance(v, dict) and v.get("shapes"))
+              + f"; configs that ran predicted unrunnable: {s['ran_called_unrunnable']}")
     return 0
 
 
