@@ -206,6 +206,9 @@ RESULTS: dict[str, Callable[[], list[float]]] = {
     "the same on an H200 (`models/h200`'s inductor head)":
         lambda: [_meta("h200")["inductor_metrics"]["devices"]["h200"][f"test_static/static_head/all/top{k}_eff"]
                  for k in (1, 5)],
+    "ranking Triton's tutorial matmul":
+        lambda: [_meta("h200")["tutorial_metrics"]["devices"]["h200"][f"test_static/static_head/all/top{k}_eff"]
+                 for k in (1, 5)],
     "torch.compile max-autotune": lambda: [v for path in (INDUCTOR_H100, INDUCTOR_H200)
                                            for v in (_inductor_bench(path)["gemm_tuning_s"],
                                                      _inductor_bench(path)["compile_s"])],
