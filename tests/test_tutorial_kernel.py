@@ -57,9 +57,64 @@ def test_the_committed_sweep_names_the_kernel_it_timed():
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "tutorial_sweep_h200"
-    for run in ("sweep1", "sweep2", "sweep3", "sweep4", "sweep5", "sweep6"):
+    runs = sorted(p.name for p in root.glob("sweep*") if p.is_dir())
+    assert runs == [f"sweep{i}" for i in range(1, 9)]
+    for run in runs:
         meta = json.loads((root / run / "run.json").read_text())
         assert meta["kernel"] == tb.KERNEL_MODE and meta["kernel_hash"] == tb.kernel_hash()
+
+
+def test_the_dataset_list_sides_problems_by_the_inductor_heads_split(tmp_path):
+    """dataset: the folder's own gemm problems under the floor cap, each with its family and the side the model's
+    inductor head records, interleaved three train to one held out (test and val alternately); a model without
+    that split is refused by name (SYNTHETIC data folder and split)."""
+    import json
+
+    from perfmodel.data_gen.shards import read_dataset
+    from perfmodel.train.families import family_key
+    from tests._synthetic import write_synthetic_dataset
+
+    folder = write_synthetic_dataset(tmp_path / "d", device="h200", n_problems=40, configs=4)
+    rows = read_dataset(folder, "gemm")[0]
+    keys = sorted({family_key(r["k"], r["n"]) for r in rows})
+    assert len(keys) >= 6
+    split = {"seed": 0, "test_keys": keys[:2], "val_keys": keys[2:4]}
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "metadata.json").write_text(json.dumps({"inductor_metrics": {"family_split": split}}))
+    spec = get_spec("h200")
+    listing = tb.dataset_problems(folder, model, "h200", max_floor_ms=1e9)
+    ps = listing["problems"]
+    assert sorted(p["unit"] for p in ps) == sorted({r["unit"] for r in rows})
+    side = lambda p: "test" if p["family"] in split["test_keys"] else "val" if p["family"] in split["val_keys"] \
+        else "train"  # noqa: E731
+    for p in ps:
+        assert p["family"] == family_key(p["k"], p["n"])
+        assert p["floor_ms"] == float(spec.roofline_ms(p["m"], p["n"], p["k"], p["dtype"], p["allow_tf32"]))
+    sides = [side(p) for p in ps]
+    n_held = sum(s != "train" for s in sides)
+    assert 0 < n_held < len(ps)
+    assert sides[:3] == ["train"] * 3 and sides[3] != "train"            # three train, then one held out
+    held = [s for s in sides if s != "train"]
+    assert held[:2] in (["test", "val"], ["val", "test"]) or len(set(held)) == 1
+    assert tb.dataset_problems(folder, model, "h200", max_floor_ms=1e9) == listing    # seeded
+    cap = sorted(p["floor_ms"] for p in ps)[len(ps) // 2]
+    assert all(p["floor_ms"] <= cap for p in tb.dataset_problems(folder, model, "h200", max_floor_ms=cap)["problems"])
+    (model / "metadata.json").write_text(json.dumps({}))
+    with pytest.raises(ValueError, match="--model"):
+        tb.dataset_problems(folder, model, "h200")
+
+
+@pytest.mark.slow  # reads data/h200's gemm rows (~3 s)
+def test_the_committed_dataset_list_is_rebuilt_exactly():
+    """benchmarks/results/tutorial_sweep_h200/problems.json, the list the H200 sweeps 1-2 timed, is what `dataset`
+    makes of data/h200 and models/h200's inductor-head split."""
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    want = json.loads((root / "benchmarks/results/tutorial_sweep_h200/problems.json").read_text())
+    assert tb.dataset_problems(root / "data" / "h200", root / "models" / "h200", "h200") == want
 
 
 def test_the_unaligned_list_is_new_shapes_held_out_by_their_keys(tmp_path):

@@ -15,10 +15,11 @@ stops between problems.
     python -m benchmarks.studies.tutorial_kernel eval benchmarks/results/tutorial_h200.json [--model models/h200]     # CPU
     python -m benchmarks.studies.tutorial_kernel sweep --problems benchmarks/results/tutorial_sweep_h200/problems.json \
         --out DIR [--skip-done DIR...] [--time-limit 500]                                                              # GPU
+    python -m benchmarks.studies.tutorial_kernel dataset --data data/h200 --model models/h200 --out PROBLEMS.json      # CPU
     python -m benchmarks.studies.tutorial_kernel unaligned --data data/h200 --out PROBLEMS.json                        # CPU
 
 sweep: training data for the kernel's own mode. The dataset's problems (a list of units with their fields, made on
-the CPU from a data folder), each timed over a fixed list of configs per dtype mode and layout (`--configs` of the
+the CPU from a data folder by `dataset`), each timed over a fixed list of configs per dtype mode and layout (`--configs` of the
 pruned space, stratified, seeded by mode and layout: an `@autotune` user's list is fixed too, and the compiles are
 shared by every problem of one specialisation), with the same protocol and checks as `time`. Rows go to
 DIR/static_rows.jsonl.gz in the dataset's row format, one problem's rows at a time (a stopped sweep keeps what it
@@ -409,6 +410,55 @@ def sweep(problems_file: Path, out: Path, n_configs: int, time_limit: float, wor
     return counts
 
 
+def dataset_problems(data: Path, model: Path, device: str, max_floor_ms: float = 0.6, seed: int = 0) -> dict[str, Any]:
+    """A sweep's problems file of the data folder's own gemm problems (CPU): every unit whose physical floor on
+    `device` is at most max_floor_ms, its family (train/families.py family_key) and side taken from the family split
+    that `model`'s inductor head records (the tutorial head is fitted on the same split). Each side is shuffled
+    (random.Random(seed), train, test, val in that order); the held-out problems alternate test and val, and the list
+    interleaves three train problems with one held out, so a stopped sweep covers every side. It rebuilds
+    benchmarks/results/tutorial_sweep_h200/problems.json exactly from data/h200 and models/h200."""
+    from perfmodel.data_gen.shards import read_dataset
+    from perfmodel.devices import get_spec
+    from perfmodel.train.families import family_key, family_names
+
+    meta = json.loads((Path(model) / "metadata.json").read_text())
+    split = (meta.get("inductor_metrics") or {}).get("family_split")
+    if not split:
+        raise ValueError(f"--model: {model} records no inductor head's family split (metadata inductor_metrics)")
+    rows, _ = read_dataset(data, "gemm")
+    if not rows:
+        raise FileNotFoundError(f"--data: no gemm rows in {data}")
+    spec, names = get_spec(device), family_names()
+    test, val = set(split["test_keys"]), set(split["val_keys"])
+    first: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        first.setdefault(r["unit"], r)
+    sides: dict[str, list[dict[str, Any]]] = {"train": [], "test": [], "val": []}
+    for unit, r in first.items():
+        floor = float(spec.roofline_ms(r["m"], r["n"], r["k"], r["dtype"], r["allow_tf32"]))
+        if floor > max_floor_ms:
+            continue
+        key = family_key(r["k"], r["n"], names)
+        side = "test" if key in test else "val" if key in val else "train"
+        sides[side].append({"unit": unit, **{f: r[f] for f in PROBLEM_FIELDS}, "family": key, "floor_ms": floor})
+    rng = random.Random(seed)
+    for group in sides.values():
+        rng.shuffle(group)
+    held, te, va = [], sides["test"], sides["val"]
+    while te or va:
+        held += te[:1] + va[:1]
+        te, va = te[1:], va[1:]
+    order, train = [], sides["train"]
+    while train or held:
+        order += train[:3] + held[:1]
+        train, held = train[3:], held[1:]
+    return {"source": f"{Path(data).parent.name}/{Path(data).name} gemm problems (units), family split of {Path(model).parent.name}/"
+                      f"{Path(model).name}'s inductor head (seed {split.get('seed', 0)}); problems whose physical "
+                      f"floor is above {max_floor_ms:g} ms left out; order: 3 train-family problems, then one held-out "
+                      f"(test / val alternately)",
+            "problems": order}
+
+
 UNALIGNED_CLASSES = ("8 mod 16", "4 mod 8", "2 mod 4", "any")  # data_gen/problems.py ALIGNMENT_CLASSES, less "aligned"
 MODE_WEIGHTS = (("float16", 0.3), ("bfloat16", 0.3), ("tf32", 0.2), ("float32", 0.2))  # data_gen/problems.py MODES
 
@@ -568,6 +618,13 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--time-limit", type=float, default=400.0, help="seconds; no problem starts past it")
     w.add_argument("--workers", type=int, default=12, help="compile processes")
     w.add_argument("--skip-done", type=Path, nargs="*", default=[], help="earlier sweeps' folders: their units are left out")
+    d = sub.add_parser("dataset", help="CPU: a sweep's problems file of a data folder's own gemm problems")
+    d.add_argument("--data", type=Path, required=True, help="the data folder whose gemm problems are listed")
+    d.add_argument("--model", type=Path, required=True, help="the model folder whose inductor head's family split sides them")
+    d.add_argument("--device", default="h200", help="the device spec whose physical floor bounds the problems")
+    d.add_argument("--max-floor-ms", type=float, default=0.6)
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--out", type=Path, required=True)
     u = sub.add_parser("unaligned", help="CPU: a sweep's problems file of unaligned weight shapes new to a data folder")
     u.add_argument("--data", type=Path, required=True, help="the data folder whose gemm problems' shapes are left out")
     u.add_argument("--device", default="h200", help="the device spec whose physical floor bounds the problems")
@@ -590,6 +647,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.cmd == "time":
         time_problems(args.out, args.configs, args.time_limit, args.workers)
+        return 0
+    if args.cmd == "dataset":
+        listing = dataset_problems(args.data, args.model, args.device, args.max_floor_ms, args.seed)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(listing) + "\n")
+        print(f"[dataset] {len(listing['problems'])} problems -> {args.out}")
         return 0
     if args.cmd == "unaligned":
         listing = unaligned_problems(args.data, args.device, args.keys, args.per_key, args.seed, args.max_floor_ms)
