@@ -123,12 +123,12 @@ def rank(capture_file: Path, models: list[Path], device: str | None) -> dict[str
                     continue
                 cfgs = [GemmConfig(*c["config"]) for c in tri]
                 ms = {c: t["ms"] for c, t in zip(cfgs, tri)}
-                ranked = [c for c, _ in p.rank(problem(byname[s["name"]]), list(dict.fromkeys(cfgs)), top_k=5)]
-                best = min(ms.values())
                 shape = byname[s["name"]]
-                pred = p.predict(problem(shape), list(ms))
+                order = p.rank(problem(shape), list(ms), top_k=len(ms))  # every config, predict's times and order
+                ranked = [c for c, _ in order[:5]]
+                best = min(ms.values())
                 rows.append({"name": s["name"], "configs": len(ms), "mode": shape[4],
-                             "ran_called_unrunnable": int(np.sum(~np.isfinite(np.asarray(pred, dtype=float)))),
+                             "ran_called_unrunnable": sum(not np.isfinite(t) for _, t in order),
                              "layout": ("T" if shape[5] else "N") + ("T" if shape[6] else "N"),
                              "top1": best / ms[ranked[0]], "top5": best / min(ms[c] for c in ranked[:5])})
             out["models"][f"{model.as_posix()}:{kernel}"] = {"summary": summarize(rows), "shapes": rows}

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import random
 import sys
@@ -444,19 +445,21 @@ def dataset_problems(data: Path, model: Path, device: str, max_floor_ms: float =
     rng = random.Random(seed)
     for group in sides.values():
         rng.shuffle(group)
-    held, te, va = [], sides["test"], sides["val"]
-    while te or va:
-        held += te[:1] + va[:1]
-        te, va = te[1:], va[1:]
-    order, train = [], sides["train"]
+    held = [p for pair in itertools.zip_longest(sides["test"], sides["val"]) for p in pair if p is not None]
+    where = lambda f: f"{Path(f).parent.name}/{Path(f).name}"  # noqa: E731  (as given, without the machine's root)
+    return {"source": f"{where(data)} gemm problems (units), family split of {where(model)}'s inductor head (seed "
+                      f"{split.get('seed', 0)}); problems whose physical floor is above {max_floor_ms:g} ms left out; "
+                      f"order: 3 train-family problems, then one held-out (test / val alternately)",
+            "problems": _interleave(sides["train"], held)}
+
+
+def _interleave(train: list[Any], held: list[Any]) -> list[Any]:
+    """Three train problems, then one held out, to the end of both: a stopped sweep covers every side."""
+    order: list[Any] = []
     while train or held:
         order += train[:3] + held[:1]
         train, held = train[3:], held[1:]
-    return {"source": f"{Path(data).parent.name}/{Path(data).name} gemm problems (units), family split of {Path(model).parent.name}/"
-                      f"{Path(model).name}'s inductor head (seed {split.get('seed', 0)}); problems whose physical "
-                      f"floor is above {max_floor_ms:g} ms left out; order: 3 train-family problems, then one held-out "
-                      f"(test / val alternately)",
-            "problems": order}
+    return order
 
 
 UNALIGNED_CLASSES = ("8 mod 16", "4 mod 8", "2 mod 4", "any")  # data_gen/problems.py ALIGNMENT_CLASSES, less "aligned"
@@ -520,10 +523,7 @@ def unaligned_problems(data: Path, device: str, n_keys: int, per_key: int, seed:
                                         "side": ("train", "val", "test")[side], "floor_ms": floor})
     for group in sides.values():
         rng.shuffle(group)
-    order, train, held = [], sides[0], sides[1]
-    while train or held:
-        order += train[:3] + held[:1]
-        train, held = train[3:], held[1:]
+    order = _interleave(sides[0], sides[1])
     return {"source": f"{n_keys} unaligned weight shapes (K, N) not in {data.name}'s gemm problems nor in the study's "
                       f"sizes, {per_key} problems each (seed {seed}), physical floor at most {max_floor_ms} ms; "
                       f"side: train/families.py extra_key_side (seed {split_seed}); order: 3 train, then one held out",
